@@ -1,0 +1,62 @@
+"""course_kernels: Flash Attention from first principles, as a package.
+
+One tensor layout everywhere: (batch, heads, seq, head_dim), like PyTorch's
+``scaled_dot_product_attention``. The NumPy layers accept any leading dims (..., N, d).
+
+The ladder (one module per concept, one book chapter each):
+
+- ``reference``       float64 standard attention (the truth)
+- ``online_softmax``  the running (m, l) state and the merge of partial results
+- ``tiled``           Flash Attention forward in NumPy, FA1 and FA2 loop orders
+- ``tiled_backward``  the tiled backward pass from the saved logsumexp
+- ``blocks``          block sizes from the SRAM budget
+- ``iosim``           a two-level memory that counts HBM traffic
+- ``flash``           the Triton kernels behind ``flash_attention`` (torch and triton imported lazily)
+"""
+
+from . import iosim
+from .blocks import PaperBlockSizes, article_block_size, block_size, paper_block_sizes
+from .online_softmax import (
+    PartialAttention,
+    SoftmaxState,
+    finalize,
+    merge,
+    online_softmax,
+    update,
+)
+from .reference import attention_naive, attention_reference, causal_mask
+from .tiled import flash_attention_numpy
+from .tiled_backward import attention_reference_backward, flash_attention_numpy_backward
+
+
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
+    """Flash Attention in Triton, a drop-in for ``scaled_dot_product_attention``.
+
+    See :func:`course_kernels.flash.flash_attention` (imported on first call so that the NumPy
+    layers work without torch or Triton installed).
+    """
+    from .flash import flash_attention as _impl
+
+    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+
+
+__all__ = [
+    "PaperBlockSizes",
+    "PartialAttention",
+    "SoftmaxState",
+    "article_block_size",
+    "attention_naive",
+    "attention_reference",
+    "attention_reference_backward",
+    "block_size",
+    "causal_mask",
+    "finalize",
+    "flash_attention",
+    "flash_attention_numpy",
+    "flash_attention_numpy_backward",
+    "iosim",
+    "merge",
+    "online_softmax",
+    "paper_block_sizes",
+    "update",
+]

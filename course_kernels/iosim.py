@@ -1,0 +1,381 @@
+"""An IO simulator: a two-level memory (HBM and an SRAM of M elements) that counts traffic.
+
+Chapter: "IO complexity" (book/chapters/05_io_complexity.ipynb).
+
+:class:`TwoLevelMemory` holds named arrays in HBM. ``load`` copies rows of one into SRAM and
+counts the elements read; ``store`` writes rows back and counts the elements written; ``alloc``
+reserves on-chip scratch (an accumulator) without traffic; ``free`` releases SRAM. A load or
+alloc that would make the resident tiles exceed M raises :class:`SRAMOverflowError`.
+
+The model (the article's, and the paper's Theorem 2 up to constants): blocks of Q, K, V and O
+are charged to M; the score tile S/P and the per-row statistics m, l live in registers and are
+not charged, unless ``model="paper"`` is asked for, which charges the Br x Bc score tile and
+uses the paper's Bc = M/4d, Br = min(Bc, d). Elements are counted, not bytes.
+
+Three programs run against it: standard attention (three passes that write S and P),
+FlashAttention's loop order (FA1, outer loop over K/V) and FlashAttention-2's (FA2, outer loop
+over Q). What is simulated and what is charged: every outer-loop iteration and the first of
+each run of identical inner-loop iterations run against the memory (loads, stores, capacity
+checks); the remaining identical inner iterations are charged by multiplying the measured
+traffic of the first (``exact=True`` simulates every iteration; the tests check both agree).
+A student's own tiled function runs through :func:`count_io` on real data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ._validate import check_positive_int
+from .blocks import block_size, paper_block_sizes
+
+MODELS = ("article", "paper")
+
+
+class SRAMOverflowError(RuntimeError):
+    """A load or alloc would need more SRAM than the M elements there are."""
+
+
+@dataclass(frozen=True)
+class Virtual:
+    """An HBM array known only by its shape (no data): enough to count traffic at N = 65536."""
+
+    shape: tuple
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class IOCount:
+    """HBM traffic of one program, in elements."""
+
+    reads: int
+    writes: int
+    peak_sram: int  # most elements resident in SRAM at once
+    simulated_steps: int  # inner-loop bodies run against the memory
+    charged_steps: int  # identical repetitions charged by multiplication
+
+    @property
+    def total(self) -> int:
+        return self.reads + self.writes
+
+
+class TwoLevelMemory:
+    """HBM (named arrays) plus an SRAM of ``sram_elements`` (None = unbounded), counting traffic.
+
+    >>> mem = TwoLevelMemory(1000, Q=np.ones((8, 4)))
+    >>> tile = mem.load("Q", slice(0, 2))   # reads 8 elements
+    >>> mem.store("Q", slice(0, 2), 2 * tile)  # writes 8
+    >>> mem.free(tile); (mem.reads, mem.writes)
+    (8, 8)
+    """
+
+    def __init__(self, sram_elements: int | None, **hbm):
+        self.capacity = None if sram_elements is None else check_positive_int(
+            sram_elements, "sram_elements"
+        )
+        self.hbm = {}
+        for name, arr in hbm.items():
+            self.hbm[name] = arr if isinstance(arr, Virtual) else np.asarray(arr)
+        self.reads = 0
+        self.writes = 0
+        self.in_use = 0
+        self.peak = 0
+        self._resident: dict[int, int] = {}
+        self.simulated_steps = 0
+        self.charged_steps = 0
+
+    # -- SRAM bookkeeping ---------------------------------------------------------------
+    def _reserve(self, n: int, what: str) -> None:
+        if self.capacity is not None and self.in_use + n > self.capacity:
+            raise SRAMOverflowError(
+                f"{what} needs {n} elements but SRAM holds {self.capacity} and "
+                f"{self.in_use} are in use ({self.in_use + n} > M = {self.capacity})"
+            )
+        self.in_use += n
+        self.peak = max(self.peak, self.in_use)
+
+    def _track(self, tile, n: int):
+        self._resident[id(tile)] = self._resident.get(id(tile), 0) + n
+        return tile
+
+    def _shape_of(self, name: str, rows) -> tuple:
+        if name not in self.hbm:
+            raise KeyError(f"no array named {name!r} in HBM; have {sorted(self.hbm)}")
+        arr = self.hbm[name]
+        shape = arr.shape
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(shape[-2] if len(shape) >= 2 else shape[-1])
+            if step != 1:
+                raise ValueError(f"rows must be a contiguous slice; got step {step}")
+            n_rows = max(0, stop - start)
+        else:
+            raise TypeError(f"rows must be a slice such as slice(i0, i1); got {rows!r}")
+        if len(shape) == 1:  # a vector such as the logsumexp: rows index it directly
+            return (n_rows,)
+        return (*shape[:-2], n_rows, shape[-1])
+
+    # -- the interface a tiled program uses ---------------------------------------------
+    def load(self, name: str, rows: slice = slice(None), registers: bool = False):
+        """Copy ``rows`` of HBM array ``name`` on chip; count the elements read.
+
+        The tile is charged to SRAM (free it later), unless ``registers=True``: per-row
+        statistics such as m and l sit in registers in the model and are not charged.
+        """
+        shape = self._shape_of(name, rows)
+        n = math.prod(shape)
+        if not registers:
+            self._reserve(n, f"load of {name}[{rows.start}:{rows.stop}]")
+        self.reads += n
+        arr = self.hbm[name]
+        tile = Virtual(shape) if isinstance(arr, Virtual) else np.array(_rows(arr, rows))
+        return tile if registers else self._track(tile, n)
+
+    def store(self, name: str, rows: slice, tile=None) -> None:
+        """Write ``tile`` into ``rows`` of HBM array ``name``; count the elements written."""
+        shape = self._shape_of(name, rows)
+        self.writes += math.prod(shape)
+        arr = self.hbm[name]
+        if not isinstance(arr, Virtual):
+            if tile is None or isinstance(tile, Virtual):
+                raise ValueError(f"store to {name!r} needs data: this HBM array is real")
+            _rows(arr, rows)[...] = tile
+
+    def alloc(self, shape, fill: float = 0.0, dtype=np.float64):
+        """Reserve an on-chip buffer (an accumulator); charged to SRAM, no HBM traffic."""
+        shape = tuple(int(s) for s in shape)
+        n = math.prod(shape)
+        self._reserve(n, f"alloc of {shape}")
+        virtual = any(isinstance(a, Virtual) for a in self.hbm.values())
+        tile = Virtual(shape) if virtual else np.full(shape, fill, dtype=dtype)
+        return self._track(tile, n)
+
+    def free(self, *tiles) -> None:
+        """Release SRAM held by tiles from ``load`` or ``alloc``."""
+        for tile in tiles:
+            n = self._resident.pop(id(tile), None)
+            if n is None:
+                raise ValueError("free() of a tile that is not resident in SRAM")
+            self.in_use -= n
+
+    def repeat(self, times: int, body: Callable[[], None], exact: bool = False) -> None:
+        """Run ``body`` ``times`` times: once against the memory, the rest charged identically.
+
+        The body must leave SRAM as it found it (free what it loads). ``exact=True`` runs it
+        every time instead.
+        """
+        if times <= 0:
+            return
+        if exact:
+            for _ in range(times):
+                body()
+            self.simulated_steps += times
+            return
+        r0, w0, use0 = self.reads, self.writes, self.in_use
+        body()
+        if self.in_use != use0:
+            raise RuntimeError("a repeated body must free the SRAM it takes")
+        self.reads += (times - 1) * (self.reads - r0)
+        self.writes += (times - 1) * (self.writes - w0)
+        self.simulated_steps += 1
+        self.charged_steps += times - 1
+
+    def count(self) -> IOCount:
+        return IOCount(self.reads, self.writes, self.peak, self.simulated_steps, self.charged_steps)
+
+
+def _rows(arr: np.ndarray, rows: slice):
+    return arr[rows] if arr.ndim == 1 else arr[..., rows, :]
+
+
+def _check_sizes(n: int, d: int, n_k: int | None, dv: int | None):
+    n = check_positive_int(n, "N")
+    d = check_positive_int(d, "d")
+    n_k = n if n_k is None else check_positive_int(n_k, "n_k")
+    dv = d if dv is None else check_positive_int(dv, "dv")
+    return n, d, n_k, dv
+
+
+def _runs(start: int, stop: int, block: int):
+    """Split [start, stop) into (count, size) runs of equal-size blocks: full ones, then the tail."""
+    length = max(0, stop - start)
+    full, tail = divmod(length, block)
+    return [(full, block)] + ([(1, tail)] if tail else [])
+
+
+# -- standard attention ---------------------------------------------------------------------
+def standard_attention_io(N: int, d: int, n_k: int | None = None, dv: int | None = None) -> IOCount:
+    """Standard attention's HBM traffic, by simulation: three passes that write S and P.
+
+    Pass 1 reads Q, K and writes S = Q K^T; pass 2 reads S and writes P = softmax(S); pass 3
+    reads P, V and writes O = P V (FlashAttention Alg. 0). Each pass moves each matrix once, the
+    textbook count 4N^2 + 4Nd; SRAM is not bounded here, because a real, bounded tiled matmul
+    only re-reads more. (PyTorch adds a separate scale pass: 6N^2, measured in the book.)
+    """
+    n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
+    mem = TwoLevelMemory(
+        None, Q=Virtual((n_q, d)), K=Virtual((n_k, d)), V=Virtual((n_k, dv)),
+        S=Virtual((n_q, n_k)), P=Virtual((n_q, n_k)), O=Virtual((n_q, dv)),
+    )
+    every = slice(None)
+    q, k = mem.load("Q", every), mem.load("K", every)  # pass 1: S = Q K^T
+    mem.store("S", every)
+    mem.free(q, k)
+    s = mem.load("S", every)  # pass 2: P = softmax(S)
+    mem.store("P", every)
+    mem.free(s)
+    p, v = mem.load("P", every), mem.load("V", every)  # pass 3: O = P V
+    mem.store("O", every)
+    mem.free(p, v)
+    return mem.count()
+
+
+def standard_attention_io_formula(N: int, d: int, n_k: int | None = None, dv: int | None = None):
+    """Closed form of :func:`standard_attention_io`: (reads, writes). Nq = Nk = N, dv = d: 4N^2 + 4Nd."""
+    n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
+    reads = n_q * d + n_k * d + 2 * n_q * n_k + n_k * dv
+    writes = 2 * n_q * n_k + n_q * dv
+    return reads, writes
+
+
+# -- flash attention ------------------------------------------------------------------------
+def flash_block_sizes(d: int, M: int, model: str = "article") -> tuple[int, int]:
+    """(Br, Bc) of a model: "article" uses B = floor(M/4d) for both; "paper" Bc = that, Br = min(Bc, d)."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}; got {model!r}")
+    if model == "article":
+        b = block_size(M, d)
+        return b, b
+    pb = paper_block_sizes(M, d)
+    return pb.block_r, pb.block_c
+
+
+def flash_attention_io(
+    N: int, d: int, M: int, loop_order: str = "fa2", causal: bool = False,
+    model: str = "article", n_k: int | None = None, dv: int | None = None, exact: bool = False,
+) -> IOCount:
+    """Flash Attention's HBM traffic under an SRAM of M elements, by simulation.
+
+    Args:
+        N: query length (Nq); ``n_k`` the key length (default N).
+        d: head dim; ``dv`` the value width (default d).
+        M: SRAM capacity in elements.
+        loop_order: "fa2" (outer loop over Q blocks) or "fa1" (outer loop over K/V blocks).
+        causal: skip key blocks a query block cannot see (PyTorch ``is_causal``).
+        model: "article" (blocks of B = block_size(M, d); S in registers) or "paper"
+            (Br x Bc score tile charged to SRAM too).
+        exact: simulate every inner iteration instead of charging repetitions.
+    """
+    n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
+    check_positive_int(M, "M")
+    if loop_order not in ("fa1", "fa2"):
+        raise ValueError(f"loop_order must be 'fa1' or 'fa2'; got {loop_order!r}")
+    br, bc = flash_block_sizes(d, M, model)
+    mem = TwoLevelMemory(
+        M, Q=Virtual((n_q, d)), K=Virtual((n_k, d)), V=Virtual((n_k, dv)),
+        O=Virtual((n_q, dv)), L=Virtual((n_q,)), m=Virtual((n_q,)),
+    )
+    program = _fa2_program if loop_order == "fa2" else _fa1_program
+    program(mem, n_q, n_k, br, bc, bool(causal), model == "paper", exact)
+    return mem.count()
+
+
+def _fa2_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
+    """FlashAttention-2 Alg. 1 against the memory (article model: Q_i, O_i, K_j, V_j in SRAM)."""
+    dv = mem.hbm["V"].shape[-1]
+    for i0 in range(0, n_q, br):  # line 3
+        i1 = min(i0 + br, n_q)
+        q_i = mem.load("Q", slice(i0, i1))  # line 4
+        o_i = mem.alloc((i1 - i0, dv))  # line 5: the accumulator stays on chip
+        key_end = min(n_k, i1) if causal else n_k
+        for count, size in _runs(0, key_end, bc):
+
+            def body(size=size):
+                k_j = mem.load("K", slice(0, size))  # line 7 (rows stand in for any block)
+                v_j = mem.load("V", slice(0, size))
+                s_ij = mem.alloc((i1 - i0, size)) if charge_scores else None  # line 8
+                mem.free(k_j, v_j, *([s_ij] if s_ij is not None else []))
+
+            mem.repeat(count, body, exact)
+        mem.store("O", slice(i0, i1))  # line 14
+        mem.store("L", slice(i0, i1))  # line 15: the logsumexp, for the backward pass
+        mem.free(q_i, o_i)
+
+
+def _fa1_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
+    """FlashAttention Alg. 1 against the memory: K_j, V_j once; Q_i, O_i, l_i, m_i re-read."""
+    mem.store("O", slice(None))  # line 2: initialise O = 0, l = 0, m = -inf in HBM
+    mem.store("L", slice(None))
+    mem.store("m", slice(None))
+    for j0 in range(0, n_k, bc):  # line 5
+        j1 = min(j0 + bc, n_k)
+        k_j, v_j = mem.load("K", slice(j0, j1)), mem.load("V", slice(j0, j1))  # line 6
+        first_i = (j0 // br) * br if causal else 0
+        for count, size in _runs(first_i, n_q, br):
+
+            def body(size=size):
+                rows = slice(0, size)
+                q_i, o_i = mem.load("Q", rows), mem.load("O", rows)  # line 8
+                mem.load("L", rows, registers=True)  # l_i, m_i: per-row statistics
+                mem.load("m", rows, registers=True)
+                s_ij = mem.alloc((size, j1 - j0)) if charge_scores else None  # line 9
+                mem.store("O", rows)  # line 12
+                mem.store("L", rows)  # line 13
+                mem.store("m", rows)
+                mem.free(q_i, o_i, *([s_ij] if s_ij is not None else []))
+
+            mem.repeat(count, body, exact)
+        mem.free(k_j, v_j)
+
+
+def flash_attention_io_formula(
+    N: int, d: int, M: int, loop_order: str = "fa2", model: str = "article",
+    n_k: int | None = None, dv: int | None = None,
+):
+    """Closed form (non-causal) of :func:`flash_attention_io`: (reads, writes), exact for any N.
+
+    With Tr = ceil(Nq/Br), Tc = ceil(Nk/Bc):
+      FA2: reads = Nq d + Tr Nk (d + dv);          writes = Nq dv + Nq
+      FA1: reads = Nk (d + dv) + Tc Nq (d + dv + 2); writes = (1 + Tc) Nq (dv + 2)
+    """
+    n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
+    br, bc = flash_block_sizes(d, check_positive_int(M, "M"), model)
+    t_r, t_c = math.ceil(n_q / br), math.ceil(n_k / bc)
+    if loop_order == "fa2":
+        return n_q * d + t_r * n_k * (d + dv), n_q * dv + n_q
+    if loop_order == "fa1":
+        return n_k * (d + dv) + t_c * n_q * (d + dv + 2), (1 + t_c) * n_q * (dv + 2)
+    raise ValueError(f"loop_order must be 'fa1' or 'fa2'; got {loop_order!r}")
+
+
+def flash_attention_io_asymptotic(N: int, d: int, M: int, loop_order: str = "fa2") -> float:
+    """The leading term: 8 N^2 d^2 / M for FA2, 12 N^2 d^2 / M for FA1 (B = M/4d)."""
+    factor = {"fa2": 8, "fa1": 12}.get(loop_order)
+    if factor is None:
+        raise ValueError(f"loop_order must be 'fa1' or 'fa2'; got {loop_order!r}")
+    return factor * N**2 * d**2 / M
+
+
+def count_io(fn: Callable, q, k, v, sram_elements: int, **kwargs):
+    """Run a student's tiled forward against the memory and count its traffic.
+
+    ``fn(mem, **kwargs)`` finds ``Q``, ``K``, ``V`` (arrays (..., N, d)) in ``mem.hbm`` and must
+    write its output into ``O`` (..., Nq, dv) and its logsumexp into ``L`` (Nq,) for 2-D inputs,
+    using only ``mem.load``/``mem.store``/``mem.alloc``/``mem.free``.
+
+    Returns ``(IOCount, out, lse)``.
+    """
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    acc = np.float32 if q.dtype == np.float16 else q.dtype
+    mem = TwoLevelMemory(
+        sram_elements, Q=q, K=k, V=v,
+        O=np.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc),
+        L=np.full(q.shape[:-1], -np.inf, dtype=acc),
+    )
+    fn(mem, **kwargs)
+    return mem.count(), mem.hbm["O"], mem.hbm["L"]

@@ -1,0 +1,182 @@
+"""course_kernels.iosim: counts equal closed forms exactly; capacity is enforced; a student's
+function can be counted."""
+
+import numpy as np
+import pytest
+from conftest import make_qkv
+
+from course_kernels import attention_reference, block_size, iosim
+from course_kernels.iosim import SRAMOverflowError, TwoLevelMemory
+
+
+@pytest.mark.parametrize("n,d", [(1, 1), (7, 3), (113, 40), (1024, 64), (4096, 128)])
+def test_standard_attention_counts_4n2_plus_4nd(n, d):
+    c = iosim.standard_attention_io(n, d)
+    assert c.total == 4 * n * n + 4 * n * d
+    assert (c.reads, c.writes) == iosim.standard_attention_io_formula(n, d)
+    assert (c.reads, c.writes) == (2 * n * n + 3 * n * d, 2 * n * n + n * d)
+
+
+def test_standard_attention_cross_attention_formula():
+    c = iosim.standard_attention_io(113, 40, n_k=203, dv=24)
+    assert (c.reads, c.writes) == iosim.standard_attention_io_formula(113, 40, n_k=203, dv=24)
+    assert c.writes == 2 * 113 * 203 + 113 * 24
+
+
+@pytest.mark.parametrize("loop_order", ["fa1", "fa2"])
+@pytest.mark.parametrize(
+    "n,d,m,n_k,dv",
+    [(1, 1, 4, None, None), (113, 40, 20_000, 203, 24), (1000, 64, 100_000, None, None),
+     (4096, 64, 100_000, None, None), (777, 128, 65_536, None, None)],
+)
+def test_flash_counts_equal_closed_form(loop_order, n, d, m, n_k, dv):
+    c = iosim.flash_attention_io(n, d, m, loop_order, n_k=n_k, dv=dv)
+    formula = iosim.flash_attention_io_formula(n, d, m, loop_order, n_k=n_k, dv=dv)
+    assert (c.reads, c.writes) == formula
+    assert c.peak_sram <= m
+
+
+@pytest.mark.parametrize("loop_order", ["fa1", "fa2"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("model", ["article", "paper"])
+def test_charged_repetitions_equal_full_simulation(loop_order, causal, model):
+    kw = dict(N=301, d=16, M=4_000, loop_order=loop_order, causal=causal, model=model)
+    fast, exact = iosim.flash_attention_io(**kw), iosim.flash_attention_io(**kw, exact=True)
+    assert (fast.reads, fast.writes, fast.peak_sram) == (exact.reads, exact.writes, exact.peak_sram)
+    assert exact.charged_steps == 0 and fast.charged_steps > 0
+
+
+@pytest.mark.parametrize("loop_order,factor", [("fa2", 8), ("fa1", 12)])
+def test_counts_approach_the_asymptotic_constant(loop_order, factor):
+    d, m = 64, 100_000
+    ratios = [
+        iosim.flash_attention_io(n, d, m, loop_order).total
+        / iosim.flash_attention_io_asymptotic(n, d, m, loop_order)
+        for n in (4096, 16384, 65536)
+    ]
+    assert ratios[0] > ratios[1] > ratios[2] > 1.0
+    assert ratios[2] < 1.05
+    assert iosim.flash_attention_io_asymptotic(10, 2, 40, loop_order) == factor * 100 * 4 / 40
+
+
+def test_fa1_moves_more_than_fa2_and_both_far_less_than_standard():
+    n, d, m = 8192, 64, 100_000
+    fa1 = iosim.flash_attention_io(n, d, m, "fa1").total
+    fa2 = iosim.flash_attention_io(n, d, m, "fa2").total
+    std = iosim.standard_attention_io(n, d).total
+    assert fa2 < fa1 < std / 5
+
+
+def test_causal_moves_about_half():
+    full = iosim.flash_attention_io(8192, 64, 100_000).total
+    causal = iosim.flash_attention_io(8192, 64, 100_000, causal=True).total
+    assert 0.5 < causal / full < 0.6  # half the tiles, plus the diagonal ones and Q, O once
+
+
+def test_paper_model_charges_the_score_tile_and_can_overflow():
+    with pytest.raises(SRAMOverflowError, match="> M"):
+        iosim.flash_attention_io(512, 64, 20_000, model="paper")
+    c = iosim.flash_attention_io(512, 64, 100_000, model="paper")
+    b = block_size(100_000, 64)
+    assert c.peak_sram == 2 * 64 * 64 + 2 * b * 64 + 64 * b
+
+
+def test_sweep_to_65536_is_cheap_in_simulated_steps():
+    c = iosim.flash_attention_io(65536, 64, 100_000)
+    assert c.simulated_steps <= 2 * (65536 // block_size(100_000, 64) + 1)
+
+
+def test_memory_refuses_to_exceed_capacity():
+    mem = TwoLevelMemory(10, X=np.zeros((4, 3)))
+    a = mem.load("X", slice(0, 2))  # 6 elements
+    with pytest.raises(SRAMOverflowError, match="needs 6 elements but SRAM holds 10"):
+        mem.load("X", slice(2, 4))
+    mem.free(a)
+    mem.load("X", slice(2, 4))
+    assert mem.reads == 12 and mem.peak == 6
+
+
+def test_memory_load_and_store_move_real_data():
+    x = np.arange(12.0).reshape(4, 3)
+    mem = TwoLevelMemory(None, X=x.copy())
+    t = mem.load("X", slice(1, 3))
+    np.testing.assert_array_equal(t, x[1:3])
+    mem.store("X", slice(1, 3), -t)
+    np.testing.assert_array_equal(mem.hbm["X"][1:3], -x[1:3])
+    assert (mem.reads, mem.writes) == (6, 6)
+
+
+def test_memory_errors_are_clear():
+    mem = TwoLevelMemory(100, X=np.zeros((4, 3)))
+    with pytest.raises(KeyError, match="no array named 'Y'"):
+        mem.load("Y")
+    with pytest.raises(TypeError, match="rows must be a slice"):
+        mem.load("X", 2)
+    with pytest.raises(ValueError, match="not resident"):
+        mem.free(np.zeros(3))
+    with pytest.raises(ValueError, match="sram_elements must be an integer >= 1"):
+        TwoLevelMemory(0)
+    with pytest.raises(ValueError, match="needs data"):
+        mem.store("X", slice(0, 1))
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(N=0, d=64, M=1000), ValueError, "N must be an integer >= 1"),
+        (dict(N=10, d=64, M=100), ValueError, "too small for one block"),
+        (dict(N=10, d=64, M=1000, loop_order="fa3"), ValueError, "loop_order"),
+        (dict(N=10, d=64, M=1000, model="fast"), ValueError, "model must be one of"),
+    ],
+)
+def test_flash_io_bad_input(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        iosim.flash_attention_io(**kwargs)
+
+
+def student_fa2(mem, block_q, block_k):
+    """A student's FA2 written against the memory: Q_i, K_j, V_j and O_i on chip."""
+    q_shape, v_shape = mem.hbm["Q"].shape, mem.hbm["V"].shape
+    n_q, n_k, d = q_shape[0], v_shape[0], q_shape[1]
+    for i0 in range(0, n_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        q_i = mem.load("Q", slice(i0, i1))
+        acc = mem.alloc((i1 - i0, v_shape[1]))
+        m = np.full(i1 - i0, -np.inf)
+        l = np.zeros(i1 - i0)
+        for j0 in range(0, n_k, block_k):
+            j1 = min(j0 + block_k, n_k)
+            k_j, v_j = mem.load("K", slice(j0, j1)), mem.load("V", slice(j0, j1))
+            s = q_i @ k_j.T / np.sqrt(d)
+            m_new = np.maximum(m, s.max(1))
+            p = np.exp(s - m_new[:, None])
+            alpha = np.exp(m - m_new)
+            l = alpha * l + p.sum(1)
+            acc *= alpha[:, None]
+            acc += p @ v_j
+            m = m_new
+            mem.free(k_j, v_j)
+        mem.store("O", slice(i0, i1), acc / l[:, None])
+        mem.store("L", slice(i0, i1), m + np.log(l))
+        mem.free(q_i, acc)
+
+
+def test_count_io_counts_a_students_function_and_checks_its_answer(rng):
+    q, k, v = make_qkv(rng, lead=(), n_q=100, d=16)
+    m = 4 * 25 * 16
+    count, out, lse = iosim.count_io(student_fa2, q, k, v, m, block_q=25, block_k=25)
+    ref_out, ref_lse = attention_reference(q, k, v)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12)
+    assert (count.reads, count.writes) == iosim.flash_attention_io_formula(100, 16, m, "fa2")
+
+
+def test_count_io_refuses_a_function_that_loads_everything(rng):
+    q, k, v = make_qkv(rng, lead=(), n_q=100, d=16)
+
+    def untiled(mem):
+        mem.load("Q")
+        mem.load("K")
+
+    with pytest.raises(SRAMOverflowError):
+        iosim.count_io(untiled, q, k, v, 2000)

@@ -1,0 +1,119 @@
+"""course_kernels.reference: the float64 truth, checked against PyTorch's SDPA in float64."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_qkv
+
+from course_kernels import attention_naive, attention_reference, causal_mask
+
+
+def sdpa64(q, k, v, causal, scale):
+    t = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)) for x in (q, k, v)]
+    return F.scaled_dot_product_attention(*t, is_causal=causal, scale=scale).numpy()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k", [(1, 1), (7, 7), (113, 203), (203, 113)])
+@pytest.mark.parametrize("d,dv", [(1, 1), (40, 40), (80, 24)])
+def test_reference_matches_torch_sdpa(rng, causal, n_q, n_k, d, dv):
+    q, k, v = make_qkv(rng, n_q=n_q, n_k=n_k, d=d, dv=dv)
+    out, lse = attention_reference(q, k, v, causal=causal)
+    np.testing.assert_allclose(out, sdpa64(q, k, v, causal, None), rtol=1e-12, atol=1e-12)
+    assert out.shape == (2, 3, n_q, dv) and lse.shape == (2, 3, n_q)
+    assert out.dtype == np.float64 and lse.dtype == np.float64
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_lse_is_logsumexp_of_scaled_masked_scores(rng, causal):
+    q, k, v = make_qkv(rng, n_q=13, n_k=11, d=5)
+    _, lse = attention_reference(q, k, v, causal=causal, scale=0.3)
+    s = 0.3 * q @ np.swapaxes(k, -1, -2)
+    if causal:
+        s = np.where(causal_mask(13, 11), s, -np.inf)
+    np.testing.assert_allclose(lse, np.logaddexp.reduce(s, axis=-1), rtol=1e-13, atol=1e-13)
+
+
+def test_reference_scale_defaults_to_inverse_sqrt_d(rng):
+    q, k, v = make_qkv(rng, d=16)
+    a, _ = attention_reference(q, k, v)
+    b, _ = attention_reference(q, k, v, scale=1 / math.sqrt(16))
+    c, _ = attention_reference(q, k, v, scale=1.0)
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_reference_scale_zero_averages_values(rng):
+    q, k, v = make_qkv(rng)
+    out, _ = attention_reference(q, k, v, scale=0.0)
+    np.testing.assert_allclose(out, np.broadcast_to(v.mean(axis=-2, keepdims=True), out.shape))
+
+
+def test_causal_mask_is_top_left_aligned():
+    expected = np.array(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], dtype=bool
+    )
+    np.testing.assert_array_equal(causal_mask(4, 5), expected)
+    assert causal_mask(5, 3)[4].all()  # a query past the last key sees every key
+
+
+def test_causal_first_query_sees_only_first_key(rng):
+    q, k, v = make_qkv(rng, n_q=9)
+    out, _ = attention_reference(q, k, v, causal=True)
+    np.testing.assert_allclose(out[..., 0, :], v[..., 0, :], rtol=1e-14)
+
+
+def test_reference_accepts_any_leading_dims(rng):
+    q, k, v = make_qkv(rng, lead=(), n_q=6)
+    out2d, _ = attention_reference(q, k, v)
+    out4d, _ = attention_reference(q[None, None], k[None, None], v[None, None])
+    np.testing.assert_allclose(out4d[0, 0], out2d, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_naive_keeps_dtype_and_is_close(rng, dtype):
+    q, k, v = make_qkv(rng, n_q=33, d=16, dtype=dtype)
+    naive = attention_naive(q, k, v, causal=True)
+    assert naive.dtype == dtype
+    ref, _ = attention_reference(q, k, v, causal=True)
+    tol = 1e-2 if dtype == np.float16 else 1e-5
+    np.testing.assert_allclose(naive, ref, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "args,exc,match",
+    [
+        ((np.ones(3), np.ones((3, 2)), np.ones((3, 2))), ValueError, "q must have rank >= 2"),
+        ((np.ones((3, 2)), np.ones((3, 4)), np.ones((3, 2))), ValueError, "same head dim"),
+        ((np.ones((3, 2)), np.ones((4, 2)), np.ones((5, 2))), ValueError, "same sequence length"),
+        ((np.ones((1, 3, 2)), np.ones((2, 3, 2)), np.ones((2, 3, 2))), ValueError, "leading"),
+        ((np.ones((3, 2)), np.ones((3, 2)), np.ones((1, 3, 2))), ValueError, "same rank"),
+        ((np.ones((0, 2)), np.ones((3, 2)), np.ones((3, 2))), ValueError, "must not be empty"),
+        ((np.ones((3, 2), int), np.ones((3, 2)), np.ones((3, 2))), TypeError, "floating dtype"),
+        (
+            (np.ones((3, 2), np.float32), np.ones((3, 2)), np.ones((3, 2))),
+            TypeError,
+            "share one dtype",
+        ),
+        (("abc", np.ones((3, 2)), np.ones((3, 2))), TypeError, "q must"),
+    ],
+)
+def test_reference_bad_input_names_the_problem(args, exc, match):
+    with pytest.raises(exc, match=match):
+        attention_reference(*args)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_reference_rejects_non_finite_scale(scale):
+    x = np.ones((3, 2))
+    with pytest.raises(ValueError, match="scale must be finite"):
+        attention_reference(x, x, x, scale=scale)
+
+
+def test_reference_rejects_non_bool_causal():
+    x = np.ones((3, 2))
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        attention_reference(x, x, x, causal="yes")
