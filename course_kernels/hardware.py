@@ -1,0 +1,252 @@
+"""GPU numbers the book computes with, each with its source, and the helpers that use them.
+
+Chapter: "The GPU memory hierarchy" (book/chapters/01_memory_hierarchy.ipynb).
+
+Two kinds of numbers live here and are never mixed up:
+
+- :data:`GPUS`: datasheet and programming-guide values (leads, not promises). Dense tensor
+  rates (no 2:4 sparsity). Shared memory is in KiB as NVIDIA writes "KB" in the CUDA C++
+  Programming Guide's compute capability table (164 KB = 164 * 1024 bytes).
+- :data:`H200_MEASURED`: ceilings measured on one H200 on 2026-11-29 (a device-to-device copy
+  and an fp16 8192^3 matmul). Rooflines use these, because a datasheet peak is rarely reached.
+
+Helpers: the transfer time T = D / B, the SRAM budget M in elements, the article's traffic
+ratio M / (2 d^2), a roofline, and the time standard attention spends moving S and P.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._validate import check_positive_int
+
+KIB = 1024
+CUDA_GUIDE = (
+    "NVIDIA CUDA C++ Programming Guide, 'Features and Technical Specifications' "
+    "(compute capability table): https://docs.nvidia.com/cuda/cuda-c-programming-guide/"
+)
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One GPU's memory hierarchy and tensor rates. Units are in the field names."""
+
+    name: str
+    compute_capability: str
+    sms: int
+    smem_per_sm_kib: int  # shared memory per SM (the configurable L1/shared carve-out maximum)
+    smem_per_block_kib: int  # most shared memory one thread block can get (opt-in)
+    smem_per_block_default_kib: int  # without the opt-in attribute
+    l2_mb: float  # as the datasheet or whitepaper states it
+    memory_gb: float
+    memory_type: str
+    bandwidth_gbs: float  # HBM / GDDR bandwidth, 10^9 bytes per second
+    fp16_tensor_tflops: float  # dense
+    bf16_tensor_tflops: float | None  # None: no bf16 tensor cores
+    boost_clock_mhz: float
+    sources: dict = field(default_factory=dict)
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes per second."""
+        return self.bandwidth_gbs * 1e9
+
+    @property
+    def fp16_flops(self) -> float:
+        """Dense fp16 tensor-core FLOP/s."""
+        return self.fp16_tensor_tflops * 1e12
+
+    def sram_elements(self, bytes_per_element: int = 2, per: str = "block") -> int:
+        """M: how many elements fit in the shared memory of one block (or one SM)."""
+        kib = {"block": self.smem_per_block_kib, "sm": self.smem_per_sm_kib}.get(per)
+        if kib is None:
+            raise ValueError(f"per must be 'block' or 'sm'; got {per!r}")
+        return kib * KIB // check_positive_int(bytes_per_element, "bytes_per_element")
+
+    def shared_memory_bandwidth(self, bytes_per_clock_per_sm: int = 128) -> float:
+        """Aggregate shared-memory bandwidth of the whole chip, bytes/s: SMs x 128 B/clk x clock.
+
+        This is the estimate behind the "~19 TB/s SRAM" figure quoted for the A100: it is for
+        all SMs together, not per SM.
+        """
+        return self.sms * bytes_per_clock_per_sm * self.boost_clock_mhz * 1e6
+
+
+GPUS: dict[str, GPU] = {
+    "T4": GPU(
+        name="NVIDIA T4 (Colab free tier)", compute_capability="7.5", sms=40,
+        smem_per_sm_kib=64, smem_per_block_kib=64, smem_per_block_default_kib=48,
+        l2_mb=4, memory_gb=16, memory_type="GDDR6", bandwidth_gbs=320,
+        fp16_tensor_tflops=65, bf16_tensor_tflops=None, boost_clock_mhz=1590,
+        sources={
+            "datasheet": "NVIDIA T4 Tensor Core GPU datasheet: 320 GB/s, 16 GB GDDR6, "
+            "65 TFLOPS mixed precision (FP16/FP32), 40 Turing SMs",
+            "shared memory": CUDA_GUIDE + " (cc 7.5: 64 KB per SM, 64 KB per block opt-in)",
+            "L2": "NVIDIA Turing architecture whitepaper (TU104: 4 MB L2)",
+        },
+    ),
+    "A100-40GB": GPU(
+        name="NVIDIA A100 SXM 40 GB", compute_capability="8.0", sms=108,
+        smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
+        l2_mb=40, memory_gb=40, memory_type="HBM2", bandwidth_gbs=1555,
+        fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        sources={
+            "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 1,555 GB/s (40 GB), "
+            "312 TFLOPS FP16/BF16 dense",
+            "shared memory": CUDA_GUIDE + " (cc 8.0: 164 KB per SM, 163 KB per block)",
+            "L2 and clock": "NVIDIA A100 Tensor Core GPU architecture whitepaper "
+            "(40 MB L2, 108 SMs, 1410 MHz boost)",
+        },
+    ),
+    "A100-80GB": GPU(
+        name="NVIDIA A100 SXM 80 GB", compute_capability="8.0", sms=108,
+        smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
+        l2_mb=40, memory_gb=80, memory_type="HBM2e", bandwidth_gbs=2039,
+        fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        sources={
+            "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 2,039 GB/s (80 GB SXM; "
+            "1,935 GB/s PCIe), 312 TFLOPS FP16/BF16 dense",
+            "shared memory": CUDA_GUIDE + " (cc 8.0: 164 KB per SM, 163 KB per block)",
+            "L2 and clock": "NVIDIA A100 Tensor Core GPU architecture whitepaper",
+        },
+    ),
+    "H100-SXM": GPU(
+        name="NVIDIA H100 SXM 80 GB", compute_capability="9.0", sms=132,
+        smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
+        l2_mb=50, memory_gb=80, memory_type="HBM3", bandwidth_gbs=3350,
+        fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        sources={
+            "datasheet": "NVIDIA H100 Tensor Core GPU datasheet (SXM): 3.35 TB/s, "
+            "1,979 TFLOPS FP16/BF16 with sparsity = ~989 dense",
+            "shared memory": CUDA_GUIDE + " (cc 9.0: 228 KB per SM, 227 KB per block)",
+            "L2": "NVIDIA H100 Tensor Core GPU architecture whitepaper (50 MB L2, 132 SMs on SXM5)",
+        },
+    ),
+    "H200-SXM": GPU(
+        name="NVIDIA H200 SXM 141 GB", compute_capability="9.0", sms=132,
+        smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
+        l2_mb=50, memory_gb=141, memory_type="HBM3e", bandwidth_gbs=4800,
+        fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        sources={
+            "datasheet": "NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, "
+            "1,979 TFLOPS FP16/BF16 with sparsity = ~989 dense",
+            "shared memory": CUDA_GUIDE + " (cc 9.0: 228 KB per SM, 227 KB per block)",
+            "L2": "Hopper whitepaper: 50 MB (the driver of the measured H200 reports 60 MiB)",
+        },
+    ),
+}
+
+
+@dataclass(frozen=True)
+class MeasuredCeilings:
+    """What one GPU actually reached in a microbenchmark (the roofline's two ceilings)."""
+
+    gpu: str
+    copy_bandwidth: float  # bytes/s, device-to-device copy, bytes read + written
+    fp16_matmul_flops: float  # FLOP/s, fp16 8192 x 8192 x 8192 matmul
+    date: str
+    software: str
+    source: str
+
+
+H200_MEASURED = MeasuredCeilings(
+    gpu="H200-SXM",
+    copy_bandwidth=4.22e12,
+    fp16_matmul_flops=758e12,
+    date="2026-11-29",
+    software="torch 2.11.0+cu130, Triton 3.6.0",
+    source="measured for this course (triton.testing.do_bench, median); "
+    "data/anchors/h200_sdpa_2026-11-29.csv holds the attention measurements of the same run",
+)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def transfer_time(data_bytes: float, bandwidth: float) -> float:
+    """T = D / B: seconds to move ``data_bytes`` at ``bandwidth`` bytes/s."""
+    if not data_bytes >= 0:
+        raise ValueError(f"data_bytes must be >= 0; got {data_bytes}")
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0 bytes/s; got {bandwidth}")
+    return data_bytes / bandwidth
+
+
+def traffic_ratio(sram_elements: int, head_dim: int) -> float:
+    """The article's M / (2 d^2): standard attention's ~4N^2 over FA2's ~8N^2 d^2 / M.
+
+    A ratio of HBM traffic in the two-level model, not a speedup.
+    """
+    m = check_positive_int(sram_elements, "sram_elements")
+    d = check_positive_int(head_dim, "head_dim")
+    return m / (2 * d * d)
+
+
+def roofline(intensity, peak_flops: float, bandwidth: float):
+    """Attainable FLOP/s at arithmetic ``intensity`` (FLOP per byte): min(peak, I * B)."""
+    import numpy as np
+
+    return np.minimum(peak_flops, np.asarray(intensity, dtype=float) * bandwidth)
+
+
+def ridge_point(peak_flops: float, bandwidth: float) -> float:
+    """The intensity (FLOP/byte) where a kernel stops being memory-bound: peak / bandwidth."""
+    return peak_flops / bandwidth
+
+
+def attention_flops(N: int, d: int, causal: bool = False, backward: bool = False) -> float:
+    """FLOPs of one head's attention: 4 N^2 d (two matmuls), halved if causal, x2.5 backward.
+
+    The convention of the FlashAttention papers and Triton's fused-attention tutorial.
+    """
+    flops = 4.0 * N * N * d
+    if causal:
+        flops /= 2
+    if backward:
+        flops *= 2.5
+    return flops
+
+
+def standard_attention_bytes(N: int, d: int, bytes_per_element: int = 2, scale_pass: bool = False):
+    """HBM bytes of textbook standard attention for one head: (4N^2 + 4Nd) elements.
+
+    ``scale_pass=True`` adds PyTorch's separate read+write of S for the 1/sqrt(d) scale (6N^2).
+    """
+    n_sq = (6 if scale_pass else 4) * N * N
+    return (n_sq + 4 * N * d) * bytes_per_element
+
+
+def load_measurements(relpath: str) -> list[dict]:
+    """Rows of a committed measurement CSV (``#`` lines are provenance comments) as dicts.
+
+    ``relpath`` is relative to the repository root, e.g.
+    ``"data/anchors/h200_sdpa_2026-11-29.csv"``. Numbers become floats, empty cells None.
+    Outside a checkout (Colab installs only the package) the file is fetched from the
+    repository URL in ``$COURSE_REPO_URL``, which the first cell of each chapter sets.
+    """
+    import csv
+    import io
+    import os
+    from pathlib import Path
+
+    local = Path(__file__).resolve().parents[1] / relpath
+    if local.is_file():
+        text = local.read_text()
+    else:
+        repo = os.environ.get("COURSE_REPO_URL")
+        if not repo:
+            raise FileNotFoundError(f"{relpath} not found under {local.parents[0]} and no $COURSE_REPO_URL")
+        from urllib.request import urlopen
+
+        raw = repo.replace("https://github.com/", "https://raw.githubusercontent.com/")
+        with urlopen(f"{raw}/main/{relpath}") as response:  # noqa: S310 (https only)
+            text = response.read().decode()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    rows = []
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        parsed = {}
+        for key, value in row.items():
+            try:
+                parsed[key] = float(value) if value != "" else None
+            except ValueError:
+                parsed[key] = value
+        rows.append(parsed)
+    return rows

@@ -1,0 +1,128 @@
+"""course_kernels.hardware: the table against its sources, and the helpers.
+
+Each value is checked against the number in the cited source (NVIDIA datasheets and the CUDA C++
+Programming Guide's compute capability table), so a typo in the table fails here.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from course_kernels import hardware as hw
+
+# (gpu, field, value from the source)
+SOURCE_VALUES = [
+    ("T4", "compute_capability", "7.5"), ("T4", "sms", 40), ("T4", "smem_per_sm_kib", 64),
+    ("T4", "smem_per_block_kib", 64), ("T4", "smem_per_block_default_kib", 48),
+    ("T4", "bandwidth_gbs", 320), ("T4", "memory_gb", 16), ("T4", "fp16_tensor_tflops", 65),
+    ("T4", "bf16_tensor_tflops", None), ("T4", "l2_mb", 4),
+    ("A100-40GB", "bandwidth_gbs", 1555), ("A100-80GB", "bandwidth_gbs", 2039),
+    ("A100-80GB", "smem_per_sm_kib", 164), ("A100-80GB", "smem_per_block_kib", 163),
+    ("A100-80GB", "sms", 108), ("A100-80GB", "fp16_tensor_tflops", 312), ("A100-80GB", "l2_mb", 40),
+    ("A100-80GB", "boost_clock_mhz", 1410), ("A100-80GB", "compute_capability", "8.0"),
+    ("H100-SXM", "bandwidth_gbs", 3350), ("H100-SXM", "smem_per_sm_kib", 228),
+    ("H100-SXM", "smem_per_block_kib", 227), ("H100-SXM", "sms", 132), ("H100-SXM", "l2_mb", 50),
+    ("H100-SXM", "fp16_tensor_tflops", 989), ("H100-SXM", "compute_capability", "9.0"),
+    ("H200-SXM", "bandwidth_gbs", 4800), ("H200-SXM", "memory_gb", 141), ("H200-SXM", "sms", 132),
+    ("H200-SXM", "smem_per_block_kib", 227), ("H200-SXM", "fp16_tensor_tflops", 989),
+]
+
+
+@pytest.mark.parametrize("gpu,field,value", SOURCE_VALUES)
+def test_hardware_table_matches_sources(gpu, field, value):
+    assert getattr(hw.GPUS[gpu], field) == value
+
+
+def test_hardware_every_gpu_cites_sources():
+    for key, g in hw.GPUS.items():
+        assert g.sources, key
+        assert any("datasheet" in s.lower() for s in g.sources.values()), key
+        assert any("Programming Guide" in s for s in g.sources.values()), key
+
+
+def test_hardware_measured_h200_ceilings():
+    m = hw.H200_MEASURED
+    assert m.copy_bandwidth == pytest.approx(4.22e12)
+    assert m.fp16_matmul_flops == pytest.approx(758e12)
+    assert m.date == "2026-11-29"
+    # measured ceilings are below the datasheet peaks
+    assert m.copy_bandwidth < hw.GPUS[m.gpu].bandwidth
+    assert m.fp16_matmul_flops < hw.GPUS[m.gpu].fp16_flops
+
+
+def test_hardware_sram_elements_a100_is_163_kib_of_fp16():
+    a100 = hw.GPUS["A100-80GB"]
+    assert a100.sram_elements() == 163 * 1024 // 2 == 83456
+    assert a100.sram_elements(per="sm") == 164 * 1024 // 2
+    assert a100.sram_elements(bytes_per_element=4) == 163 * 1024 // 4
+    with pytest.raises(ValueError, match="per"):
+        a100.sram_elements(per="chip")
+
+
+def test_hardware_traffic_ratio_values_from_facts():
+    a100 = hw.GPUS["A100-80GB"]
+    assert hw.traffic_ratio(a100.sram_elements(), 64) == pytest.approx(10.19, abs=0.01)
+    assert hw.traffic_ratio(a100.sram_elements(), 128) == pytest.approx(2.55, abs=0.01)
+    assert hw.traffic_ratio(hw.GPUS["T4"].sram_elements(), 128) == pytest.approx(1.0)
+    assert hw.traffic_ratio(100_000, 100) == 5.0  # the article's Q10
+    with pytest.raises(ValueError, match="head_dim"):
+        hw.traffic_ratio(1000, 0)
+
+
+def test_hardware_chip_shared_memory_bandwidth_is_the_19_tbs_estimate():
+    a100 = hw.GPUS["A100-80GB"]
+    assert a100.shared_memory_bandwidth() / 1e12 == pytest.approx(19.49, abs=0.01)
+    assert a100.shared_memory_bandwidth() / a100.sms / 1e12 < 0.2  # per SM: far below 19 TB/s
+
+
+def test_hardware_transfer_time_is_d_over_b():
+    assert hw.transfer_time(2e12, 2e12) == 1.0
+    assert hw.transfer_time(0, 1.0) == 0.0
+    # one fp16 8192 x 8192 matrix on an A100 80 GB: ~66 us (FACTS: "not milliseconds")
+    t = hw.transfer_time(8192**2 * 2, hw.GPUS["A100-80GB"].bandwidth)
+    assert t * 1e6 == pytest.approx(65.8, abs=0.1)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="bandwidth"):
+            hw.transfer_time(1.0, bad)
+    with pytest.raises(ValueError, match="data_bytes"):
+        hw.transfer_time(-1, 1.0)
+
+
+def test_hardware_roofline_and_ridge():
+    peak, bw = 758e12, 4.22e12
+    ridge = hw.ridge_point(peak, bw)
+    assert ridge == pytest.approx(179.6, abs=0.1)
+    got = hw.roofline(np.array([1.0, ridge, 10 * ridge]), peak, bw)
+    assert got[0] == pytest.approx(bw) and got[1] == pytest.approx(peak) and got[2] == peak
+
+
+def test_hardware_attention_flops_and_bytes():
+    assert hw.attention_flops(1024, 64) == 4 * 1024**2 * 64
+    assert hw.attention_flops(1024, 64, causal=True) == 2 * 1024**2 * 64
+    assert hw.attention_flops(1024, 64, backward=True) == 2.5 * 4 * 1024**2 * 64
+    assert hw.standard_attention_bytes(1024, 64) == (4 * 1024**2 + 4 * 1024 * 64) * 2
+    assert hw.standard_attention_bytes(1024, 64, scale_pass=True) == (6 * 1024**2 + 4 * 1024 * 64) * 2
+
+
+def test_hardware_load_measurements_matches_anchors():
+    rows = hw.load_measurements("data/anchors/h200_sdpa_2026-11-29.csv")
+    assert len(rows) == 24
+    row = next(r for r in rows if r["d"] == 128 and r["N"] == 16384 and r["causal"] == "no" and r["mode"] == "fwd")
+    assert (row["sdpa_cudnn"], row["sdpa_flash"], row["tutorial"]) == (598, 350, 542)
+    assert row["naive"] is None  # not run at that size
+    traffic = hw.load_measurements("data/anchors/h200_dram_traffic_2026-11-29.csv")
+    for r in traffic:  # the model column is (4N^2 + 4Nd) x 2 bytes x 4 heads, in MB
+        assert r["model_mb"] == pytest.approx(hw.standard_attention_bytes(int(r["N"]), 64) * 4 / 1e6, rel=0.01)
+        assert r["qkvo_once_mb"] == pytest.approx(4 * r["N"] * 64 * 2 * 4 / 1e6, rel=0.02)
+
+
+def test_hardware_load_measurements_missing_file_says_where(monkeypatch):
+    monkeypatch.delenv("COURSE_REPO_URL", raising=False)
+    with pytest.raises(FileNotFoundError, match="COURSE_REPO_URL"):
+        hw.load_measurements("data/anchors/no_such_file.csv")
+
+
+def test_hardware_h100_is_not_double_the_a100():  # erratum E14
+    ratio = hw.GPUS["H100-SXM"].bandwidth / hw.GPUS["A100-80GB"].bandwidth
+    assert math.isclose(ratio, 1.64, abs_tol=0.01)
