@@ -1,0 +1,77 @@
+"""Command line: ``python -m course_kernels <command>`` (GPU measurements; see ``bench.py``).
+
+    bench      TFLOP/s of this kernel vs SDPA's backends and naive attention (JSON, CSV, PNG)
+    memory     extra memory of one forward / forward+backward vs N
+    dram run   the cases for ``ncu`` (DRAM bytes); ``dram parse`` turns ncu's CSV into data
+    gpu-check  one quick correctness check per dtype, and the versions
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _ints(text):
+    return tuple(int(x) for x in text.split(","))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m course_kernels", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench", help="TFLOP/s vs SDPA backends and naive attention")
+    b.add_argument("--out", default="data/bench")
+    b.add_argument("--dtypes", default="float16,bfloat16")
+    b.add_argument("--ds", type=_ints, default=(64, 128))
+    b.add_argument("--ns", type=_ints, default=(1024, 2048, 4096, 8192, 16384))
+    b.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    b.add_argument("--modes", default="fwd,bwd")
+    b.add_argument("--providers", default="flash,sdpa-flash,sdpa-cudnn,sdpa-efficient,naive")
+    b.add_argument("--batch", type=int, default=4)
+    b.add_argument("--hidden", type=int, default=2048, help="heads x head_dim")
+    b.add_argument("--no-check", action="store_true")
+    m = sub.add_parser("memory", help="extra memory vs N, naive vs this kernel")
+    m.add_argument("--out", default="data/memory")
+    m.add_argument("--ns", type=_ints, default=(4096, 8192, 16384, 32768, 65536))
+    dr = sub.add_parser("dram", help="DRAM bytes with Nsight Compute")
+    dr.add_argument("action", choices=["run", "parse"])
+    dr.add_argument("--ncu-csv", help="parse: ncu --csv --page raw output")
+    dr.add_argument("--cases", help="parse: file whose last line is the JSON case list")
+    dr.add_argument("--out", default="data/dram/dram_bytes.csv")
+    dr.add_argument("--command", default="", help="parse: the command that produced the CSV")
+    sub.add_parser("gpu-check", help="quick correctness check and versions")
+    args = ap.parse_args(argv)
+
+    from . import bench
+
+    if args.cmd == "bench":
+        causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+        rows = bench.run_bench(args.out, dtypes=tuple(args.dtypes.split(",")), ds=args.ds,
+                               ns=args.ns, causals=causals, modes=tuple(args.modes.split(",")),
+                               providers=tuple(args.providers.split(",")), batch=args.batch,
+                               hidden=args.hidden, check=not args.no_check)
+        print(bench.format_ratio_table(rows))
+        bad = [r for r in rows if r.get("check") and not r["check"]["ok"]]
+        print(f"correctness: {len(bad)} failing shapes")
+        return 1 if bad else 0
+    if args.cmd == "memory":
+        bench.run_memory(args.out, ns=args.ns)
+        return 0
+    if args.cmd == "dram":
+        if args.action == "run":
+            bench.dram_cases()
+            return 0
+        with open(args.cases) as f:
+            cases = json.loads([ln for ln in f if ln.startswith("[{")][-1])
+        bench.parse_ncu_csv(args.ncu_csv, cases, args.out, command=args.command)
+        print(open(args.out).read())
+        return 0
+    if args.cmd == "gpu-check":
+        return 0 if bench.gpu_check() else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

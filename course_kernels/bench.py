@@ -1,0 +1,414 @@
+"""Measurements on a GPU: speed (TFLOP/s), peak memory and DRAM traffic of attention kernels.
+
+Chapter: "Fast on a real GPU" (and the IO chapter for :func:`dram_cases`). Run through the CLI:
+
+    python -m course_kernels bench  --out data/bench     # TFLOP/s, memory, correctness
+    python -m course_kernels memory --out data/memory    # extra memory vs N
+    python -m course_kernels dram run                    # under ncu; then `dram parse`
+
+Providers: ``flash`` (this package's Triton kernel), ``sdpa-flash`` (FlashAttention-2 inside
+PyTorch), ``sdpa-cudnn`` (cuDNN fused attention), ``sdpa-efficient`` (memory-efficient
+attention) and ``naive`` (matmul + softmax + matmul). FLOPs = 4 B H N^2 d, halved for causal,
+x2.5 for the backward (the Triton tutorial's and FlashAttention papers' convention); the
+backward is timed alone (``torch.autograd.grad`` on a retained graph). Times are the median of
+``triton.testing.do_bench``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import sys
+
+import numpy as np
+
+from .testing import error_budget, max_abs_error
+
+PROVIDERS = ("flash", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive")
+NAIVE_LIMIT_BYTES = 40 * 2**30  # skip naive where its N x N tensors would pass this
+
+
+def environment() -> dict:
+    """GPU, software versions, date and command: stored with every result."""
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return {
+        "gpu": gpu,
+        "capability": list(cap) if cap else None,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), "-m", "course_kernels"] + sys.argv[1:]),
+        "autotune": os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0",
+    }
+
+
+def attention_flops(batch, heads, n, d, causal, mode) -> float:
+    flops = 4.0 * batch * heads * n * n * d
+    if causal:
+        flops *= 0.5
+    return flops * (2.5 if mode == "bwd" else 1.0)
+
+
+def naive_attention(q, k, v, causal=False, scale=None):
+    """Standard attention in the inputs' dtype: S, P materialized in memory (N x N)."""
+    import torch
+
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale  # (B, H, Nq, Nk)
+    if causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v  # (B, H, Nq, d)
+
+
+def provider_fn(name):
+    """A function (q, k, v, causal) -> out for each provider."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name == "flash":
+        from .flash import flash_attention
+
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal=causal)
+    if name == "naive":
+        return naive_attention
+    backend = {
+        "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+        "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+        "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }[name]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def _peak_extra_mib(fn) -> float:
+    """Peak memory allocated by ``fn()`` beyond what was live before, in MiB."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / 2**20
+
+
+def check_correctness(q, k, v, do, causal, out, grads, heads=2) -> dict:
+    """FlashAttention's rule on a slice (batch 0, the first ``heads`` heads) of one shape.
+
+    Reference: fp32 math on the GPU; bar: naive attention in the inputs' dtype. O may err at
+    most 2x the naive error, gradients 3x (``course_kernels.testing``).
+    """
+    import torch
+
+    sl = (slice(0, 1), slice(0, heads))
+    result = {}
+    ref_in = [x[sl].detach().float().requires_grad_() for x in (q, k, v)]
+    nai_in = [x[sl].detach().clone().requires_grad_() for x in (q, k, v)]
+    ref = naive_attention(*ref_in, causal)
+    nai = naive_attention(*nai_in, causal)
+    dref = torch.autograd.grad(ref, ref_in, do[sl].float())
+    dnai = torch.autograd.grad(nai, nai_in, do[sl])
+    pairs = {"O": (out, ref, nai, 2.0)}
+    if grads is not None:
+        for name, g, r, n in zip(("dQ", "dK", "dV"), grads, dref, dnai):
+            pairs[name] = (g, r, n, 3.0)
+    ok = True
+    for name, (x, r, n, factor) in pairs.items():
+        x = x[sl].detach().float().cpu().numpy()
+        r = r.detach().double().cpu().numpy()
+        n = n.detach().float().cpu().numpy()
+        err, budget = max_abs_error(x, r), error_budget(n, r, factor)
+        result[name] = {"err": err, "budget": budget, "ok": bool(err <= budget)}
+        ok &= err <= budget
+    result["ok"] = bool(ok)
+    del ref, nai, dref, dnai
+    return result
+
+
+def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
+              ns=(1024, 2048, 4096, 8192, 16384), causals=(False, True), modes=("fwd", "bwd"),
+              providers=PROVIDERS, batch=4, hidden=2048, check=True, log=print):
+    """Time every provider at every shape; write bench.json, bench.csv and bench.png."""
+    import torch
+    from tqdm import tqdm
+
+    os.makedirs(out_dir, exist_ok=True)
+    env = environment()
+    rows = []
+    shapes = [(dt, d, n, c) for dt in dtypes for d in ds for c in causals for n in ns]
+    fns = {p: provider_fn(p) for p in providers}
+    for dt, d, n, causal in tqdm(shapes, desc="bench", file=sys.stdout, mininterval=5):
+        heads = hidden // d
+        dtype = getattr(torch, dt)
+        torch.manual_seed(n + d)
+        q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype)
+                       for _ in range(4))
+        for x in (q, k, v):
+            x.requires_grad_(True)
+        naive_bytes = batch * heads * n * n * q.element_size() * 3
+        for p in providers:
+            if p == "naive" and naive_bytes > NAIVE_LIMIT_BYTES:
+                continue
+            fn = fns[p]
+            row = {"provider": p, "dtype": dt, "d": d, "heads": heads, "batch": batch, "N": n,
+                   "causal": causal}
+            try:
+                out = fn(q, k, v, causal)
+                grads = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+                if check and p == "flash":
+                    row["check"] = check_correctness(q, k, v, do, causal, out, grads)
+                    if not row["check"]["ok"]:
+                        log(f"CORRECTNESS FAIL {row}")
+                for mode in modes:
+                    ms, mem = _time_one(fn, q, k, v, do, causal, out, mode)
+                    flops = attention_flops(batch, heads, n, d, causal, mode)
+                    rows.append({**row, "mode": mode, "ms": ms, "tflops": flops / ms * 1e-9,
+                                 "peak_extra_mib": mem})
+                out = grads = None
+            except Exception as exc:  # a backend that refuses a shape is recorded, not fatal
+                rows.append({**row, "mode": "error", "error": repr(exc)[:300]})
+                log(f"{p} {dt} d={d} N={n} causal={causal}: {exc!r}"[:300])
+            torch.cuda.empty_cache()
+        q = k = v = do = None  # free before the next shape allocates
+        _write_bench(out_dir, env, rows)
+    _write_bench(out_dir, env, rows)
+    try:
+        plot_bench(rows, os.path.join(out_dir, "bench.png"), env)
+    except Exception as exc:  # matplotlib missing: the data still stands
+        log(f"plot failed: {exc!r}")
+    return rows
+
+
+def _time_one(fn, q, k, v, do, causal, out, mode):
+    """Median ms (``do_bench``) and peak extra MiB of one forward, or one backward alone."""
+    import torch
+    import triton
+
+    if mode == "fwd":
+
+        def call():
+            return fn(q, k, v, causal)
+    else:
+
+        def call():
+            return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+    ms = triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median")
+    return ms, _peak_extra_mib(call)
+
+
+def _write_bench(out_dir, env, rows):
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        json.dump({"environment": env, "results": rows}, f, indent=1)
+    fields = ["provider", "dtype", "d", "heads", "batch", "N", "causal", "mode", "ms", "tflops",
+              "peak_extra_mib", "check_ok"]
+    with open(os.path.join(out_dir, "bench.csv"), "w", newline="") as f:
+        f.write(f"# {env['gpu']}; torch {env['torch']}; triton {env['triton']}; {env['date']}; "
+                f"{env['command']}\n")
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            if r.get("mode") in ("fwd", "bwd"):
+                w.writerow({**r, "check_ok": r.get("check", {}).get("ok", "")})
+
+
+def ratio_table(rows) -> list[dict]:
+    """flash / sdpa-flash and flash / sdpa-cudnn TFLOP/s per shape."""
+    by = {}
+    for r in rows:
+        if r.get("mode") in ("fwd", "bwd"):
+            by[(r["dtype"], r["d"], r["N"], r["causal"], r["mode"], r["provider"])] = r["tflops"]
+    table = []
+    for (dt, d, n, c, mode, p), t in sorted(by.items(), key=lambda kv: kv[0][:5]):
+        if p != "flash":
+            continue
+        fa2 = by.get((dt, d, n, c, mode, "sdpa-flash"))
+        cud = by.get((dt, d, n, c, mode, "sdpa-cudnn"))
+        table.append({"dtype": dt, "d": d, "N": n, "causal": c, "mode": mode, "flash": t,
+                      "vs_sdpa_flash": t / fa2 if fa2 else math.nan,
+                      "vs_sdpa_cudnn": t / cud if cud else math.nan})
+    return table
+
+
+def format_ratio_table(rows) -> str:
+    lines = ["| dtype | d | N | causal | mode | flash TFLOP/s | / sdpa-flash | / sdpa-cudnn |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in ratio_table(rows):
+        lines.append(f"| {r['dtype']} | {r['d']} | {r['N']} | {'yes' if r['causal'] else 'no'} | "
+                     f"{r['mode']} | {r['flash']:.0f} | {r['vs_sdpa_flash']:.2f} | "
+                     f"{r['vs_sdpa_cudnn']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot_bench(rows, path, env):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(r["dtype"], r["d"], r["causal"], r["mode"]) for r in rows
+                   if r.get("mode") in ("fwd", "bwd")})
+    ncol = 4
+    nrow = max(1, math.ceil(len(keys) / ncol))
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        dt, d, causal, mode = key
+        for p in PROVIDERS:
+            pts = sorted((r["N"], r["tflops"]) for r in rows if r.get("mode") == mode
+                         and r["provider"] == p and (r["dtype"], r["d"], r["causal"]) == key[:3])
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=p)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dt} d={d} {'causal' if causal else 'full'} {mode}", fontsize=9)
+        ax.set_xlabel("N")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{env['gpu']}, torch {env['torch']}, Triton {env['triton']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _fwd_bwd(fn, q, k, v, do):
+    """One forward and backward on fresh leaf copies of q, k, v (their copies count as input)."""
+    import torch
+
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    return torch.autograd.grad(fn(q, k, v, False), (q, k, v), do)
+
+
+def run_memory(out_dir, ns=(4096, 8192, 16384, 32768, 65536), batch=1, heads=8, d=64,
+               log=print):
+    """Extra memory of one forward (and forward + backward) vs N: naive vs this kernel."""
+    import torch
+
+    os.makedirs(out_dir, exist_ok=True)
+    env = environment()
+    rows = []
+    for n in ns:
+        q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
+                       for _ in range(4))
+        for p in ("naive", "sdpa-flash", "flash"):
+            fn = provider_fn(p)
+            row = {"provider": p, "N": n, "batch": batch, "heads": heads, "d": d,
+                   "dtype": "float16"}
+            try:
+                fn(q, k, v, False)  # compile / autotune outside the measurement
+                row["fwd_extra_mib"] = _peak_extra_mib(lambda: fn(q, k, v, False))  # noqa: B023
+                _fwd_bwd(fn, q, k, v, do)
+                row["fwd_bwd_extra_mib"] = _peak_extra_mib(lambda: _fwd_bwd(fn, q, k, v, do))  # noqa: B023
+            except torch.OutOfMemoryError:
+                row["error"] = "out of memory"
+            torch.cuda.empty_cache()
+            log(json.dumps(row))
+            rows.append(row)
+        q = k = v = do = None
+    with open(os.path.join(out_dir, "memory.json"), "w") as f:
+        json.dump({"environment": env, "results": rows}, f, indent=1)
+    return rows
+
+
+DRAM_NS = (1024, 2048, 4096, 8192, 16384, 32768)
+
+
+def dram_cases(ns=DRAM_NS, batch=1, heads=4, d=64):
+    """Run one forward per (provider, N) between cudaProfilerStart/Stop, each on its own
+    stream, so that ``ncu --profile-from-start off`` sees exactly these kernels, grouped by
+    stream in this order. Prints the case list as JSON on the last line."""
+    import torch
+
+    cases = []
+    for n in ns:
+        q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+        for p in ("naive", "flash"):
+            fn = provider_fn(p)
+            fn(q, k, v, False)  # warm-up: compile, cuBLAS handles, allocator
+            torch.cuda.synchronize()
+            stream = torch.cuda.Stream()
+            torch.cuda.profiler.start()
+            with torch.cuda.stream(stream):
+                fn(q, k, v, False)  # the output is freed in stream order, after the kernel
+            stream.synchronize()
+            torch.cuda.profiler.stop()
+            cases.append({"provider": p, "N": n, "batch": batch, "heads": heads, "d": d})
+        q = k = v = None
+        torch.cuda.empty_cache()
+    print(json.dumps(cases))
+    return cases
+
+
+def parse_ncu_csv(ncu_csv, cases, out_csv, command=""):
+    """Sum ncu's dram__bytes_{read,write}.sum per case (kernels grouped by stream, in order)."""
+    with open(ncu_csv) as f:
+        lines = [ln for ln in f if ln.startswith('"')]
+    reader = csv.DictReader(lines)
+    streams: dict[str, dict] = {}
+    order = []
+    for r in reader:
+        try:
+            read = float(r["dram__bytes_read.sum"].replace(",", ""))
+            write = float(r["dram__bytes_write.sum"].replace(",", ""))
+        except (KeyError, ValueError):
+            continue  # the units row
+        s = r.get("Stream", "?")
+        if s not in streams:
+            streams[s] = {"read": 0.0, "write": 0.0, "kernels": []}
+            order.append(s)
+        streams[s]["read"] += read
+        streams[s]["write"] += write
+        streams[s]["kernels"].append(r.get("Kernel Name", "?")[:40])
+    if len(order) != len(cases):
+        raise RuntimeError(f"ncu reported {len(order)} streams for {len(cases)} cases")
+    with open(out_csv, "w", newline="") as f:
+        f.write(f"# DRAM bytes per forward, Nsight Compute; {command}\n")
+        w = csv.writer(f)
+        w.writerow(["provider", "N", "batch", "heads", "d", "dtype", "dram_read_bytes",
+                    "dram_write_bytes", "n_kernels", "kernels"])
+        for case, s in zip(cases, order):
+            st = streams[s]
+            w.writerow([case["provider"], case["N"], case["batch"], case["heads"], case["d"],
+                        "float16", int(st["read"]), int(st["write"]), len(st["kernels"]),
+                        ";".join(st["kernels"])])
+    return out_csv
+
+
+def gpu_check(log=print) -> bool:
+    """Quick sanity check on the GPU: one shape per dtype against fp32 math."""
+    import torch
+
+    from .flash import flash_attention
+
+    env = environment()
+    log(json.dumps(env))
+    ok = True
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        q, k, v, do = (torch.randn(2, 4, 1000, 80, device="cuda", dtype=dtype) for _ in range(4))
+        k, v = k[:, :2], v[:, :2]
+        ref = naive_attention(q.float(), k.float().repeat_interleave(2, 1),
+                              v.float().repeat_interleave(2, 1), True)
+        out = flash_attention(q, k, v, causal=True)
+        err = (out.float() - ref).abs().max().item()
+        log(f"{dtype}: max abs error vs fp32 math {err:.2e}")
+        ok &= bool(np.isfinite(err) and err < 5e-2)
+    return ok

@@ -1,0 +1,236 @@
+"""``flash_attention``: the Triton kernels behind a drop-in for PyTorch's SDPA, differentiable.
+
+Chapter: "Flash Attention in Triton" (forward, backward, the autograd wrapper).
+
+    flash_attention -> _FlashAttention (torch.autograd.Function) -> _forward / _backward
+                    -> triton_forward._attn_fwd, triton_backward._attn_bwd_* kernels
+
+Semantics are those of ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
+is_causal=causal, scale=scale, enable_gqa=True)``. The forward saves q, k, v (the inputs), O and
+the logsumexp: nothing N x N. The backward recomputes P the FlashAttention-2 way and is
+deterministic (no atomics: bit-identical on repeat).
+
+Where it runs (``_triton_env``): a CUDA GPU, or, without one, Triton's CPU interpreter (CPU
+tensors; slow; for tests and laptops). On GPUs below sm_80 (Colab's T4, sm_75) Triton >= 3.3
+runs ``tl.dot`` on FMA units rather than tensor cores (triton-lang/triton#5066): correct, not
+fast; there is no bf16 there.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
+from ._triton_env import INTERPRET, capability, require_triton
+
+require_triton()
+
+import torch  # noqa: E402
+
+from .triton_backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess  # noqa: E402
+from .triton_forward import _attn_fwd  # noqa: E402
+
+LN2 = math.log(2.0)  # natural lse = base-2 lse * ln 2
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+# Host-side helpers in plain Python: triton.cdiv / triton.next_power_of_2 are Triton
+# constexpr functions in recent versions and cost tens of microseconds per call, which showed
+# up as launch overhead at N = 1024 (notes/kernel.md).
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _head_dim_padded(d: int) -> int:
+    """Next power of two >= d, at least 16 (the smallest tl.dot size)."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs use IEEE fp32 products (not TF32) so results match an fp32 reference."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+# Triton's Autotuner.run rebuilds its cache key from every argument on each call. After a
+# shape's first (tuning) launch, remember the config it chose and launch the JIT function
+# directly, exactly as Autotuner.run would. At N = 1K the whole Python launch path is still
+# comparable to the kernel's ~0.1 ms (notes/kernel.md).
+_TUNED: dict = {}
+
+
+def _launch(kernel, grid, args, key, **constexprs):
+    config = _TUNED.get((id(kernel), *key))
+    if config is None:
+        kernel[grid](*args, **constexprs)
+        _TUNED[(id(kernel), *key)] = kernel.best_config
+    else:
+        kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **config.all_kwargs())
+
+
+def _check_inputs(q, k, v, causal, scale) -> float:
+    """Validate the arguments; return the scale. Raises TypeError / ValueError, never crashes."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, d); got "
+                            f"{type(x).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have rank 4, layout (batch, heads, seq, head_dim); got "
+                             f"shape {tuple(x.shape)}")
+        if x.numel() == 0:
+            raise ValueError(f"{name} must not be empty; got shape {tuple(x.shape)}")
+        if x.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, "
+                         f"{v.device}")
+    want = _triton_env.device_kind()
+    if q.device.type != want:
+        where = ("no CUDA GPU was found, so kernels run in Triton's CPU interpreter"
+                 if want == "cpu" else "Triton compiles these kernels for the CUDA GPU")
+        raise ValueError(f"tensors must be on a {want} device here ({where}); got {q.device}")
+    B, Hq, Nq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (B, Hkv, Nk, d); got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != B:
+        raise ValueError(f"q, k, v must share the batch size; got q {B} and k/v {k.shape[0]}")
+    if k.shape[3] != d:
+        raise ValueError(f"q, k, v must share the head dim; got q {d} and k/v {k.shape[3]}")
+    Hkv = k.shape[1]
+    if Hq % Hkv != 0:
+        raise ValueError(f"the number of query heads must be a multiple of the number of key/value "
+                         f"heads (GQA/MQA); got Hq={Hq}, Hkv={Hkv}")
+    if d % 8 != 0 or d > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be a multiple of 8 and at most {MAX_HEAD_DIM}; got {d}")
+    if q.dtype == torch.bfloat16 and not INTERPRET:
+        cap = capability()
+        if cap is not None and cap < (8, 0):
+            raise ValueError(f"bfloat16 needs a GPU of compute capability 8.0 or newer; this one "
+                             f"is sm_{cap[0]}{cap[1]}. Use float16.")
+    if not isinstance(causal, (bool,)):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite real number or None; got {scale!r}")
+    return float(scale)
+
+
+def _forward(q, k, v, causal: bool, scale: float):
+    """Run ``_attn_fwd``. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d) contiguous.
+
+    Returns o (B, Hq, Nq, d) in q.dtype and lse2 (B, Hq, Nq) float32 in base 2.
+    """
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    lse2 = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+
+    def grid(meta):
+        return (_cdiv(Nq, meta["BLOCK_M"]), B * Hq)
+
+    args = (q, k, v, scale, lse2, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            Hq, Hq // Hkv, Nq, Nk)
+    _launch(_attn_fwd, grid, args, (q.device, q.dtype, Nq, Nk, d, causal),
+            HEAD_DIM=d, HEAD_DIM_PADDED=_head_dim_padded(d), CAUSAL=causal,
+            DOT_PRECISION=_dot_precision(q.dtype))
+    return o, lse2
+
+
+def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
+    """Run the three backward kernels; returns dq, dk, dv shaped and typed like q, k, v."""
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    do = do.contiguous()
+    dpad = _head_dim_padded(d)
+    prec = _dot_precision(q.dtype)
+    delta = torch.empty_like(lse2)  # (B, Hq, Nq) float32
+    rows = B * Hq * Nq
+    pre_block = 64
+    _attn_bwd_preprocess[(_cdiv(rows, pre_block),)](
+        o, do, delta, rows, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_M=pre_block
+    )
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    key = (q.device, q.dtype, Nq, Nk, d, causal, Hq // Hkv)
+    _launch(_attn_bwd_dkdv, lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * Hkv),
+            (q, k, v, do, lse2, delta, dk, dv, scale, *q.stride(), *k.stride(),
+             Hkv, Hq // Hkv, Nq, Nk),
+            key, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, DOT_PRECISION=prec)
+    _launch(_attn_bwd_dq, lambda meta: (_cdiv(Nq, meta["BLOCK_M2"]), B * Hq),
+            (q, k, v, do, lse2, delta, dq, scale, *q.stride(), *k.stride(),
+             Hq, Hq // Hkv, Nq, Nk),
+            key, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, DOT_PRECISION=prec)
+    return dq, dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Saves q, k, v, O and the base-2 logsumexp (B, Hq, Nq); nothing N x N."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, return_lse):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o, lse2 = _forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.causal, ctx.scale = causal, scale
+        if not return_lse:
+            return o
+        lse = lse2 * LN2  # natural-log logsumexp for the caller
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, *_dlse):
+        q, k, v, o, lse2 = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
+                    return_lse: bool = False):
+    """Exact attention, O = softmax(scale * Q K^T [+ causal mask]) V, in Triton.
+
+    The same function as ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
+    is_causal=causal, scale=scale, enable_gqa=True)``, computed FlashAttention-2 style.
+
+    Args:
+        q: (B, Hq, Nq, d) queries, layout (batch, heads, seq, head_dim).
+        k: (B, Hkv, Nk, d) keys. Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA);
+            Nk may differ from Nq. Any N >= 1.
+        v: (B, Hkv, Nk, d) values.
+        causal: query i sees keys j <= i (PyTorch ``is_causal``, top-left aligned, also when
+            Nq != Nk). For Nq = 3, Nk = 4::
+
+                1 0 0 0
+                1 1 0 0
+                1 1 1 0
+
+        scale: multiplies Q K^T; ``None`` means 1 / sqrt(d).
+        return_lse: also return the logsumexp.
+
+    Dtypes: float16, bfloat16 (sm_80+), float32 (IEEE fp32 products, not TF32). Head dim: any
+    multiple of 8 up to 256 (non powers of two are padded and masked inside the kernel).
+    Non-contiguous inputs are made contiguous. On CPU (Triton's interpreter) bf16 is computed
+    in fp32 and rounded, because bf16 ``tl.dot`` is wrong there (triton-lang/triton#11584).
+
+    Returns:
+        out: (B, Hq, Nq, d), q's dtype. Differentiable with respect to q, k, v.
+        lse: only if ``return_lse``: (B, Hq, Nq) float32, the natural-log logsumexp of each row
+            of scaled, masked scores (not differentiable).
+    """
+    scale = _check_inputs(q, k, v, causal, scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+    if INTERPRET and q.dtype == torch.bfloat16:
+        # triton-lang/triton#11584: bf16 tl.dot is wrong in the interpreter; compute in fp32.
+        res = _FlashAttention.apply(q.float(), k.float(), v.float(), causal, scale, return_lse)
+        if return_lse:
+            return res[0].to(torch.bfloat16), res[1]
+        return res.to(torch.bfloat16)
+    return _FlashAttention.apply(q, k, v, causal, scale, return_lse)

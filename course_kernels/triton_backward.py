@@ -1,0 +1,278 @@
+"""Flash Attention backward in Triton: FlashAttention-2's Algorithm 2, split into three kernels.
+
+Chapter: "Flash Attention in Triton: the backward kernel". Paper: FlashAttention-2 (Dao 2023,
+arXiv 2307.08691), Algorithm 2; line numbers in the comments refer to it.
+
+Layout (batch, heads, seq, head_dim); all tensors contiguous:
+
+    Q, dO, dQ: (B, Hq, Nq, d)    K, V, dK, dV: (B, Hkv, Nk, d)    LSE, D: (B, Hq, Nq) float32
+
+The forward saved only O and the base-2 logsumexp ``lse2`` (see ``triton_forward``), so P is
+recomputed block by block: P = exp2(S * scale * log2(e) - lse2), exactly the forward's P.
+
+1. ``_attn_bwd_preprocess``: D = rowsum(dO * O) (FA2 Alg. 2 line 6).
+2. ``_attn_bwd_dkdv``: one program per key block of one (batch, K/V head); it loops over every
+   query block of every query head in the GQA group, accumulating dK, dV on chip
+   (FA2 Alg. 2 lines 7-21 without line 17). Summing the group inside one program, in a fixed
+   order, makes GQA gradients deterministic without atomics.
+3. ``_attn_bwd_dq``: one program per query block; it loops over key blocks (FA2 Alg. 2 line 17
+   turned inside out). The paper adds dQ with atomics; a separate pass costs one more
+   recomputation of S and dP but is bit-identical on repeat.
+
+Causal is top-left aligned (query i sees keys j <= i), as in the forward. Rows past Nq load
+as Q = dO = 0, D = 0 and lse2 = +inf in the dK/dV kernel, so they add exactly nothing (the +inf
+alone would suffice: P = exp2(-inf) = 0; the zeros alone too: dO = 0 and dS = P * 0).
+"""
+
+from __future__ import annotations
+
+from . import _triton_env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from ._triton_env import autotune_kwargs, pick_configs, prune_configs  # noqa: E402
+from .triton_forward import _load_tile  # noqa: E402
+
+
+def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
+    gpu = [
+        triton.Config({block_a: a, block_b: b}, num_warps=w, num_stages=s)
+        for a, b, w, s in [
+            (32, 128, 4, 3),  # the Triton tutorial's Hopper choice
+            (64, 128, 8, 3),
+        ]
+    ] + [small]
+    cpu_config = triton.Config({block_a: cpu[0], block_b: cpu[1]}, num_warps=4, num_stages=1)
+    return pick_configs(gpu, cpu_config, ieee)
+
+
+# fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
+DKDV_IEEE_CONFIG = triton.Config({"BLOCK_M1": 32, "BLOCK_N1": 32}, num_warps=4, num_stages=1)
+DQ_IEEE_CONFIG = triton.Config({"BLOCK_N2": 32, "BLOCK_M2": 32}, num_warps=4, num_stages=1)
+# Head dim 256, and a T4's 64 KB of shared memory.
+DKDV_SMALL_CONFIG = triton.Config({"BLOCK_M1": 16, "BLOCK_N1": 64}, num_warps=4, num_stages=2)
+DQ_SMALL_CONFIG = triton.Config({"BLOCK_N2": 16, "BLOCK_M2": 64}, num_warps=4, num_stages=2)
+
+
+def dkdv_configs() -> list[triton.Config]:
+    """(BLOCK_M1 query rows per step, BLOCK_N1 keys per program)."""
+    return _configs("BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG)
+
+
+def dq_configs() -> list[triton.Config]:
+    """(BLOCK_N2 keys per step, BLOCK_M2 query rows per program)."""
+    return _configs("BLOCK_N2", "BLOCK_M2", (16, 32), DQ_IEEE_CONFIG, DQ_SMALL_CONFIG)
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    Out, DO, Delta, N_ROWS,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """D = rowsum(dO * O) over the flattened rows of contiguous (B, Hq, Nq, d) tensors."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
+    mask = (offs_m[:, None] < N_ROWS) & (offs_d[None, :] < HEAD_DIM)
+    ptrs = offs_m[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
+    o = tl.load(Out + ptrs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_M, D)
+    do = tl.load(DO + ptrs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_M, D)
+    delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)  FA2 Alg. 2 line 6
+    tl.store(Delta + offs_m, delta, mask=offs_m < N_ROWS)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, k, v,  # (BLOCK_N1, D) x 4
+    q_base, do_base, lse_base, delta_base, stride_qm, stride_qk,
+    offs_n, lo, hi, qk_scale, N_CTX_Q,
+    BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 10-19)."""
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
+    for start_m in range(lo, hi, BLOCK_M1):
+        start_m = tl.multiple_of(start_m, BLOCK_M1)
+        offs_m = start_m + tl.arange(0, BLOCK_M1)  # (BLOCK_M1,)
+        m_ok = offs_m < N_CTX_Q
+        # FA2 Alg. 2 line 11: load Q_i, dO_i, L_i, D_i. Rows past Nq: lse = +inf gives P = 0.
+        row_ptrs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+        q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+        lse2 = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
+        # FA2 Alg. 2 lines 12-13, transposed: P^T = exp2(K Q^T * scale log2e - L).
+        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
+        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])  # (BLOCK_N1, BLOCK_M1)
+        if MASKED:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)  # causal: key j <= query i
+        do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+        # FA2 Alg. 2 line 14: dV_j += P^T dO_i.
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
+        delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)  # (BLOCK_M1,)
+        # FA2 Alg. 2 lines 15-16, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
+        dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
+        # FA2 Alg. 2 line 18: dK_j += dS^T Q_i (the scale is applied once at the end).
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
+    return dk, dv
+
+
+@triton.autotune(
+    configs=dkdv_configs(),
+    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "GROUP_SIZE", "DOT_PRECISION"],
+    prune_configs_by={"early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG)},
+    **autotune_kwargs(),
+)
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, DO, LSE, Delta, DK, DV, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qk,
+    stride_kz, stride_kh, stride_kn, stride_kk,
+    H_KV, GROUP_SIZE, N_CTX_Q, N_CTX_K,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+):
+    """dK, dV for one key block of one (batch, K/V head). Grid: (cdiv(Nk, BLOCK_N1), B * Hkv).
+
+    Q and dO share strides (stride_q*); K, V, dK, dV share strides (stride_k*).
+    """
+    start_n = tl.program_id(0) * BLOCK_N1
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H_KV).to(tl.int64)
+    off_kvh = (off_hz % H_KV).to(tl.int64)
+    kv_off = off_z * stride_kz + off_kvh * stride_kh
+
+    offs_n = start_n + tl.arange(0, BLOCK_N1)  # (BLOCK_N1,)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
+    n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N1, 1)
+    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
+    kv_ptrs = kv_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
+    # FA2 Alg. 2 lines 8-9: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
+    k = _load_tile(K + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
+    v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
+    dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # scale * log2(e)
+
+    if CAUSAL:
+        # Queries i < start_n see none of these keys. Blocks that straddle the diagonal are
+        # masked; the ones below it are not.
+        lo = (start_n // BLOCK_M1) * BLOCK_M1
+        mid = tl.minimum(((start_n + BLOCK_N1 + BLOCK_M1 - 1) // BLOCK_M1) * BLOCK_M1, N_CTX_Q)
+    else:
+        lo = 0
+        mid = 0
+    # GQA: the GROUP_SIZE query heads that read this K/V head, summed in a fixed order.
+    for g in range(0, GROUP_SIZE):
+        off_h = off_kvh * GROUP_SIZE + g  # query head
+        off_bh = off_z * (H_KV * GROUP_SIZE) + off_h  # row of the (B * Hq, Nq) LSE and D
+        q_base = Q + off_z * stride_qz + off_h * stride_qh
+        do_base = DO + off_z * stride_qz + off_h * stride_qh
+        lse_base = LSE + off_bh * N_CTX_Q
+        delta_base = Delta + off_bh * N_CTX_Q
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qk,
+            offs_n, lo, mid, qk_scale, N_CTX_Q,
+            BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED, True, DOT_PRECISION,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qk,
+            offs_n, mid, N_CTX_Q, qk_scale, N_CTX_Q,
+            BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED, False, DOT_PRECISION,
+        )
+
+    # FA2 Alg. 2 line 20: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
+    mask = n_ok & d_ok
+    tl.store(DK + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, q, do, lse2, delta,  # (BLOCK_M2, D) x 3, (BLOCK_M2,) x 2
+    k_base, v_base, stride_kn, stride_kk,
+    offs_m, lo, hi, qk_scale, N_CTX_K,
+    BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 12-17 for one query block)."""
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
+    for start_n in range(lo, hi, BLOCK_N2):
+        start_n = tl.multiple_of(start_n, BLOCK_N2)
+        offs_n = start_n + tl.arange(0, BLOCK_N2)  # (BLOCK_N2,)
+        n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N2, 1)
+        kv_ptrs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
+        k = _load_tile(k_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
+        v = _load_tile(v_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_N2)
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # FA2 Alg. 2 line 13
+        if MASKED:
+            keep = offs_n[None, :] < N_CTX_K  # keys past Nk load as 0 but must get P = 0
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 15: dP = dO V^T
+        ds = p * (dp - delta[:, None])  # line 16: dS = P * (dP - D)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 17: dQ += dS K
+    return dq
+
+
+@triton.autotune(
+    configs=dq_configs(),
+    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
+    prune_configs_by={"early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG)},
+    **autotune_kwargs(),
+)
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, LSE, Delta, DQ, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qk,
+    stride_kz, stride_kh, stride_kn, stride_kk,
+    H_Q, GROUP_SIZE, N_CTX_Q, N_CTX_K,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_M2: tl.constexpr,
+):
+    """dQ for one query block of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M2), B * Hq).
+
+    Q, dO, dQ share strides (stride_q*); K, V share strides (stride_k*).
+    """
+    start_m = tl.program_id(0) * BLOCK_M2
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H_Q).to(tl.int64)
+    off_h = (off_hz % H_Q).to(tl.int64)
+    off_kvh = off_h // GROUP_SIZE
+    q_off = off_z * stride_qz + off_h * stride_qh
+    k_base = K + off_z * stride_kz + off_kvh * stride_kh
+    v_base = V + off_z * stride_kz + off_kvh * stride_kh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M2)  # (BLOCK_M2,)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
+    m_ok = offs_m[:, None] < N_CTX_Q  # (BLOCK_M2, 1)
+    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
+    q_ptrs = q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    q = _load_tile(Q + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
+    do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
+    row = off_hz.to(tl.int64) * N_CTX_Q + offs_m  # (BLOCK_M2,)
+    lse2 = tl.load(LSE + row, mask=offs_m < N_CTX_Q, other=0.0)
+    delta = tl.load(Delta + row, mask=offs_m < N_CTX_Q, other=0.0)
+    dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    if CAUSAL:
+        hi = tl.minimum(start_m + BLOCK_M2, N_CTX_K)
+        hi_full = (tl.minimum(start_m, N_CTX_K) // BLOCK_N2) * BLOCK_N2
+    else:
+        hi = N_CTX_K
+        hi_full = (N_CTX_K // BLOCK_N2) * BLOCK_N2
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kk,
+        offs_m, 0, hi_full, qk_scale, N_CTX_K,
+        BLOCK_N2, HEAD_DIM, HEAD_DIM_PADDED, False, CAUSAL, DOT_PRECISION,
+    )
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kk,
+        offs_m, hi_full, hi, qk_scale, N_CTX_K,
+        BLOCK_N2, HEAD_DIM, HEAD_DIM_PADDED, True, CAUSAL, DOT_PRECISION,
+    )
+    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)

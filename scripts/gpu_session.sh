@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# All GPU work of the Triton kernel in one run (one device call). Usage, from the repo root:
+#
+#   OUT=/some/dir scripts/gpu_session.sh [check] [tests] [bench] [memory] [dram]   (default: all)
+#
+# Results land flat in $OUT (copy them into data/ afterwards):
+#   log.txt                  everything printed
+#   h200_test_record.json    GPU suite outcome: GPU, versions, date, command, pass/fail counts
+#   bench.json bench.csv bench.png   python -m course_kernels bench
+#   memory.json              python -m course_kernels memory
+#   dram_bytes.csv ncu_raw.csv       Nsight Compute DRAM bytes, naive vs this kernel
+# Each step has its own time limit so that a slow step still leaves the others' data.
+set -uo pipefail
+OUT="${OUT:-/tmp/gpu_out}"
+mkdir -p "$OUT"
+export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+PY="${PY:-python3}"
+STEPS="${*:-check tests bench memory dram}"
+BENCH_ARGS="${BENCH_ARGS:-}"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+echo "== $(date -u +%FT%TZ) steps: $STEPS"
+
+if has check; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  timeout 120 "$PY" -m course_kernels gpu-check
+fi
+
+if has tests; then
+  echo "== GPU test suite (one config per kernel)"
+  t0=$(date +%s)
+  # xdist: compiling is CPU-bound and the suite compiles ~100 kernel variants.
+  COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-240}" "$PY" -m pytest tests/gpu -q -p no:cacheprovider \
+    -n "${TEST_WORKERS:-8}" --junitxml=/tmp/junit_gpu.xml --maxfail=20 2>&1 | tail -60
+  echo "pytest rc=$? in $(( $(date +%s) - t0 )) s"
+  "$PY" - "$OUT/h200_test_record.json" <<'EOF'
+import json, sys, xml.etree.ElementTree as ET
+from course_kernels.bench import environment
+env = environment()
+env["command"] = ("COURSE_KERNELS_AUTOTUNE=0 python3 -m pytest tests/gpu -q -n 8 "
+                  "(scripts/gpu_session.sh tests)")
+env["autotune"] = False
+try:
+    root = ET.parse("/tmp/junit_gpu.xml").getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    n, f, e, s = (int(suite.get(a, 0)) for a in ("tests", "failures", "errors", "skipped"))
+    failed = [c.get("name") for c in suite.iter("testcase")
+              if c.find("failure") is not None or c.find("error") is not None]
+    rec = {**env, "tests": n, "passed": n - f - e - s, "failed": f, "errors": e, "skipped": s,
+           "failed_tests": failed, "time_s": float(suite.get("time", 0))}
+except Exception as exc:  # pytest timed out before writing the report
+    rec = {**env, "error": f"no junit report: {exc!r}"}
+json.dump(rec, open(sys.argv[1], "w"), indent=1)
+print(json.dumps(rec))
+EOF
+fi
+
+if has bench; then
+  echo "== benchmark"
+  # shellcheck disable=SC2086
+  timeout "${BENCH_LIMIT:-330}" "$PY" -m course_kernels bench --out "$OUT" $BENCH_ARGS
+  echo "bench rc=$?"
+fi
+
+if has memory; then
+  echo "== memory"
+  timeout "${MEMORY_LIMIT:-120}" "$PY" -m course_kernels memory --out "$OUT"
+fi
+
+if has dram; then
+  echo "== DRAM bytes (Nsight Compute)"
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+  # One config per kernel (no autotuning under the profiler): the default (BLOCK_M, BLOCK_N) =
+  # (128, 64), the config the autotuner picks for most d = 64 shapes.
+  export COURSE_KERNELS_AUTOTUNE=0
+  CMD="$NCU --clock-control none --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw --print-units base --log-file $OUT/ncu_raw.csv $PY -m course_kernels dram run"
+  echo "$CMD"
+  timeout "${DRAM_LIMIT:-150}" $CMD > /tmp/dram_cases.txt
+  echo "ncu rc=$?"
+  unset COURSE_KERNELS_AUTOTUNE
+  tail -2 /tmp/dram_cases.txt
+  "$PY" -m course_kernels dram parse --ncu-csv "$OUT/ncu_raw.csv" --cases /tmp/dram_cases.txt \
+    --out "$OUT/dram_bytes.csv" --command "${CMD//$OUT\//}"
+fi
+echo "== done $(date -u +%FT%TZ)"
