@@ -1,0 +1,469 @@
+"""Split-KV decoding (Flash-Decoding): one new query token against a long KV cache.
+
+Chapter: "Applications" (book part two), section "Inference: prefill vs decode".
+
+Layout (batch, heads, seq, head_dim), like PyTorch's SDPA:
+
+    q: (B, Hq, Nq, d)   Nq = 1 in plain decoding, a few tokens in speculative decoding
+    k, v: (B, Hkv, Nk, d)   the KV cache; Hq = G * Hkv (GQA; Hkv = 1 is MQA)
+    cache_seqlens: (B,) how many cached keys each sequence really has (<= Nk)
+    out: (B, Hq, Nq, d)   lse: (B, Hq, Nq) float32, natural log
+
+Why a separate kernel. In decoding there is no N x N matrix to avoid: one query row reads the
+whole cache once, so the work is memory-bound and FlashAttention's IO saving (a prefill and
+training effect) has nothing to save. What matters is reading the cache at full bandwidth. The
+forward kernel gives one program per (query block, batch, head): at batch 1 with 8 KV heads that
+is 8 programs on a GPU with 132 SMs, and each streams the whole cache alone. Flash-Decoding
+(Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference", PyTorch blog) also
+splits the *keys*:
+
+1. ``_decode_split_kv``: grid (num_splits, B * Hkv). Program (s, b, kv head) reads keys
+   [s * chunk, (s + 1) * chunk) and computes the partial result of every query row that uses
+   this KV head (the G query heads of the group times Nq tokens, packed into one tile so the
+   cache is read once per group, not once per query head)::
+
+       m   = max_j S_j                 (row max of the chunk's scores)
+       l   = sum_j exp(S_j - m)
+       acc = sum_j exp(S_j - m) V_j    (not normalised)
+
+2. ``_decode_combine``: one program per (b, query head, token) merges the num_splits partials
+   with the online-softmax merge (each rescaled by exp(m_s - max_s m_s)), then normalises.
+
+Without the rescaling in step 2 the result is wrong whenever the chunks have different maxima:
+``tests/test_decode.py`` checks that such a merge is caught.
+
+:func:`split_kv_decode_numpy` is the same algorithm in NumPy built from
+``online_softmax.partial_attention`` / ``merge`` / ``finalize``; :func:`flash_decode` runs the
+Triton kernels (a CUDA GPU, or Triton's CPU interpreter).
+
+Causal with Nq > 1 is *bottom-right* aligned, as in decoding: the cache already holds the new
+tokens, and query i (of Nq) sees keys j <= L - Nq + i, where L is the sequence's cache length.
+(``flash_attention``'s ``causal`` is PyTorch's top-left alignment; for Nq = Nk they agree.)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
+from ._triton_env import INTERPRET, require_triton
+from ._validate import as_float_array, check_bool, check_positive_int, resolve_scale
+from .online_softmax import PartialAttention, empty_partial, finalize, merge, partial_attention
+
+require_triton()
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+LN2 = math.log(2.0)
+MAX_ROWS = 128  # G * Nq query rows share one tile; more than that is prefill, not decoding
+
+
+# -- NumPy ------------------------------------------------------------------------------------
+def split_chunk(n_keys: int, num_splits: int, multiple: int = 1) -> int:
+    """Keys per split: ceil(n_keys / num_splits), rounded up to a multiple of ``multiple``."""
+    chunk = -(-n_keys // num_splits)
+    return -(-chunk // multiple) * multiple
+
+
+def _visible(lo, hi, lens, n_q, group, causal):
+    """Mask (B, 1, G * Nq, hi - lo) of the keys [lo, hi) each query row may see."""
+    j = np.arange(lo, hi)[None, None, None, :]  # (1, 1, 1, C)
+    lens = lens[:, None, None, None]  # (B, 1, 1, 1)
+    ok = j < lens
+    if causal:
+        i = np.tile(np.arange(n_q), group)[None, None, :, None]  # (1, 1, G * Nq, 1): token index
+        ok = ok & (j <= lens - n_q + i)
+    return ok
+
+
+def split_kv_decode_numpy(q, k, v, num_splits: int = 4, cache_seqlens=None, causal=False,
+                          scale=None, chunk: int | None = None, return_partials: bool = False):
+    """Split-KV decoding in NumPy: partial attention per chunk of keys, then the merge.
+
+    Args:
+        q: (B, Hq, Nq, d) queries.
+        k: (B, Hkv, Nk, d) key cache; Hq must be a multiple of Hkv (GQA).
+        v: (B, Hkv, Nk, dv) value cache.
+        num_splits: number of key chunks (>= 1).
+        cache_seqlens: (B,) valid cache length of each sequence (1..Nk); None = Nk.
+        causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
+        scale: multiplies Q K^T; None = 1/sqrt(d).
+        chunk: keys per split; None = ceil(Nk / num_splits).
+        return_partials: also return the partials, a :class:`PartialAttention` with
+            m, l: (B, Hq, Nq, S) and acc: (B, Hq, Nq, S, dv).
+
+    Returns ``(out, lse)``: (B, Hq, Nq, dv) and (B, Hq, Nq), in float64 for float64 input and
+    float32 for float16/float32 input (the accumulator precision of ``partial_attention``).
+    """
+    q, k, v = (as_float_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    B, Hq, Nq, d = _check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+    Hkv, Nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    G = Hq // Hkv
+    num_splits = check_positive_int(num_splits, "num_splits")
+    causal = check_bool(causal, "causal")
+    scale = resolve_scale(scale, d)
+    lens = _check_seqlens_numpy(cache_seqlens, B, Nk)
+    chunk = split_chunk(Nk, num_splits) if chunk is None else check_positive_int(chunk, "chunk")
+
+    qg = q.reshape(B, Hkv, G * Nq, d)  # (B, Hkv, G*Nq, d): the group's rows share one KV head
+    parts = []
+    for s in range(num_splits):
+        lo, hi = min(s * chunk, Nk), min((s + 1) * chunk, Nk)
+        if lo == hi:  # a split past the end of the cache has seen nothing
+            acc_t = np.float32 if q.dtype == np.float16 else q.dtype
+            parts.append(empty_partial((B, Hkv, G * Nq), dv, acc_t))
+            continue
+        mask = _visible(lo, hi, lens, Nq, G, causal)  # (B, 1, G*Nq, hi-lo)
+        parts.append(partial_attention(qg, k[:, :, lo:hi], v[:, :, lo:hi], scale, mask=mask))
+    total = parts[0]
+    for p in parts[1:]:
+        total = merge(total, p)  # the online-softmax merge: rescale both sides to the new max
+    out, lse = finalize(total)  # (B, Hkv, G*Nq, dv), (B, Hkv, G*Nq)
+    out, lse = out.reshape(B, Hq, Nq, dv), lse.reshape(B, Hq, Nq)
+    if not return_partials:
+        return out, lse
+    stacked = PartialAttention(
+        np.stack([p.m.reshape(B, Hq, Nq) for p in parts], axis=-1),  # (B, Hq, Nq, S)
+        np.stack([p.l.reshape(B, Hq, Nq) for p in parts], axis=-1),
+        np.stack([p.acc.reshape(B, Hq, Nq, dv) for p in parts], axis=-2),  # (B, Hq, Nq, S, dv)
+    )
+    return out, lse, stacked
+
+
+def _check_shapes(qs, ks, vs, qt, kt, vt):
+    if not (len(qs) == len(ks) == len(vs) == 4):
+        raise ValueError(f"q, k, v must have rank 4, layout (batch, heads, seq, head_dim); got "
+                         f"shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}")
+    if not (qt == kt == vt):
+        raise TypeError(f"q, k and v must share one dtype; got {qt}, {kt}, {vt}")
+    B, Hq, Nq, d = qs
+    if ks[0] != B or vs[0] != B:
+        raise ValueError(f"q, k, v must share the batch size; got {qs[0]}, {ks[0]}, {vs[0]}")
+    if ks[3] != d:
+        raise ValueError(f"q and k must share the head dim; got {d} and {ks[3]}")
+    if tuple(ks[:3]) != tuple(vs[:3]):
+        raise ValueError(f"k and v must have the same (batch, heads, seq); got {tuple(ks)} and "
+                         f"{tuple(vs)}")
+    if Hq % ks[1]:
+        raise ValueError(f"the number of query heads must be a multiple of the number of key/value "
+                         f"heads (GQA/MQA); got Hq={Hq}, Hkv={ks[1]}")
+    if (Hq // ks[1]) * Nq > MAX_ROWS:
+        raise ValueError(f"decoding packs (Hq / Hkv) * Nq = {(Hq // ks[1]) * Nq} query rows into "
+                         f"one tile; at most {MAX_ROWS}. For long queries (prefill) use "
+                         "flash_attention.")
+    return B, Hq, Nq, d
+
+
+def _check_seqlens_numpy(cache_seqlens, B, Nk):
+    if cache_seqlens is None:
+        return np.full(B, Nk)
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = [cache_seqlens] * B
+    lens = np.asarray(cache_seqlens.cpu() if hasattr(cache_seqlens, "cpu") else cache_seqlens)
+    if lens.shape != (B,) or not np.issubdtype(lens.dtype, np.integer):
+        raise ValueError(f"cache_seqlens must be B={B} integers; got {lens.dtype} {lens.shape}")
+    if lens.min() < 1 or lens.max() > Nk:
+        raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
+    return lens.astype(np.int64)
+
+
+# -- Triton -----------------------------------------------------------------------------------
+@triton.jit
+def _decode_split_kv(
+    Q, K, V, SEQLENS, M_part, L_part, Acc_part, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qk,
+    stride_kz, stride_kh, stride_kn, stride_kk,
+    stride_vz, stride_vh, stride_vn, stride_vk,
+    H_KV, GROUP_SIZE, N_Q, CHUNK, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Partial (m, l, acc) of the G * Nq query rows of one KV head over one chunk of keys.
+
+    Grid (NUM_SPLITS, B * H_KV). Row r of the tile is query head kvh * G + r // N_Q, token
+    r % N_Q. Writes m (natural log), l: (B, Hq, Nq, S) and acc: (B, Hq, Nq, S, HEAD_DIM) float32.
+    """
+    split = tl.program_id(0)
+    off_zkv = tl.program_id(1)
+    off_z = (off_zkv // H_KV).to(tl.int64)
+    off_kvh = (off_zkv % H_KV).to(tl.int64)
+    seqlen = tl.load(SEQLENS + off_z)  # keys this sequence really has
+
+    offs_r = tl.arange(0, BLOCK_M)  # (BLOCK_M,) packed query rows
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
+    r_ok = offs_r < GROUP_SIZE * N_Q
+    tok = offs_r % N_Q  # token index i within the Nq new tokens
+    off_h = off_kvh * GROUP_SIZE + offs_r // N_Q  # (BLOCK_M,) query head of each row
+    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
+
+    q_ptrs = (Q + off_z * stride_qz + off_h[:, None] * stride_qh + tok[:, None] * stride_qm
+              + offs_d[None, :] * stride_qk)
+    q = tl.load(q_ptrs, mask=r_ok[:, None] & d_ok, other=0.0)  # (BLOCK_M, D)
+    k_base = K + off_z * stride_kz + off_kvh * stride_kh
+    v_base = V + off_z * stride_vz + off_kvh * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # base 2, like triton_forward
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e)
+    last_key = seqlen - N_Q + tok  # (BLOCK_M,) causal: row sees keys j <= last_key
+
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, seqlen)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        n_ok = offs_n < hi
+        kv_mask = n_ok[:, None] & d_ok  # (BLOCK_N, D)
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk,
+                    mask=kv_mask, other=0.0)  # (BLOCK_N, D)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        keep = n_ok[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= last_key[:, None])
+        qk = tl.where(keep, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
+        m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # fully masked rows: no NaN
+        p = tl.math.exp2(qk - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
+        alpha = tl.math.exp2(m_i - m_sub)  # (BLOCK_M,)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk,
+                    mask=kv_mask, other=0.0)  # (BLOCK_N, D)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_ij
+
+    # Partials go to (B, Hq, Nq, S[, d]); m in natural log so they read like online_softmax's.
+    h_q = H_KV * GROUP_SIZE
+    row = ((off_z * h_q + off_h) * N_Q + tok) * NUM_SPLITS + split  # (BLOCK_M,)
+    tl.store(M_part + row, m_i * 0.6931471805599453, mask=r_ok)
+    tl.store(L_part + row, l_i, mask=r_ok)
+    tl.store(Acc_part + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=r_ok[:, None] & d_ok)
+
+
+@triton.jit
+def _decode_combine(
+    M_part, L_part, Acc_part, Out, LSE,
+    stride_oz, stride_oh, stride_om, stride_ok,
+    H_Q, N_Q, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Merge the NUM_SPLITS partials of one (batch, query head, token) row and normalise.
+
+    Grid (B * Hq * Nq,). The online-softmax merge of all splits at once:
+    m = max_s m_s, w_s = exp(m_s - m), out = sum_s w_s acc_s / sum_s w_s l_s.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)  # (BLOCK_S,)
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_DIM
+    m = tl.load(M_part + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
+    l = tl.load(L_part + row * NUM_SPLITS + offs_s, mask=s_ok, other=0.0)
+    acc = tl.load(Acc_part + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_S, D)
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp(m - m_safe)  # (BLOCK_S,) the rescaling; 0 for splits that saw no key
+    l_tot = tl.sum(w * l, 0)
+    o = tl.sum(w[:, None] * acc, 0)  # (D,)
+    l_safe = tl.where(l_tot == 0.0, 1.0, l_tot)
+    o = o / l_safe
+    lse = tl.where(l_tot == 0.0, float("-inf"), m_safe + tl.log(l_safe))
+    z = row // (H_Q * N_Q)
+    h = (row // N_Q) % H_Q
+    i = row % N_Q
+    tl.store(Out + z * stride_oz + h * stride_oh + i * stride_om + offs_d * stride_ok,
+             o.to(Out.dtype.element_ty), mask=d_ok)
+    tl.store(LSE + row, lse)
+
+
+def _block_n(dtype=None) -> int:
+    """Keys per step: 16 in the interpreter; on a GPU 64, or 32 for fp32 inputs (IEEE products
+    run on FMA units and big tiles spill, see ``_triton_env.pick_configs``)."""
+    if INTERPRET:
+        return 16
+    return 32 if dtype == torch.float32 else 64
+
+
+def default_num_splits(batch_kv_heads: int, n_keys: int, block_n: int | None = None) -> int:
+    """How many chunks to split the keys into.
+
+    On a GPU: enough programs for about two per SM, but no chunk shorter than two key blocks.
+    Under the interpreter (every program costs CPU time): at most 4.
+    """
+    block_n = block_n or _block_n()
+    blocks = -(-n_keys // block_n)
+    if INTERPRET:
+        return max(1, min(4, blocks))
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    want = -(-2 * sms // batch_kv_heads)
+    return max(1, min(want, blocks // 2, 256))
+
+
+def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, d); got "
+                            f"{type(x).__name__}")
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
+        if x.numel() == 0:
+            raise ValueError(f"{name} must not be empty; got shape {tuple(x.shape)}")
+    B, Hq, Nq, d = _check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+    if d > 256:
+        raise ValueError(f"head dim must be at most 256; got {d}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    want = _triton_env.device_kind()
+    if q.device.type != want:
+        raise ValueError(f"tensors must be on a {want} device here (Triton runs "
+                         f"{'in its CPU interpreter' if want == 'cpu' else 'on the GPU'}); got "
+                         f"{q.device}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    Nk = k.shape[2]
+    if cache_seqlens is None:
+        lens = torch.full((B,), Nk, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.shape != (B,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cache_seqlens must be an integer tensor of shape ({B},); got "
+                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+        lens = cache_seqlens.to(device=q.device, dtype=torch.int32)
+    else:
+        lens = torch.as_tensor(_check_seqlens_numpy(cache_seqlens, B, Nk), dtype=torch.int32,
+                               device=q.device)
+    if int(lens.min()) < 1 or int(lens.max()) > Nk:
+        raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
+    if num_splits is None:
+        num_splits = default_num_splits(B * k.shape[1], Nk)
+    num_splits = check_positive_int(num_splits, "num_splits")
+    return lens, num_splits, resolve_scale(scale, d)
+
+
+def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = False,
+                 scale=None, return_lse: bool = False, return_partials: bool = False):
+    """Attention of a few new query tokens over a KV cache, split over the keys (Triton).
+
+    The same result as ``scaled_dot_product_attention(q, k[:, :, :L], v[:, :, :L],
+    enable_gqa=True)`` for each sequence's cache length L.
+
+    Args:
+        q: (B, Hq, Nq, d) new queries; (Hq / Hkv) * Nq <= 128.
+        k, v: (B, Hkv, Nk, d) the cache (GQA: Hq a multiple of Hkv). Any Nk >= 1.
+        cache_seqlens: (B,) int tensor or list, valid length of each sequence; None = Nk.
+        num_splits: chunks of keys (>= 1); None = :func:`default_num_splits`.
+        causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
+        scale: None = 1/sqrt(d).
+        return_lse: also return lse (B, Hq, Nq) float32, natural log.
+        return_partials: also return the split step's :class:`PartialAttention` (torch tensors;
+            m, l: (B, Hq, Nq, S); acc: (B, Hq, Nq, S, d); m in natural log).
+
+    Returns out (B, Hq, Nq, d) in q's dtype [, lse] [, partials].
+    """
+    lens, num_splits, scale = _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale)
+    if not isinstance(return_lse, bool) or not isinstance(return_partials, bool):
+        raise TypeError("return_lse and return_partials must be bools")
+    out_dtype = q.dtype
+    if INTERPRET and q.dtype == torch.bfloat16:
+        # triton-lang/triton#11584: bf16 tl.dot is wrong in the interpreter; compute in fp32.
+        q, k, v = q.float(), k.float(), v.float()
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    block_n = _block_n(q.dtype)
+    chunk = split_chunk(Nk, num_splits, block_n)
+    dpad = max(16, triton.next_power_of_2(d))
+    f32 = dict(device=q.device, dtype=torch.float32)
+    m_part = torch.empty((B, Hq, Nq, num_splits), **f32)
+    l_part = torch.empty((B, Hq, Nq, num_splits), **f32)
+    acc_part = torch.empty((B, Hq, Nq, num_splits, d), **f32)
+    launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 2}
+    _decode_split_kv[(num_splits, B * Hkv)](
+        q, k, v, lens, m_part, l_part, acc_part, scale,
+        *q.stride(), *k.stride(), *v.stride(),
+        Hkv, G, Nq, chunk, num_splits,
+        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_M=max(16, triton.next_power_of_2(G * Nq)), BLOCK_N=block_n, **launch,
+    )
+    out = torch.empty((B, Hq, Nq, d), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, Hq, Nq), **f32)
+    _decode_combine[(B * Hq * Nq,)](
+        m_part, l_part, acc_part, out, lse, *out.stride(), Hq, Nq, num_splits,
+        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+    )
+    result = [out.to(out_dtype)]
+    if return_lse:
+        result.append(lse)
+    if return_partials:
+        result.append(PartialAttention(m_part, l_part, acc_part))
+    return result[0] if len(result) == 1 else tuple(result)
+
+
+def decode_bytes(batch: int, kv_heads: int, n_keys: int, head_dim: int, q_heads: int,
+                 n_q: int = 1, elem_bytes: int = 2) -> int:
+    """The least HBM traffic of one decode step: K and V read once, q read, out written."""
+    cache = 2 * batch * kv_heads * n_keys * head_dim  # K and V
+    return elem_bytes * (cache + 2 * batch * q_heads * n_q * head_dim)  # + q read, out written
+
+
+def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads=8, head_dim=128,
+              dtype=torch.float16, splits=(None, 1)):
+    """Time one decode step (GPU only): flash_decode vs the course forward kernel and SDPA.
+
+    Returns a list of dicts: milliseconds and achieved GB/s (:func:`decode_bytes` / time) of
+    ``flash_decode`` for each ``splits`` value (None = the default), of ``flash_attention``
+    (the prefill kernel called with Nq = 1) and of each PyTorch SDPA backend that accepts it.
+    """
+    if INTERPRET:
+        raise RuntimeError("benchmark needs a CUDA GPU (triton.testing.do_bench does not run on "
+                           "CPU)")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from .flash import flash_attention
+
+    rows = []
+    for n in contexts:
+        torch.manual_seed(0)
+        q = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=dtype)
+        k = torch.randn(batch, kv_heads, n, head_dim, device="cuda", dtype=dtype)
+        v = torch.randn_like(k)
+        nbytes = decode_bytes(batch, kv_heads, n, head_dim, heads, 1, q.element_size())
+        ref = sdpa(q, k, v, enable_gqa=True)
+        runs = {}
+        for s in splits:
+            out = flash_decode(q, k, v, num_splits=s)
+            err = (out.float() - ref.float()).abs().max().item()
+            name = "flash_decode" + ("" if s is None else f"_splits{s}")
+            ms = triton.testing.do_bench(lambda s=s: flash_decode(q, k, v, num_splits=s))
+            runs[name] = (ms, err, s or default_num_splits(batch * kv_heads, n))
+        runs["flash_attention_fwd"] = (triton.testing.do_bench(lambda: flash_attention(q, k, v)),
+                                       None, None)
+        for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+            try:
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    sdpa(q, k, v, enable_gqa=True)
+                    torch.cuda.synchronize()
+
+                    def fn():
+                        return sdpa(q, k, v, enable_gqa=True)
+
+                    runs[f"sdpa_{backend.lower()}"] = (triton.testing.do_bench(fn), None, None)
+            except (RuntimeError, AttributeError) as exc:  # backend refuses this shape
+                reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+                runs[f"sdpa_{backend.lower()}"] = (None, f"not run: {reason}", None)
+        for name, (ms, note, num_splits) in runs.items():
+            rows.append({
+                "context": n, "batch": batch, "heads": heads, "kv_heads": kv_heads,
+                "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""), "impl": name,
+                "num_splits": num_splits,
+                "ms": ms, "gb_per_s": None if ms is None else nbytes / (ms * 1e-3) / 1e9,
+                "max_abs_err_vs_sdpa": note if isinstance(note, float) else None,
+                "note": note if isinstance(note, str) else None,
+            })
+    return rows

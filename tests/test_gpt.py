@@ -1,0 +1,95 @@
+"""The tiny GPT: exact attention gives the same losses whichever kernel computes it.
+
+The flash runs go through Triton's CPU interpreter when there is no GPU: a few steps only.
+"""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from course_kernels import gpt  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_gpt_attention_functions_agree():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 19, 16, device=DEV) for _ in range(3))  # (B, H, T, hd), odd T
+    ref = gpt.standard_attention(q.double(), k.double(), v.double())
+    for name in ("standard", "sdpa", "flash"):
+        out = gpt.ATTENTION[name](q, k, v)
+        assert (out.double() - ref).abs().max().item() < 1e-4, name
+
+
+def test_gpt_attention_without_mask_is_caught():
+    """A 'causal' attention that forgets the mask differs from the standard one."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    leaky = torch.softmax(q @ k.transpose(-2, -1) / 4, -1) @ v
+    assert (leaky - gpt.standard_attention(q, k, v)).abs().max() > 1e-2
+
+
+def test_gpt_training_is_deterministic_and_learns():
+    # On the CPU: a GPU's embedding backward adds with atomics, so its last bits can vary.
+    a = gpt.train("standard", steps=60, progress=False, device="cpu")
+    b = gpt.train("standard", steps=60, progress=False, device="cpu")
+    assert a.losses == b.losses
+    vocab = a.config["vocab_size"]
+    assert abs(a.losses[0] - math.log(vocab)) < 0.5  # starts near uniform guessing
+    assert a.losses[-1] < a.losses[0] - 0.8  # and learns
+    assert a.tokens_per_s > 0
+
+
+def test_gpt_flash_and_standard_losses_match():
+    kw = dict(steps=3, batch_size=2, block_size=32, progress=False, device=DEV)
+    std = gpt.train("standard", **kw)
+    fl = gpt.train("flash", **kw)
+    diffs = [abs(x - y) for x, y in zip(std.losses, fl.losses)]
+    assert max(diffs) < 1e-4, diffs
+    other_seed = gpt.train("standard", seed=1, **kw)  # the comparison can fail
+    assert max(abs(x - y) for x, y in zip(std.losses, other_seed.losses)) > 1e-3
+
+
+def test_gpt_saved_activations_grow_quadratically_only_for_standard():
+    kw = dict(batch_size=1, n_layer=1)
+    small = {a: gpt.saved_activation_bytes(a, block_size=64, **kw) for a in ("standard", "flash")}
+    big = {a: gpt.saved_activation_bytes(a, block_size=128, **kw) for a in ("standard", "flash")}
+    # The flash model saves O(T): doubling T doubles it (within a few percent).
+    assert big["flash"] / small["flash"] == pytest.approx(2.0, rel=0.05)
+    # Standard attention also saves the (B, H, T, T) fp32 probabilities: an extra that grows ~4x.
+    extra_small = small["standard"] - small["flash"]
+    extra_big = big["standard"] - big["flash"]
+    assert extra_big / extra_small > 3.5
+    assert big["standard"] > big["flash"] + 0.8 * 2 * 128 * 128 * 4
+
+
+def test_gpt_tokenizer_and_generate():
+    text = gpt.load_text()
+    assert 5_000 < len(text) < 500_000
+    tok = gpt.CharTokenizer(text)
+    assert tok.decode(tok.encode("the table")) == "the table"
+    with pytest.raises(ValueError, match="vocabulary"):
+        tok.encode("\x00")
+    cfg = gpt.GPTConfig(tok.vocab_size, block_size=16)
+    model = gpt.GPT(cfg)
+    out = model.generate(tok.encode("The").view(1, -1), 5, torch.Generator().manual_seed(0))
+    assert out.shape == (1, 8)
+
+
+def test_gpt_bad_config():
+    with pytest.raises(ValueError, match="attention"):
+        gpt.GPTConfig(10, attention="linear")
+    with pytest.raises(ValueError, match="multiple of n_head"):
+        gpt.GPTConfig(10, n_embd=30, n_head=4)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gpt.GPTConfig(10, n_embd=24, n_head=2, attention="flash")
+    with pytest.raises(ValueError, match="block_size"):
+        gpt.GPTConfig(10, block_size=0)
+    with pytest.raises(ValueError, match="steps"):
+        gpt.train(steps=0)
+    model = gpt.GPT(gpt.GPTConfig(10, block_size=4))
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model(torch.zeros(1, 5, dtype=torch.long))
