@@ -1,0 +1,310 @@
+"""The sandboxed side of the grader: runs a student's code and returns results as data only.
+
+This file is executed as a script by a fresh interpreter (``python -I -S _child.py REQUEST_DIR
+RESULT_FD``), or forked from a warm one (``_zygote.py``, torch and Triton already imported), in a
+temporary directory, under resource limits set by :mod:`.sandbox`. It imports
+nothing from ``course_kernels`` (the package is not on this interpreter's path, and a poisoned
+stand-in blocks it): the student must write the algorithm, not call the library's.
+
+Protocol (read by ``sandbox._read_frames``): each frame on RESULT_FD is
+``[4-byte header length][header JSON][8-byte payload length][payload]``; the payload is the
+concatenation of ``.npy`` files (``np.save(..., allow_pickle=False)``). Never pickle.
+"""
+
+import hashlib
+import io
+import json
+import linecache
+import os
+import struct
+import sys
+import time
+import traceback
+
+REQUEST: dict = {}
+np = None  # numpy, imported by setup() once the request's sys.path is in place
+_write = None
+_dumps = json.dumps
+
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+CLONE_NEWNS = 0x00020000
+
+
+def _mount(libc, src, target, fstype, flags, data=None):
+    import ctypes
+
+    enc = (lambda x: x.encode() if isinstance(x, str) else x)
+    if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target}")
+
+
+def hide_and_freeze(tmp: str, hide: list, box: str) -> None:
+    """A private mount namespace where only ``tmp`` (seen at ``box``) is writable and the paths in
+    ``hide`` are empty. Needs root (CAP_SYS_ADMIN); called in the child before any student code."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
+    _mount(libc, tmp, box, None, MS_BIND)
+    for path in hide:  # empty, read-only tmpfs over what the child must not read
+        if os.path.isdir(path):
+            _mount(libc, "none", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+    with open("/proc/self/mountinfo") as f:
+        points = [ln.split()[4].encode().decode("unicode_escape") for ln in f]
+    for point in points:
+        if point == box or point.startswith(("/dev", "/proc")):
+            continue
+        try:
+            _mount(libc, None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+        except OSError:
+            pass
+    os.chdir(box)
+
+
+def _drop_privileges():
+    """Root inside the sandbox's namespaces: freeze /proc, then give up every capability."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    # MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+    libc.mount(None, b"/proc", None, ctypes.c_ulong(32 | 4096 | 1 | 2 | 4 | 8), None)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    data = (Data * 2)()
+    if libc.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def setup(request_dir: str, result_fd: int) -> None:
+    """Read the request, give up privileges, block the course library, open the result channel."""
+    global np, _write
+    with open(os.path.join(request_dir, "request.json")) as f:
+        REQUEST.update(json.load(f))
+    sys.path[:0] = [p for p in REQUEST["sys_path"] if p not in sys.path]  # never the repository
+    if REQUEST.get("drop_privileges"):
+        _drop_privileges()
+    import numpy
+
+    np = numpy
+    _write = os.fdopen(result_fd, "wb", buffering=0).write
+    sys.meta_path.insert(0, _BlockFinder)
+    sys.modules["course_kernels"] = _Blocked()
+
+
+def send(header, arrays=()):
+    blobs = []
+    for a in arrays:
+        buf = io.BytesIO()
+        np.save(buf, a, allow_pickle=False)
+        blobs.append(buf.getvalue())
+    header["blob_sizes"] = [len(b) for b in blobs]
+    h = _dumps(header).encode()
+    payload = b"".join(blobs)
+    _write(struct.pack("<I", len(h)) + h + struct.pack("<Q", len(payload)) + payload)
+
+
+class _Blocked:
+    """Stand-in for ``course_kernels`` inside the sandbox: the graded algorithms are not here."""
+
+    def __getattr__(self, name):
+        raise ImportError(
+            f"course_kernels.{name} is not available while grading: write the algorithm yourself"
+        )
+
+
+class _BlockFinder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "course_kernels" or name.startswith("course_kernels."):
+            raise ImportError(f"{name} cannot be imported while grading: write the algorithm yourself")
+        return None
+
+
+class SRAMOverflowError(RuntimeError):
+    pass
+
+
+class TraceMemory:
+    """The grader's copy of ``course_kernels.iosim.TwoLevelMemory``'s interface, logging every op.
+
+    The parent replays the log against the real simulator to count traffic and check capacity.
+    """
+
+    def __init__(self, sram_elements, **hbm):
+        self.capacity = sram_elements
+        self.hbm = {k: np.asarray(v) for k, v in hbm.items()}
+        self.log = []
+        self._ids = {}
+
+    def _rows(self, arr, rows):
+        return arr[rows] if arr.ndim == 1 else arr[..., rows, :]
+
+    def _slice(self, name, rows):
+        if name not in self.hbm:
+            raise KeyError(f"no array named {name!r} in HBM; have {sorted(self.hbm)}")
+        if not isinstance(rows, slice):
+            raise TypeError(f"rows must be a slice such as slice(i0, i1); got {rows!r}")
+        n = self.hbm[name].shape[-2] if self.hbm[name].ndim >= 2 else self.hbm[name].shape[-1]
+        start, stop, step = rows.indices(n)
+        if step != 1:
+            raise ValueError(f"rows must be a contiguous slice; got step {step}")
+        return start, stop
+
+    def load(self, name, rows=slice(None), registers=False):
+        start, stop = self._slice(name, rows)
+        tile = np.array(self._rows(self.hbm[name], rows))
+        self._ids[id(tile)] = len(self._ids)
+        self.log.append(["load", name, start, stop, bool(registers), self._ids[id(tile)]])
+        return tile
+
+    def store(self, name, rows, tile=None):
+        start, stop = self._slice(name, rows)
+        if tile is None:
+            raise ValueError(f"store to {name!r} needs data: this HBM array is real")
+        self._rows(self.hbm[name], rows)[...] = tile
+        self.log.append(["store", name, start, stop])
+
+    def alloc(self, shape, fill=0.0, dtype="float64"):
+        shape = tuple(int(s) for s in shape)
+        tile = np.full(shape, fill, dtype=dtype)
+        self._ids[id(tile)] = len(self._ids)
+        self.log.append(["alloc", list(shape), self._ids[id(tile)]])
+        return tile
+
+    def free(self, *tiles):
+        for t in tiles:
+            if id(t) not in self._ids:
+                raise ValueError("free() of a tile that is not resident in SRAM")
+            self.log.append(["free", self._ids.pop(id(t))])
+
+
+def _to_numpy(x):
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu()
+        if str(x.dtype) in ("torch.bfloat16",):
+            x = x.float()
+        x = x.numpy()
+    return x
+
+
+def _encode(value, arrays):
+    """Outputs become data: arrays (float/int/bool dtypes only), ints, floats, bools, None, tuples."""
+    value = _to_numpy(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        if isinstance(value, str):
+            value = value[:200]
+        return {"kind": "value", "value": value}
+    if isinstance(value, (tuple, list)):
+        if len(value) > 256:
+            raise TypeError("returned a sequence of more than 256 items")
+        return {"kind": "tuple", "items": [_encode(v, arrays) for v in value]}
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray) and value.dtype.kind in "fiub" and type(value) is np.ndarray:
+        arrays.append(np.ascontiguousarray(value))
+        return {"kind": "array"}
+    raise TypeError(
+        f"returned an object of type {type(value).__name__}; the grader accepts NumPy arrays, "
+        "torch tensors, numbers and tuples of them"
+    )
+
+
+def _digest(a):
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+
+
+def main(request_dir):
+    arrays = np.load(os.path.join(request_dir, "arrays.npz"), allow_pickle=False)
+    arrays = {k: arrays[k] for k in arrays.files}
+    needs_torch = any(c.get("torch") for c in REQUEST["calls"])
+    torch = None
+    if needs_torch:
+        import torch  # noqa: F811
+    launches = [0]
+    if REQUEST.get("triton"):  # count kernel launches, interpreted or compiled
+        import triton.runtime.interpreter as _interp
+        import triton.runtime.jit as _jit
+
+        for cls in (_interp.InterpretedFunction, _jit.JITFunction):
+            def _counting(self, *a, _orig=cls.run, **kw):
+                launches[0] += 1
+                return _orig(self, *a, **kw)
+
+            cls.run = _counting
+    namespace = {"__name__": "__submission__"}
+    exec(compile(REQUEST["preamble"], "<preamble>", "exec"), namespace)
+    for cell in REQUEST["cells"]:
+        send({"type": "cell_start", "exercise": cell["exercise"]})
+        try:
+            filename = f"<cell {cell['exercise']}>"
+            # Triton's @jit reads a kernel's source through linecache, as from a Jupyter cell
+            linecache.cache[filename] = (len(cell["source"]), None,
+                                         cell["source"].splitlines(True), filename)
+            exec(compile(cell["source"], filename, "exec"), namespace)
+            send({"type": "cell", "exercise": cell["exercise"], "ok": True})
+        except BaseException as e:  # noqa: BLE001 - SystemExit from the cell included
+            send({"type": "cell", "exercise": cell["exercise"], "ok": False,
+                  "error": {"type": type(e).__name__, "message": str(e)[:500],
+                            "traceback": traceback.format_exc(limit=-3)[-1500:]}})
+    for call in REQUEST["calls"]:
+        send({"type": "start", "call": call["id"]})
+        args = [arrays[a["array"]] if "array" in a else a["value"] for a in call["args"]]
+        kwargs = {k: (arrays[a["array"]] if "array" in a else a["value"])
+                  for k, a in call["kwargs"].items()}
+        if call.get("torch"):
+            args = [torch.from_numpy(a.copy()) if isinstance(a, np.ndarray) else a for a in args]
+        before = [_digest(_to_numpy(a)) for a in args if isinstance(a, np.ndarray) or hasattr(a, "detach")]
+        launches[0] = 0
+        header = {"type": "result", "call": call["id"]}
+        out_arrays = []
+        t0 = time.perf_counter()
+        try:
+            fn = namespace.get(call["func"])
+            if fn is None:
+                raise NameError(f"name {call['func']!r} is not defined in your solution cells")
+            if call.get("io_sram") is not None:
+                mem = TraceMemory(call["io_sram"], Q=args[0], K=args[1], V=args[2],
+                                  O=np.zeros((*args[0].shape[:-1], args[2].shape[-1]), args[0].dtype),
+                                  L=np.full(args[0].shape[:-1], -np.inf, args[0].dtype))
+                fn(mem, **kwargs)
+                result = (mem.hbm["O"], mem.hbm["L"])
+                header["trace"] = mem.log[:200000]
+            else:
+                result = fn(*args, **kwargs)
+            header["seconds"] = time.perf_counter() - t0
+            header["output"] = _encode(result, out_arrays)
+            header["ok"] = True
+        except BaseException as e:  # noqa: BLE001
+            header["ok"] = False
+            header["error"] = {"type": type(e).__name__, "message": str(e)[:500],
+                               "traceback": traceback.format_exc(limit=-3)[-1500:]}
+        after = [_digest(_to_numpy(a)) for a in args if isinstance(a, np.ndarray) or hasattr(a, "detach")]
+        header["mutated"] = [i for i, (x, y) in enumerate(zip(before, after)) if x != y]
+        header["launches"] = launches[0]
+        send(header, out_arrays)
+    send({"type": "done"})
+
+
+def serve(request_dir: str, result_fd: int) -> None:
+    try:  # a session (and process group) of its own, apart from the `unshare` that started it
+        os.setsid()
+    except OSError:  # already a session leader (forked by the zygote)
+        pass
+    setup(request_dir, result_fd)
+    main(request_dir)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]))

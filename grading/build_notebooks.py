@@ -1,0 +1,100 @@
+"""Write exercises/NN_*.ipynb (stubs) and solutions/NN_*.ipynb (solved, executed) from sources.py.
+
+    python grading/build_notebooks.py            # both, solutions executed (for nbval)
+    python grading/build_notebooks.py --no-exec  # do not execute the solutions
+
+The Colab install line uses the repository URL of _config.yml (repository.url).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sources import HOW, NOTEBOOKS  # noqa: E402
+
+def repository_url() -> str:
+    """repository.url from _config.yml (the one place it lives)."""
+    text = (ROOT / "_config.yml").read_text()
+    match = re.search(r"^repository:\s*\n(?:\s+.*\n)*?\s+url:\s*(\S+)", text, re.M)
+    if not match:
+        raise SystemExit("no repository.url in _config.yml")
+    return match.group(1).rstrip("/")
+
+
+def _cell(kind, source, role=None, exercise=None):
+    cell = nbformat.v4.new_code_cell(source) if kind == "code" else \
+        nbformat.v4.new_markdown_cell(source)
+    meta = {}
+    if role:
+        meta["role"] = role
+    if exercise:
+        meta["exercise"] = exercise
+    if meta:
+        cell.metadata["course_kernels"] = meta
+    if role in ("setup", "check"):
+        cell.metadata["editable"] = False
+        cell.metadata["deletable"] = False
+    cell.pop("id", None)
+    return cell
+
+
+def build(name: str, spec: dict, solved: bool):
+    from course_kernels.grading.exercises import NOTEBOOKS as SPECS
+
+    nb_spec = SPECS[name]
+    total = sum(ex["points"] for ex in spec["exercises"])
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["course_kernels"] = {"notebook": name}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    title = f"# Exercise {name[:2]}: {nb_spec.title}" + (" (solution)" if solved else "")
+    cells = [_cell("md", f"{title}\n\n{spec['intro']}\n\n{HOW}\n\n**Points: {total}.** "
+                   + (nb_spec.note or "")),
+             _cell("code", spec["setup"].format(repo=repository_url()), role="setup")]
+    for ex in spec["exercises"]:
+        cells.append(_cell("md", f"## `{ex['name']}` ({ex['points']} points)\n\n{ex['text']}"))
+        cells.append(_cell("code", ex["solution"] if solved else ex["stub"], role="solution",
+                           exercise=ex["name"]))
+        cells.append(_cell("code", f'check("{ex["name"]}", {ex["name"]})', role="check",
+                           exercise=ex["name"]))
+    if spec.get("practice"):
+        cells.append(_cell("md", "## Try it (not graded)"))
+        cells.append(_cell("code", spec["practice"], role="practice"))
+    nb.cells = cells
+    nbformat.validator.normalize(nb)
+    return nb
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--no-exec", action="store_true")
+    ap.add_argument("--only", nargs="*", help="notebook names to build")
+    args = ap.parse_args(argv)
+    for name, spec in NOTEBOOKS.items():
+        if args.only and name not in args.only:
+            continue
+        for solved, folder in ((False, ROOT / "exercises"), (True, ROOT / "solutions")):
+            nb = build(name, spec, solved)
+            if solved and not args.no_exec:
+                env_before = os.environ.get("TRITON_INTERPRET")
+                NotebookClient(nb, timeout=600, kernel_name="python3",
+                               resources={"metadata": {"path": str(folder)}}).execute()
+                if env_before is None:
+                    os.environ.pop("TRITON_INTERPRET", None)
+            folder.mkdir(exist_ok=True)
+            nbformat.write(nb, folder / f"{name}.ipynb")
+            print("wrote", folder / f"{name}.ipynb")
+
+
+if __name__ == "__main__":
+    main()
