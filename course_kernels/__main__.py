@@ -1,6 +1,7 @@
 """Command line: ``python -m course_kernels <command>`` (GPU measurements; see ``bench.py``).
 
     bench      TFLOP/s of this kernel vs SDPA's backends and naive attention (JSON, CSV, PNG)
+    sweep      forward TFLOP/s of each block-size / warps / stages config (tuning chapter)
     memory     extra memory of one forward / forward+backward vs N
     dram run   the cases for ``ncu`` (DRAM bytes); ``dram parse`` turns ncu's CSV into data
     gpu-check  one quick correctness check per dtype, and the versions
@@ -32,6 +33,10 @@ def main(argv=None) -> int:
     b.add_argument("--batch", type=int, default=4)
     b.add_argument("--hidden", type=int, default=2048, help="heads x head_dim")
     b.add_argument("--no-check", action="store_true")
+    sw = sub.add_parser("sweep", help="forward TFLOP/s of each kernel config")
+    sw.add_argument("--out", default="data/bench")
+    sw.add_argument("--n", type=int, default=4096)
+    sw.add_argument("--ds", type=_ints, default=(64, 128))
     m = sub.add_parser("memory", help="extra memory vs N, naive vs this kernel")
     m.add_argument("--out", default="data/memory")
     m.add_argument("--ns", type=_ints, default=(4096, 8192, 16384, 32768, 65536))
@@ -56,6 +61,12 @@ def main(argv=None) -> int:
         bad = [r for r in rows if r.get("check") and not r["check"]["ok"]]
         print(f"correctness: {len(bad)} failing shapes")
         return 1 if bad else 0
+    if args.cmd == "sweep":
+        rows = bench.run_sweep(args.out, n=args.n, ds=args.ds)
+        for r in rows:
+            print({k: r.get(k) for k in ("d", "causal", "block_m", "block_n", "num_warps",
+                                          "num_stages", "tflops", "max_abs_error", "error")})
+        return 0
     if args.cmd == "memory":
         bench.run_memory(args.out, ns=args.ns)
         return 0
