@@ -1,0 +1,73 @@
+"""course_kernels.bench: the parts that run without a GPU (FLOP convention, ratio table, ncu
+parsing, naive attention, forcing one kernel config). The timings themselves need a GPU and are
+committed as data (data/bench/), never asserted in a test."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_kernels import bench, flash, triton_forward
+
+
+def test_flop_convention_matches_anchors():
+    # 4 B H N^2 d; halved for causal; x2.5 for the backward (ANCHORS.md, the Triton tutorial)
+    assert bench.attention_flops(4, 32, 1024, 64, False, "fwd") == 4 * 4 * 32 * 1024**2 * 64
+    assert bench.attention_flops(4, 32, 1024, 64, True, "fwd") == 2 * 4 * 32 * 1024**2 * 64
+    assert bench.attention_flops(1, 1, 10, 8, False, "bwd") == 2.5 * 4 * 100 * 8
+
+
+def _row(provider, tflops, mode="fwd", n=4096):
+    return {"provider": provider, "dtype": "float16", "d": 64, "N": n, "causal": False,
+            "mode": mode, "tflops": tflops}
+
+
+def test_ratio_table_divides_by_the_right_provider():
+    rows = [_row("flash", 400), _row("sdpa-flash", 300), _row("sdpa-cudnn", 500),
+            _row("flash", 200, "bwd"), _row("sdpa-flash", 100, "bwd")]
+    table = {r["mode"]: r for r in bench.ratio_table(rows)}
+    assert table["fwd"]["vs_sdpa_flash"] == pytest.approx(4 / 3)
+    assert table["fwd"]["vs_sdpa_cudnn"] == pytest.approx(0.8)
+    assert table["bwd"]["vs_sdpa_flash"] == pytest.approx(2.0)
+    assert math.isnan(table["bwd"]["vs_sdpa_cudnn"])  # no cuDNN row: NaN, not a made-up ratio
+    assert "| float16 | 64 | 4096 | no | fwd | 400 | 1.33 | 0.80 |" in bench.format_ratio_table(rows)
+
+
+def test_parse_ncu_csv_sums_kernels_per_stream(tmp_path):
+    raw = tmp_path / "ncu.csv"
+    raw.write_text(
+        '"ID","Stream","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"\n'
+        '"","","","byte","byte"\n'
+        '"0","7","gemm","1,000","500"\n'
+        '"1","7","softmax","2,000","1,000"\n'
+        '"2","9","_attn_fwd","300","4"\n'
+    )
+    cases = [{"provider": "naive", "N": 1024, "batch": 1, "heads": 4, "d": 64},
+             {"provider": "flash", "N": 1024, "batch": 1, "heads": 4, "d": 64}]
+    out = bench.parse_ncu_csv(raw, cases, tmp_path / "out.csv", command="test")
+    lines = out.read_text().splitlines()
+    assert lines[2].startswith("naive,1024,1,4,64,float16,3000,1500,2,")
+    assert lines[3].startswith("flash,1024,1,4,64,float16,300,4,1,")
+    with pytest.raises(RuntimeError, match="2 streams for 1 cases"):
+        bench.parse_ncu_csv(raw, cases[:1], tmp_path / "x.csv")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_attention_matches_sdpa(causal):
+    q, k, v = (torch.randn(1, 2, 19, 8, dtype=torch.float64) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(bench.naive_attention(q, k, v, causal), expected)
+
+
+def test_forced_forward_config_is_the_one_launched_and_is_restored():
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    before = list(triton_forward._attn_fwd.configs)
+    flash.flash_attention(q, k, v)  # remember a tuned config for this shape
+    with bench.forced_forward_config(16, 16, 4, 1):
+        out = flash.flash_attention(q, k, v, causal=True)
+        (launched,) = flash._TUNED.values()
+        assert (launched.kwargs["BLOCK_M"], launched.kwargs["BLOCK_N"]) == (16, 16)
+    assert triton_forward._attn_fwd.configs == before
+    assert flash._TUNED == {}
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
