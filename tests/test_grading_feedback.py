@@ -150,3 +150,19 @@ def test_correct_code_passes_in_process(name):
              / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
              "online_update": update_factory(None), "flash_forward": forward_factory(None)}[name]
     assert all(v.passed for v in run_visible(name, right))
+
+
+def test_unmeasured_memory_fails_closed():
+    """A 'really tiled' test whose memory measurement failed must not award the points."""
+    from course_kernels.grading.numpy_exercises import Fail, structure_message
+    from course_kernels.grading.sandbox import CallOutcome
+
+    outcome = CallOutcome("ok")
+    outcome.memory = None
+    with pytest.raises(Fail, match="could not be measured"):
+        structure_message(outcome, 2048, 2048)
+    outcome.memory = (64 * 2**20, 16 * 2**20, "as the peak resident memory of the process")
+    with pytest.raises(Fail, match="not tiled"):
+        structure_message(outcome, 2048, 2048)
+    outcome.memory = (1 * 2**20, 16 * 2**20, "as the peak resident memory of the process")
+    assert "tiled (extra memory 1.0 MiB)" in structure_message(outcome, 2048, 2048)

@@ -3,7 +3,7 @@ function can be counted."""
 
 import numpy as np
 import pytest
-from conftest import make_qkv
+from attention_inputs import make_qkv
 
 from course_kernels import attention_reference, block_size, iosim
 from course_kernels.iosim import SRAMOverflowError, TwoLevelMemory

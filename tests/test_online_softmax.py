@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import make_qkv
+from attention_inputs import make_qkv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays

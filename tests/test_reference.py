@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_qkv
+from attention_inputs import make_qkv
 
 from course_kernels import attention_naive, attention_reference, causal_mask
 

@@ -6,7 +6,7 @@ implementation (must pass) and on known-wrong variants (each must be caught).
 
 import numpy as np
 import pytest
-from conftest import make_qkv
+from attention_inputs import make_qkv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

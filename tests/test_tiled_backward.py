@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_qkv
+from attention_inputs import make_qkv
 
 from course_kernels import attention_reference, flash_attention_numpy
 from course_kernels.testing import assert_close_to_reference

@@ -336,6 +336,7 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, hide=
         except OSError:
             cgroup = None
     rfd, wfd = os.pipe()
+    rss_r, rss_w = os.pipe()
     known = _children_of_me()
     start = time.monotonic()
     cpu = int(limits.total_seconds) + 5
@@ -345,26 +346,76 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, hide=
         if boxed:
             cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"] + cmd
             hidden = _hideable([str(p) for p in hide] + ["/tmp"] + _repo_dirs_to_hide())
+        cmd = [sys.executable, "-I", "-S", "-c", LAUNCHER, str(rss_w)] + cmd
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            cwd=tmp, env=_child_env(where, triton), pass_fds=(wfd,),
+            cwd=tmp, env=_child_env(where, triton), pass_fds=(wfd, rss_w),
             preexec_fn=_preexec(limits, cpu, tmp, hidden if boxed else None, cgroup),
             close_fds=True,
         )
     os.close(wfd)
+    os.close(rss_w)
     state = _new_state()
     _pump(rfd, state, calls, limits, start)
+    # Let the child exit by itself first: under `unshare --fork`, the interpreter is unshare's
+    # child, and its peak memory reaches our wait4 only if unshare lived to reap it. Killing
+    # unshare at once (as a loaded machine's timing sometimes allowed) lost that number.
+    reaped = _wait4_nohang(proc.pid, deadline=time.monotonic() + REAP_GRACE_SECONDS)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         pass
     os.close(rfd)
-    _, status, rusage = os.wait4(proc.pid, 0)
+    _, status, _rusage = reaped or os.wait4(proc.pid, 0)
     _kill_escaped(known)
     if cgroup:
         _kill_cgroup(cgroup)
-    _finish(state, tmp, out_path, os.waitstatus_to_exitcode(status), rusage.ru_maxrss, start)
+    with os.fdopen(rss_r, "rb") as f:
+        reported = f.read(32).decode("ascii", "replace")
+    maxrss = int(reported) if reported.isdigit() else 0  # 0: unknown (the judge fails closed)
+    _finish(state, tmp, out_path, os.waitstatus_to_exitcode(status), maxrss, start)
     return state
+
+
+REAP_GRACE_SECONDS = 5.0
+
+# The first process of a sandbox run: it forks and execs the real command, reaps it with wait4
+# and writes the reaped tree's peak resident memory (KB) to a pipe only the grader reads. Why not
+# wait4 on the grader's own child: a forked process's peak memory includes the parent's resident
+# memory at fork time (Linux keeps the pre-exec high-water mark), so a grader that has imported
+# torch would hide any submission using less than that. This launcher is a fresh, small
+# interpreter, so its children start small. It re-raises the child's fatal signal on itself so
+# that the grader still sees a crash as a crash.
+LAUNCHER = """
+import os, signal, sys
+fd, cmd = int(sys.argv[1]), sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    try:
+        os.execvp(cmd[0], cmd)
+    finally:
+        os._exit(127)
+_, status, ru = os.wait4(pid, 0)
+os.write(fd, str(ru.ru_maxrss).encode())
+os.close(fd)
+if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+"""
+
+
+def _wait4_nohang(pid, deadline):
+    """Poll ``wait4(pid, WNOHANG)`` until the process has ended or ``deadline`` passes."""
+    while True:
+        got, status, rusage = os.wait4(pid, os.WNOHANG)
+        if got == pid:
+            return got, status, rusage
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
 
 
 def _finish(state, tmp, out_path, returncode, maxrss, start):
