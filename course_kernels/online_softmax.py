@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int
+from ._validate import check_positive_int
 
 
 class SoftmaxState(NamedTuple):

@@ -34,7 +34,9 @@ CLONE_NEWNS = 0x00020000
 def _mount(libc, src, target, fstype, flags, data=None):
     import ctypes
 
-    enc = (lambda x: x.encode() if isinstance(x, str) else x)
+    def enc(x):
+        return x.encode() if isinstance(x, str) else x
+
     if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
         raise OSError(ctypes.get_errno(), f"mount {target}")
 
