@@ -135,6 +135,16 @@ def prune_configs(ieee_config, small_config):
     return prune
 
 
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n, in plain Python.
+
+    ``triton.next_power_of_2`` (like ``triton.cdiv``) is a Triton constexpr function in recent
+    versions and costs tens of microseconds per host-side call: launch overhead that showed at
+    N = 1024 (notes/kernel.md).
+    """
+    return 1 << (int(n) - 1).bit_length()
+
+
 def device_kind() -> str:
     """'cuda' where kernels compile for a GPU, 'cpu' under the interpreter."""
     return "cpu" if INTERPRET else "cuda"

@@ -43,13 +43,14 @@ tokens, and query i (of Nq) sees keys j <= L - Nq + i, where L is the sequence's
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
 import numpy as np
 
 from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
-from ._triton_env import INTERPRET, require_triton
+from ._triton_env import INTERPRET, next_power_of_2, require_triton
 from ._validate import as_float_array, check_bool, check_positive_int, resolve_scale
 from .online_softmax import PartialAttention, empty_partial, finalize, merge, partial_attention
 
@@ -289,6 +290,12 @@ def _block_n(dtype=None) -> int:
     return 32 if dtype == torch.float32 else 64
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    """Multiprocessors of a GPU (asked once: the query costs time on every decode step)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def default_num_splits(batch_kv_heads: int, n_keys: int, block_n: int | None = None) -> int:
     """How many chunks to split the keys into.
 
@@ -299,8 +306,7 @@ def default_num_splits(batch_kv_heads: int, n_keys: int, block_n: int | None = N
     blocks = -(-n_keys // block_n)
     if INTERPRET:
         return max(1, min(4, blocks))
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    want = -(-2 * sms // batch_kv_heads)
+    want = -(-2 * _sm_count(torch.cuda.current_device()) // batch_kv_heads)
     return max(1, min(want, blocks // 2, 256))
 
 
@@ -327,17 +333,21 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     Nk = k.shape[2]
     if cache_seqlens is None:
+        # The common decode step: every cache is full. No check, so no GPU -> CPU sync: a sync
+        # per call stalls the host until the GPU is idle, and the next launch's overhead then
+        # adds to every step instead of hiding behind the running kernel.
         lens = torch.full((B,), Nk, dtype=torch.int32, device=q.device)
     elif isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.shape != (B,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"cache_seqlens must be an integer tensor of shape ({B},); got "
                              f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
         lens = cache_seqlens.to(device=q.device, dtype=torch.int32)
+        lo, hi = (int(x) for x in torch.aminmax(lens))  # one sync, only for user-given lengths
+        if lo < 1 or hi > Nk:
+            raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
     else:
         lens = torch.as_tensor(_check_seqlens_numpy(cache_seqlens, B, Nk), dtype=torch.int32,
                                device=q.device)
-    if int(lens.min()) < 1 or int(lens.max()) > Nk:
-        raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
     if num_splits is None:
         num_splits = default_num_splits(B * k.shape[1], Nk)
     num_splits = check_positive_int(num_splits, "num_splits")
@@ -376,7 +386,7 @@ def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = Fa
     G = Hq // Hkv
     block_n = _block_n(q.dtype)
     chunk = split_chunk(Nk, num_splits, block_n)
-    dpad = max(16, triton.next_power_of_2(d))
+    dpad = max(16, next_power_of_2(d))
     f32 = dict(device=q.device, dtype=torch.float32)
     m_part = torch.empty((B, Hq, Nq, num_splits), **f32)
     l_part = torch.empty((B, Hq, Nq, num_splits), **f32)
@@ -388,13 +398,13 @@ def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = Fa
         Hkv, G, Nq, chunk, num_splits,
         HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=max(16, triton.next_power_of_2(G * Nq)), BLOCK_N=block_n, **launch,
+        BLOCK_M=max(16, next_power_of_2(G * Nq)), BLOCK_N=block_n, **launch,
     )
     out = torch.empty((B, Hq, Nq, d), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, Nq), **f32)
     _decode_combine[(B * Hq * Nq,)](
         m_part, l_part, acc_part, out, lse, *out.stride(), Hq, Nq, num_splits,
-        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_S=max(2, next_power_of_2(num_splits)),
     )
     result = [out.to(out_dtype)]
     if return_lse:

@@ -45,7 +45,7 @@ def _cdiv(a: int, b: int) -> int:
 
 def _head_dim_padded(d: int) -> int:
     """Next power of two >= d, at least 16 (the smallest tl.dot size)."""
-    return max(16, 1 << (d - 1).bit_length())
+    return max(16, _triton_env.next_power_of_2(d))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
