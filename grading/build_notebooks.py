@@ -19,7 +19,8 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sources import HOW, NOTEBOOKS  # noqa: E402
+from sources import HOW, NOTEBOOKS, stub_from_solution  # noqa: E402
+
 
 def repository_url() -> str:
     """repository.url from _config.yml (the one place it lives)."""
@@ -63,7 +64,8 @@ def build(name: str, spec: dict, solved: bool):
              _cell("code", spec["setup"].format(repo=repository_url()), role="setup")]
     for ex in spec["exercises"]:
         cells.append(_cell("md", f"## `{ex['name']}` ({ex['points']} points)\n\n{ex['text']}"))
-        cells.append(_cell("code", ex["solution"] if solved else ex["stub"], role="solution",
+        stub = ex.get("stub") or stub_from_solution(ex["solution"])
+        cells.append(_cell("code", ex["solution"] if solved else stub, role="solution",
                            exercise=ex["name"]))
         cells.append(_cell("code", f'check("{ex["name"]}", {ex["name"]})', role="check",
                            exercise=ex["name"]))

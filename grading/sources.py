@@ -4,6 +4,8 @@
 ``solutions/NN_*.ipynb`` (solved and executed). Edit here, never the notebooks.
 """
 
+import re
+
 COLAB = '''# On Colab, install course_kernels from the course repository (Colab's torch/Triton untouched).
 import importlib.util
 import subprocess
@@ -50,6 +52,15 @@ HOW = (
 
 NOTEBOOKS = {}
 
+
+def stub_from_solution(solution: str) -> str:
+    """An exercise's stub: its solution's signature and docstring, then NotImplementedError.
+
+    Exercises whose stub differs (a kernel skeleton to complete) give ``stub=`` explicitly.
+    """
+    end = re.search(r'\n    """.*?"""\n', solution, re.S).end()
+    return solution[:end] + "    # YOUR CODE\n    raise NotImplementedError"
+
 # --------------------------------------------------------------------------------------------
 NOTEBOOKS["01_stable_softmax"] = dict(
     setup=NUMPY_SETUP,
@@ -63,16 +74,6 @@ NOTEBOOKS["01_stable_softmax"] = dict(
             points=6,
             text="Write a softmax along the last axis that never overflows. Rows may contain "
             "`-inf` (masked scores, probability 0) but always at least one finite score.",
-            stub='''def stable_softmax(x: np.ndarray) -> np.ndarray:
-    """Row softmax along the last axis.
-
-    Args:
-        x: (..., N) scores, float32 or float64; may contain -inf (masked), never a row of only -inf.
-    Returns:
-        (..., N) probabilities in x's dtype; each row sums to 1.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def stable_softmax(x: np.ndarray) -> np.ndarray:
     """Row softmax along the last axis.
 
@@ -90,16 +91,6 @@ NOTEBOOKS["01_stable_softmax"] = dict(
             points=4,
             text="Write the row logsumexp L = log sum_j exp(x_j), stable for large scores: "
             "L = m + log sum_j exp(x_j - m) with m the row max.",
-            stub='''def logsumexp(x: np.ndarray) -> np.ndarray:
-    """Row logsumexp along the last axis.
-
-    Args:
-        x: (..., N) scores; may contain -inf, never a row of only -inf.
-    Returns:
-        (...,) log(sum(exp(x), axis=-1)), natural log.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def logsumexp(x: np.ndarray) -> np.ndarray:
     """Row logsumexp along the last axis.
 
@@ -129,22 +120,6 @@ NOTEBOOKS["02_online_softmax"] = dict(
             points=6,
             text="Absorb one block of scores `s` and values `v` into the running state. A fresh "
             "state is m = -inf, l = 0, acc = 0. Rows of `s` may be entirely `-inf`.",
-            stub='''def online_update(
-    m: np.ndarray, l: np.ndarray, acc: np.ndarray, s: np.ndarray, v: np.ndarray
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One step of the online softmax with an output accumulator (FA2 Alg. 1 lines 8-10).
-
-    Args:
-        m: (Nq,) running row max (-inf: nothing seen yet).
-        l: (Nq,) running sum of exp(s - m).
-        acc: (Nq, dv) running sum of exp(s - m) @ v (not normalised).
-        s: (Nq, Bc) this block's scores (-inf = masked).
-        v: (Bc, dv) this block's values.
-    Returns:
-        (m_new, l_new, acc_new) with the same shapes. Do not modify the inputs.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def online_update(
     m: np.ndarray, l: np.ndarray, acc: np.ndarray, s: np.ndarray, v: np.ndarray
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -173,21 +148,6 @@ NOTEBOOKS["02_online_softmax"] = dict(
             text="Two partial results over disjoint sets of keys, (m_a, l_a, acc_a) and "
             "(m_b, l_b, acc_b), combine exactly: bring both to the common max. This is what "
             "split-KV decoding (Flash-Decoding) does. A side may have seen no key (m = -inf).",
-            stub='''def merge_partials(
-    m_a: np.ndarray, l_a: np.ndarray, acc_a: np.ndarray,
-    m_b: np.ndarray, l_b: np.ndarray, acc_b: np.ndarray,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Merge two partial attention states over disjoint keys.
-
-    Args:
-        m_a, m_b: (Nq,) row maxima (-inf: that side saw no key).
-        l_a, l_b: (Nq,) sums of exp(s - m).
-        acc_a, acc_b: (Nq, dv) unnormalised outputs.
-    Returns:
-        (m, l, acc): the state over the union of the keys.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def merge_partials(
     m_a: np.ndarray, l_a: np.ndarray, acc_a: np.ndarray,
     m_b: np.ndarray, l_b: np.ndarray, acc_b: np.ndarray,
@@ -228,23 +188,6 @@ NOTEBOOKS["03_tiled_forward"] = dict(
             text="Write the tiled forward pass (outer loop over query blocks, inner loop over "
             "key blocks). Causal masks use `j <= i`; key blocks entirely above the diagonal "
             "can be skipped.",
-            stub='''def flash_forward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
-    scale: Optional[float] = None, block_q: int = 64, block_k: int = 64,
-) -> Tuple[np.ndarray, np.ndarray]:
-    """Tiled Flash Attention forward (FlashAttention-2 loop order).
-
-    Args:
-        q: (..., Nq, d) queries, e.g. (batch, heads, seq, head_dim); float32 or float64.
-        k: (..., Nk, d) keys.  v: (..., Nk, dv) values.
-        causal: query i sees keys j <= i (top-left aligned, PyTorch is_causal).
-        scale: multiplies Q K^T; None means 1/sqrt(d).
-        block_q, block_k: tile sizes Br, Bc (need not divide Nq, Nk).
-    Returns:
-        out: (..., Nq, dv) in q's dtype;  lse: (..., Nq) logsumexp of each row's scaled scores.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def flash_forward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
     scale: Optional[float] = None, block_q: int = 64, block_k: int = 64,
@@ -305,16 +248,6 @@ NOTEBOOKS["04_block_sizes"] = dict(
         dict(
             name="block_size", points=5,
             text="The largest B with 4 B d <= M; raise `ValueError` when not even one row fits.",
-            stub='''def block_size(M: int, d: int) -> int:
-    """The largest B with 4*B*d <= M (blocks of Q, K, V, O fit the SRAM).
-
-    Args:
-        M: SRAM capacity in elements.  d: head dim.
-    Raises:
-        ValueError: if M < 4*d.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def block_size(M: int, d: int) -> int:
     """The largest B with 4*B*d <= M (blocks of Q, K, V, O fit the SRAM).
 
@@ -330,10 +263,6 @@ NOTEBOOKS["04_block_sizes"] = dict(
         dict(
             name="tile_sizes", points=3,
             text="The paper's tiles: Bc = floor(M / 4d), Br = min(Bc, d).",
-            stub='''def tile_sizes(M: int, d: int) -> Tuple[int, int]:
-    """(Br, Bc): Bc = floor(M / 4d), Br = min(Bc, d) (FlashAttention Alg. 1 line 1)."""
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def tile_sizes(M: int, d: int) -> Tuple[int, int]:
     """(Br, Bc): Bc = floor(M / 4d), Br = min(Bc, d) (FlashAttention Alg. 1 line 1)."""
     b_c = block_size(M, d)
@@ -343,10 +272,6 @@ NOTEBOOKS["04_block_sizes"] = dict(
             name="fits_in_sram", points=4,
             text="Do Q_i and O_i (Br x d), K_j and V_j (Bc x d) *and* the score tile S_ij "
             "(Br x Bc) fit in M elements?",
-            stub='''def fits_in_sram(br: int, bc: int, d: int, M: int) -> bool:
-    """True if 2*Br*d + 2*Bc*d + Br*Bc <= M (blocks plus the score tile)."""
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def fits_in_sram(br: int, bc: int, d: int, M: int) -> bool:
     """True if 2*Br*d + 2*Bc*d + Br*Bc <= M (blocks plus the score tile)."""
     return 2 * br * d + 2 * bc * d + br * bc <= M''',
@@ -372,14 +297,6 @@ NOTEBOOKS["05_count_io"] = dict(
             "alloc O_i, stream K_j, V_j (free them after use), update acc **in place** "
             "(`acc *= ...; acc += ...`, so that `mem.free(acc)` frees the tile you allocated), then "
             "store O_i and L_i. SRAM is exactly 2 Br d + 2 Bc d elements. Non-causal, 2-D inputs.",
-            stub='''def fa2_forward_io(mem, block_q: int, block_k: int) -> None:
-    """FlashAttention-2 forward on a two-level memory.
-
-    mem.hbm holds Q (N, d), K (N, d), V (N, dv), and the outputs O (N, dv), L (N,).
-    Use only mem.load / mem.store / mem.alloc / mem.free to move data. Returns nothing.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def fa2_forward_io(mem, block_q: int, block_k: int) -> None:
     """FlashAttention-2 forward on a two-level memory.
 
@@ -414,10 +331,6 @@ NOTEBOOKS["05_count_io"] = dict(
         dict(
             name="fa2_reads", points=2,
             text="Predict the elements your function reads, for N = Nk, dv = d.",
-            stub='''def fa2_reads(N: int, d: int, block_q: int) -> int:
-    """Elements FA2 reads from HBM: Q once, K and V once per query block (dv = d)."""
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def fa2_reads(N: int, d: int, block_q: int) -> int:
     """Elements FA2 reads from HBM: Q once, K and V once per query block (dv = d)."""
     t_r = -(-N // block_q)  # ceil: the last, partial block reads K and V too
@@ -450,21 +363,6 @@ NOTEBOOKS["06_tiled_backward"] = dict(
             name="flash_backward", points=10,
             text="Write the tiled backward. Causal as in the forward (query i sees keys "
             "j <= i). Never form an Nq x Nk matrix.",
-            stub='''def flash_backward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, lse: np.ndarray,
-    dout: np.ndarray, causal: bool = False, scale: Optional[float] = None,
-    block_q: int = 64, block_k: int = 64,
-) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Tiled Flash Attention backward from the saved logsumexp.
-
-    Args:
-        q: (..., Nq, d); k: (..., Nk, d); v: (..., Nk, dv); out, dout: (..., Nq, dv);
-        lse: (..., Nq) the forward's logsumexp; causal, scale, block_q, block_k as in the forward.
-    Returns:
-        (dq, dk, dv) with the shapes of q, k, v.
-    """
-    # YOUR CODE
-    raise NotImplementedError''',
             solution='''def flash_backward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, lse: np.ndarray,
     dout: np.ndarray, causal: bool = False, scale: Optional[float] = None,
@@ -747,11 +645,6 @@ NOTEBOOKS["09_tuning"] = dict(
     "says so).",
     exercises=[
         dict(name="smem_bytes", points=3, text="Shared memory of one config, in bytes.",
-             stub='''def smem_bytes(block_m: int, block_n: int, head_dim: int, num_stages: int,
-               dtype_bytes: int = 2) -> int:
-    """Bytes: the Q tile (BLOCK_M x d) once, K and V tiles (BLOCK_N x d) once per stage."""
-    # YOUR CODE
-    raise NotImplementedError''',
              solution='''def smem_bytes(block_m: int, block_n: int, head_dim: int, num_stages: int,
                dtype_bytes: int = 2) -> int:
     """Bytes: the Q tile (BLOCK_M x d) once, K and V tiles (BLOCK_N x d) once per stage."""
@@ -759,11 +652,6 @@ NOTEBOOKS["09_tuning"] = dict(
         dict(name="configs_that_fit", points=3,
              text="Every (BLOCK_M, BLOCK_N, num_stages) with blocks in (32, 64, 128) and stages "
              "in (1, 2, 3) whose fp16 footprint is <= the limit.",
-             stub='''def configs_that_fit(head_dim: int, smem_limit: int) -> list:
-    """[(BLOCK_M, BLOCK_N, num_stages), ...] over blocks (32, 64, 128), stages (1, 2, 3) that fit
-    in smem_limit bytes with 2-byte (fp16) elements."""
-    # YOUR CODE
-    raise NotImplementedError''',
              solution='''def configs_that_fit(head_dim: int, smem_limit: int) -> list:
     """[(BLOCK_M, BLOCK_N, num_stages), ...] over blocks (32, 64, 128), stages (1, 2, 3) that fit
     in smem_limit bytes with 2-byte (fp16) elements."""
@@ -772,10 +660,6 @@ NOTEBOOKS["09_tuning"] = dict(
         dict(name="pick_fastest", points=2,
              text="Given configs and their measured times, return the fastest (the first on a "
              "tie).",
-             stub='''def pick_fastest(configs: list, times_ms: list) -> tuple:
-    """The config with the smallest time (the first one on a tie), as a tuple."""
-    # YOUR CODE
-    raise NotImplementedError''',
              solution='''def pick_fastest(configs: list, times_ms: list) -> tuple:
     """The config with the smallest time (the first one on a tie), as a tuple."""
     best = min(range(len(times_ms)), key=lambda i: (times_ms[i], i))
