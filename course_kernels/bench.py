@@ -146,7 +146,7 @@ def check_correctness(q, k, v, do, causal, out, grads, heads=2) -> dict:
 def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
               ns=(1024, 2048, 4096, 8192, 16384), causals=(False, True), modes=("fwd", "bwd"),
               providers=PROVIDERS, batch=4, hidden=2048, check=True, log=print):
-    """Time every provider at every shape; write bench.json, bench.csv and bench.png."""
+    """Time every provider at every shape; write bench.json, bench.csv, ratios.csv, bench.png."""
     import torch
     from tqdm import tqdm
 
@@ -228,6 +228,18 @@ def _write_bench(out_dir, env, rows):
         for r in rows:
             if r.get("mode") in ("fwd", "bwd"):
                 w.writerow({**r, "check_ok": r.get("check", {}).get("ok", "")})
+    write_ratios(os.path.join(out_dir, "ratios.csv"), env, rows)
+
+
+def write_ratios(path, env, rows):
+    """:func:`ratio_table` as CSV, headed by the run's GPU, versions, date and command."""
+    with open(path, "w", newline="") as f:
+        f.write(f"# flash / sdpa TFLOP/s ratios; {env['gpu']}; torch {env['torch']}; "
+                f"triton {env['triton']}; {env['date']}; {env['command']}\n")
+        fields = ["dtype", "d", "N", "causal", "mode", "flash", "vs_sdpa_flash", "vs_sdpa_cudnn"]
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(ratio_table(rows))
 
 
 def ratio_table(rows) -> list[dict]:

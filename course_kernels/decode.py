@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import time
 
 import numpy as np
 
@@ -427,7 +428,10 @@ def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads
 
     Returns a list of dicts: milliseconds and achieved GB/s (:func:`decode_bytes` / time) of
     ``flash_decode`` for each ``splits`` value (None = the default), of ``flash_attention``
-    (the prefill kernel called with Nq = 1) and of each PyTorch SDPA backend that accepts it.
+    (the prefill kernel called with Nq = 1) and of each PyTorch SDPA backend that accepts it;
+    ``flash_decode`` and SDPA's flash backend also replayed from a CUDA graph (``*_cudagraph``:
+    the device time without the per-call Python and launch cost); plus ``host_us``: the host (Python + launch) time per call, measured without waiting for the
+    GPU. When ``host_us`` is close to ``ms * 1000`` the step is bound by the host, not by memory.
     """
     if INTERPRET:
         raise RuntimeError("benchmark needs a CUDA GPU (triton.testing.do_bench does not run on "
@@ -437,6 +441,32 @@ def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads
 
     from .flash import flash_attention
 
+    def host_us(fn, calls=50):
+        # Host time per call: launches are queued without waiting for the GPU, so the loop's
+        # wall time over ``calls`` calls is the Python + launch cost (the queue does not fill).
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (t1 - t0) / calls * 1e6
+
+    def graphed(fn):
+        # Capture one call in a CUDA graph; replaying it launches every kernel of the step with
+        # one host call, which is how serving engines run decode steps. The capture fails if
+        # ``fn`` synchronizes with the host.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
     rows = []
     for n in contexts:
         torch.manual_seed(0)
@@ -445,15 +475,21 @@ def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads
         v = torch.randn_like(k)
         nbytes = decode_bytes(batch, kv_heads, n, head_dim, heads, 1, q.element_size())
         ref = sdpa(q, k, v, enable_gqa=True)
-        runs = {}
+        runs, host = {}, {}
         for s in splits:
             out = flash_decode(q, k, v, num_splits=s)
             err = (out.float() - ref.float()).abs().max().item()
             name = "flash_decode" + ("" if s is None else f"_splits{s}")
             ms = triton.testing.do_bench(lambda s=s: flash_decode(q, k, v, num_splits=s))
+            host[name] = host_us(lambda s=s: flash_decode(q, k, v, num_splits=s))
             runs[name] = (ms, err, s or default_num_splits(batch * kv_heads, n))
+        replay = graphed(lambda: flash_decode(q, k, v))
+        runs["flash_decode_cudagraph"] = (triton.testing.do_bench(replay), None,
+                                          default_num_splits(batch * kv_heads, n))
+        host["flash_decode_cudagraph"] = host_us(replay)
         runs["flash_attention_fwd"] = (triton.testing.do_bench(lambda: flash_attention(q, k, v)),
                                        None, None)
+        host["flash_attention_fwd"] = host_us(lambda: flash_attention(q, k, v))
         for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
             try:
                 with sdpa_kernel(getattr(SDPBackend, backend)):
@@ -464,6 +500,12 @@ def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads
                         return sdpa(q, k, v, enable_gqa=True)
 
                     runs[f"sdpa_{backend.lower()}"] = (triton.testing.do_bench(fn), None, None)
+                    host[f"sdpa_{backend.lower()}"] = host_us(fn)
+                    if backend == "FLASH_ATTENTION":
+                        replay = graphed(fn)
+                        runs["sdpa_flash_attention_cudagraph"] = (triton.testing.do_bench(replay),
+                                                                  None, None)
+                        host["sdpa_flash_attention_cudagraph"] = host_us(replay)
             except (RuntimeError, AttributeError) as exc:  # backend refuses this shape
                 reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
                 runs[f"sdpa_{backend.lower()}"] = (None, f"not run: {reason}", None)
@@ -473,6 +515,7 @@ def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads
                 "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""), "impl": name,
                 "num_splits": num_splits,
                 "ms": ms, "gb_per_s": None if ms is None else nbytes / (ms * 1e-3) / 1e9,
+                "host_us": host.get(name),
                 "max_abs_err_vs_sdpa": note if isinstance(note, float) else None,
                 "note": note if isinstance(note, str) else None,
             })

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _triton_env  # decides GPU vs interpreter before any kernel is defined
+
 TEXT = "data/text/tiny_corpus.txt"  # relative to the repository root
 
 
@@ -216,19 +218,26 @@ class TrainResult:
         return asdict(self)
 
 
+def _default_device(device):
+    """None -> the device the course kernel runs on here ("cuda" on a GPU, "cpu" otherwise)."""
+    return _triton_env.device_kind() if device is None else device
+
+
 def train(attention: str = "standard", steps: int = 200, batch_size: int = 16, block_size: int = 32,
           n_layer: int = 2, n_head: int = 2, n_embd: int = 32, lr: float = 3e-3, seed: int = 0,
-          device: str = "cpu", amp_dtype: torch.dtype | None = None, text: str | None = None,
+          device: str | None = None, amp_dtype: torch.dtype | None = None, text: str | None = None,
           progress: bool = True, cpu_threads: int | None = 1) -> TrainResult:
     """Train a fresh tiny GPT on the shipped text with AdamW; deterministic for a seed.
 
     Both the weights (``torch.manual_seed(seed)``) and the batches (a separate generator) depend
     only on ``seed``, so two runs that differ only in ``attention`` see identical data.
+    ``device``: None = where the course kernel runs (``"cuda"`` on a GPU, else ``"cpu"``).
     ``amp_dtype`` (e.g. ``torch.bfloat16`` on a GPU) runs the model under autocast.
     ``cpu_threads``: torch threads on a CPU during the run (restored after). One is fastest for
     matrices this small: on a 2-core machine shared with other work, 2 threads ran 8x slower.
     None leaves torch's setting alone.
     """
+    device = _default_device(device)
     threads = torch.get_num_threads()
     if cpu_threads is not None and not str(device).startswith("cuda"):
         torch.set_num_threads(cpu_threads)
@@ -286,13 +295,14 @@ def _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr
 
 def saved_activation_bytes(attention: str, batch_size: int = 4, block_size: int = 64,
                            n_layer: int = 2, n_head: int = 2, n_embd: int = 32,
-                           device: str = "cpu", vocab_size: int = 64) -> int:
+                           device: str | None = None, vocab_size: int = 64) -> int:
     """Bytes of the distinct tensors autograd saves for the backward of one forward pass.
 
     Counted with ``torch.autograd.graph.saved_tensors_hooks`` (each storage once; parameters
     excluded), so it works on a CPU too. Standard attention saves the (B, H, T, T) probabilities
-    of every layer; the flash kernel saves O and the logsumexp.
+    of every layer; the flash kernel saves O and the logsumexp. ``device``: as in :func:`train`.
     """
+    device = _default_device(device)
     cfg = GPTConfig(vocab_size, block_size, n_layer, n_head, n_embd, attention)
     torch.manual_seed(0)
     model = GPT(cfg).to(device)

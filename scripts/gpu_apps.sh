@@ -90,7 +90,8 @@ elif step == "decode":
                                     heads=heads, kv_heads=kv_heads, head_dim=128):
             row["model"] = model
             rows.append(row)
-            ms = "-" if row["ms"] is None else f"{row['ms'] * 1e3:8.1f} us {row['gb_per_s']:7.0f} GB/s"
+            ms = "-" if row["ms"] is None else (f"{row['ms'] * 1e3:8.1f} us {row['gb_per_s']:7.0f} GB/s"
+                                                f" host {row['host_us']:6.1f} us")
             print(f"{model} N={row['context']:6d} {row['impl']:28s} {ms} {row['note'] or ''}")
     save("decode_bench.json", rows)
 else:

@@ -34,6 +34,21 @@ def test_ratio_table_divides_by_the_right_provider():
     assert "| float16 | 64 | 4096 | no | fwd | 400 | 1.33 | 0.80 |" in bench.format_ratio_table(rows)
 
 
+def test_write_ratios_records_provenance_and_ratios(tmp_path):
+    import csv
+
+    env = {"gpu": "Some GPU", "torch": "9.9", "triton": "8.8", "date": "2026-01-01",
+           "command": "python -m course_kernels bench"}
+    rows = [_row("flash", 400), _row("sdpa-flash", 300), _row("sdpa-cudnn", 500)]
+    path = tmp_path / "ratios.csv"
+    bench.write_ratios(path, env, rows)
+    head, *body = path.read_text().splitlines()
+    assert head.startswith("# ") and "Some GPU" in head and "2026-01-01" in head
+    (rec,) = list(csv.DictReader(body))
+    assert float(rec["vs_sdpa_flash"]) == pytest.approx(4 / 3)
+    assert float(rec["vs_sdpa_cudnn"]) == pytest.approx(0.8)
+
+
 def test_parse_ncu_csv_sums_kernels_per_stream(tmp_path):
     raw = tmp_path / "ncu.csv"
     raw.write_text(

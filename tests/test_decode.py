@@ -206,4 +206,11 @@ def test_decode_bad_input(rng):
         decode.split_kv_decode_numpy(np.zeros((1, 2, 100, 8)), np.zeros((1, 1, 4, 8)),
                                      np.zeros((1, 1, 4, 8)))
     with pytest.raises(TypeError, match="num_splits"):
-        decode.split_kv_decode_numpy(q.numpy(), k.numpy(), v.numpy(), num_splits=2.0)
+        decode.split_kv_decode_numpy(q.cpu().numpy(), k.cpu().numpy(), v.cpu().numpy(),
+                                     num_splits=2.0)
+
+
+@pytest.mark.skipif(not decode.INTERPRET, reason="on a GPU the benchmark runs (tests/gpu)")
+def test_decode_benchmark_needs_a_gpu():
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        decode.benchmark(contexts=(64,))

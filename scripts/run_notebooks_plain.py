@@ -1,0 +1,110 @@
+"""Run notebooks' code cells in plain Python, one fresh namespace per notebook; record the result.
+
+For a machine that has the course's dependencies but no Jupyter (the lent GPU machine, where
+nothing can be installed). It checks that chapters and solutions run where ``setup()`` picks the
+GPU, at full size. It is not nbval: outputs are not compared, only errors are caught. Usage:
+
+    PYTHONPATH=. python scripts/run_notebooks_plain.py book/part2/*.ipynb solutions/*.ipynb \
+        --out run.json [--limit-s 120]
+
+Each notebook runs in a subprocess with its own folder as the working directory (as Jupyter and
+the book build do) and ``--limit-s`` seconds; ``display`` prints a one-line summary, ``plt.show``
+closes the figure, and ``IPython.display`` is stubbed when IPython is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHILD = r'''
+import json, os, sys, types
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+plt.show = lambda *a, **k: plt.close("all")
+try:
+    import IPython.display  # noqa: F401
+except ImportError:  # a minimal stand-in: the objects only need to exist and print
+    mod = types.ModuleType("IPython.display")
+    class _Obj:
+        def __init__(self, data=None, *a, **k):
+            self.data = data
+        def __repr__(self):
+            return f"<{type(self).__name__} {str(self.data)[:60]!r}>"
+    for name in ("Markdown", "HTML", "Image", "SVG", "Math", "JSON"):
+        setattr(mod, name, type(name, (_Obj,), {}))
+    mod.display = lambda *objs, **k: [print(repr(o)[:120]) for o in objs]
+    pkg = types.ModuleType("IPython"); pkg.display = mod
+    sys.modules["IPython"], sys.modules["IPython.display"] = pkg, mod
+from IPython.display import display
+nb = json.load(open(sys.argv[1]))
+ns = {"__name__": "__main__", "display": display}
+for i, cell in enumerate(nb["cells"]):
+    if cell["cell_type"] != "code":
+        continue
+    src = "".join(cell["source"])
+    if any(line.lstrip().startswith(("%", "!")) for line in src.splitlines()):
+        print(f"cell {i}: skipped (IPython magic or shell escape)")
+        continue
+    print(f"-- cell {i}", flush=True)
+    exec(compile(src, f"{sys.argv[1]}#cell{i}", "exec"), ns)
+print("NOTEBOOK OK", flush=True)
+'''
+
+
+def run(path: Path, limit_s: float, root: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep), "MPLBACKEND": "Agg"}
+    t0 = time.time()
+    try:
+        proc = subprocess.run([sys.executable, "-c", CHILD, path.name], cwd=path.parent, env=env,
+                              capture_output=True, text=True, timeout=limit_s)
+        out = proc.stdout + proc.stderr
+        ok = proc.returncode == 0 and "NOTEBOOK OK" in proc.stdout
+        status = "ok" if ok else f"failed (exit {proc.returncode})"
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or "")
+        status = f"timed out after {limit_s:.0f} s"
+    return {"notebook": str(path), "status": status, "seconds": round(time.time() - t0, 1),
+            "tail": out[-1500:] if status != "ok" else ""}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("notebooks", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, required=True, help="JSON record to write")
+    ap.add_argument("--limit-s", type=float, default=120.0, help="time limit per notebook")
+    args = ap.parse_args(argv)
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from course_kernels.bench import environment
+
+    try:
+        env = environment()
+    except Exception as exc:  # no torch / no GPU: still record what ran
+        env = {"error": repr(exc)}
+    env["command"] = "python scripts/run_notebooks_plain.py " + " ".join(
+        str(p) for p in args.notebooks)
+    results = []
+    for path in args.notebooks:
+        r = run(path.resolve(), args.limit_s, root)
+        r["notebook"] = str(path)
+        results.append(r)
+        print(f"{r['status']:>24}  {r['seconds']:6.1f} s  {path}", flush=True)
+        if r["tail"]:
+            print(r["tail"])
+        args.out.write_text(json.dumps({**env, "results": results}, indent=1))
+    bad = [r for r in results if r["status"] != "ok"]
+    print(f"{len(results) - len(bad)}/{len(results)} notebooks ran without error")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

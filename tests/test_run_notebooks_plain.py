@@ -1,0 +1,36 @@
+"""scripts/run_notebooks_plain.py: runs code cells without Jupyter and reports failures."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "run_notebooks_plain.py"
+
+
+def notebook(path, *cells):
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# title"]}]
+          + [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+              "source": [c]} for c in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_runner_passes_good_and_reports_bad_notebooks(tmp_path):
+    good = notebook(tmp_path / "good.ipynb", "import os\nx = len(os.listdir('.'))",
+                    "from IPython.display import Markdown\ndisplay(Markdown('hi'))\nassert x >= 2")
+    bad = notebook(tmp_path / "bad.ipynb", "y = 1", "raise ValueError('cell two broke')")
+    slow = notebook(tmp_path / "slow.ipynb", "import time\ntime.sleep(30)")
+    out = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(good), str(bad), str(slow),
+                           "--out", str(out), "--limit-s", "8"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rec = json.loads(out.read_text())
+    status = {Path(r["notebook"]).name: r for r in rec["results"]}
+    assert status["good.ipynb"]["status"] == "ok"
+    assert status["bad.ipynb"]["status"].startswith("failed")
+    assert "cell two broke" in status["bad.ipynb"]["tail"]
+    assert status["slow.ipynb"]["status"].startswith("timed out")
+    assert "1/3 notebooks ran without error" in proc.stdout
