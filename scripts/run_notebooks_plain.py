@@ -9,7 +9,8 @@ GPU, at full size. It is not nbval: outputs are not compared, only errors are ca
 
 Each notebook runs in a subprocess with its own folder as the working directory (as Jupyter and
 the book build do) and ``--limit-s`` seconds; ``display`` prints a one-line summary, ``plt.show``
-closes the figure, and ``IPython.display`` is stubbed when IPython is absent.
+closes the figure, ``IPython.display`` is stubbed when IPython is absent, and each cell's source
+is registered in ``linecache`` as Jupyter does (Triton's ``@jit`` reads its function's source).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import time
 from pathlib import Path
 
 CHILD = r'''
-import json, os, sys, types
+import json, linecache, os, sys, types
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 plt.show = lambda *a, **k: plt.close("all")
 try:
+    if os.environ.get("RUN_NOTEBOOKS_STUB_IPYTHON"):  # tests: exercise the stand-in below
+        raise ImportError
     import IPython.display  # noqa: F401
 except ImportError:  # a minimal stand-in: the objects only need to exist and print
     mod = types.ModuleType("IPython.display")
@@ -41,6 +44,8 @@ except ImportError:  # a minimal stand-in: the objects only need to exist and pr
         setattr(mod, name, type(name, (_Obj,), {}))
     mod.display = lambda *objs, **k: [print(repr(o)[:120]) for o in objs]
     pkg = types.ModuleType("IPython"); pkg.display = mod
+    pkg.get_ipython = lambda: None  # matplotlib asks for a shell (there is none) ...
+    pkg.version_info = (9, 0, 0, "stand-in")  # ... and for a version, to pick a GUI hook
     sys.modules["IPython"], sys.modules["IPython.display"] = pkg, mod
 from IPython.display import display
 nb = json.load(open(sys.argv[1]))
@@ -53,7 +58,10 @@ for i, cell in enumerate(nb["cells"]):
         print(f"cell {i}: skipped (IPython magic or shell escape)")
         continue
     print(f"-- cell {i}", flush=True)
-    exec(compile(src, f"{sys.argv[1]}#cell{i}", "exec"), ns)
+    name = f"<{sys.argv[1]} cell {i}>"
+    # Register the source as Jupyter does, so inspect.getsource works (Triton's @jit needs it).
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    exec(compile(src, name, "exec"), ns)
 print("NOTEBOOK OK", flush=True)
 '''
 

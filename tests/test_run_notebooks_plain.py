@@ -34,3 +34,27 @@ def test_runner_passes_good_and_reports_bad_notebooks(tmp_path):
     assert "cell two broke" in status["bad.ipynb"]["tail"]
     assert status["slow.ipynb"]["status"].startswith("timed out")
     assert "1/3 notebooks ran without error" in proc.stdout
+
+
+def test_runner_without_ipython_runs_plots_and_triton_jit(tmp_path):
+    """The GPU machine has no IPython: the stand-in must satisfy matplotlib, and a @triton.jit
+    function defined in a cell must find its source (as it does in Jupyter)."""
+    import os
+
+    import pytest
+
+    pytest.importorskip("triton")
+    nb = notebook(tmp_path / "plot_jit.ipynb",
+                  "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\n"
+                  "plt.show()",
+                  "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                  "def double(x_ptr, n: tl.constexpr):\n"
+                  "    offs = tl.arange(0, n)\n"
+                  "    tl.store(x_ptr + offs, 2 * tl.load(x_ptr + offs))\n",
+                  "from IPython.display import Markdown\ndisplay(Markdown('done'))")
+    out = tmp_path / "run.json"
+    env = {**os.environ, "RUN_NOTEBOOKS_STUB_IPYTHON": "1", "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(nb), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(out.read_text())["results"][0]["status"] == "ok"
