@@ -6,7 +6,8 @@ missing piece is skipped silently: the test fails and says how to get it, becaus
 was never opened in a browser is not tested.
 
 Checks every page of the TOC: it loads, MathJax typeset it (``mjx-container`` present, no raw
-TeX delimiters outside code), every image decoded (naturalWidth > 0), every internal link and
+TeX delimiters outside code), every image decoded (naturalWidth > 0), a page whose notebook
+draws figures shows them, every internal link and
 anchor resolves, no SEVERE console message, and no request left 127.0.0.1 (the site must work
 offline). Plays the animation and answers the quiz. Screenshots go to ``test-artifacts/``.
 """
@@ -135,6 +136,15 @@ def test_site_static_files_have_no_external_scripts_or_fonts():
             )
 
 
+def figures_drawn(page: str) -> int:
+    """How many times the page's notebook calls plt.show() in its code cells."""
+    import json
+
+    nb = json.loads((ROOT / "book" / page.replace(".html", ".ipynb")).read_text())
+    return sum("".join(c["source"]).count("plt.show()") for c in nb["cells"]
+               if c["cell_type"] == "code")
+
+
 def test_site_every_toc_page_in_the_browser(site, browser):
     internal_links: set[str] = set()
     failures = []
@@ -149,6 +159,7 @@ def test_site_every_toc_page_in_the_browser(site, browser):
               mjx: document.querySelectorAll('mjx-container').length,
               badImages: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
               images: document.images.length,
+              figures: [...document.images].filter(i => i.src.includes('/_images/')).length,
               links: [...document.querySelectorAll('a[href]')].map(a => a.href),
               resources: performance.getEntriesByType('resource').map(r => r.name),
             };"""
@@ -162,6 +173,10 @@ def test_site_every_toc_page_in_the_browser(site, browser):
         for raw in ("$$", "\\(", "\\[", "\\frac"):
             if raw in text:
                 failures.append(f"{page}: raw TeX {raw!r} visible")
+        if figures_drawn(page) and not state["figures"]:
+            failures.append(f"{page}: the notebook draws {figures_drawn(page)} figure(s) but the "
+                            "page shows none (was the book built with a non-inline matplotlib "
+                            "backend?)")
         if state["badImages"]:
             failures.append(f"{page}: images not loaded: {state['badImages']}")
         if logs:
