@@ -18,6 +18,21 @@ def _ints(text):
     return tuple(int(x) for x in text.split(","))
 
 
+def _check_choices(ap, flag, text, allowed):
+    bad = [x for x in text.split(",") if x not in allowed]
+    if bad:
+        ap.error(f"{flag}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)} "
+                 "(comma-separated)")
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_kernels", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,6 +65,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from . import bench
+
+    if args.cmd == "bench":
+        _check_choices(ap, "--dtypes", args.dtypes, ("float16", "bfloat16", "float32"))
+        _check_choices(ap, "--modes", args.modes, ("fwd", "bwd"))
+        _check_choices(ap, "--providers", args.providers, bench.PROVIDERS)
+    if args.cmd == "dram" and args.action == "parse" and not (args.ncu_csv and args.cases):
+        ap.error("dram parse needs --ncu-csv (ncu --csv --page raw output) and --cases (the "
+                 "output of `dram run`, whose last line is the JSON case list)")
+    gpu_commands = ("bench", "sweep", "memory", "gpu-check")
+    if (args.cmd in gpu_commands or (args.cmd == "dram" and args.action == "run")) and not _cuda():
+        print(f"python -m course_kernels {args.cmd}: needs a CUDA GPU (it times or profiles the "
+              "kernels on one), and torch sees none here. On a CPU, the chapters run the kernels "
+              "in Triton's interpreter, and `dram parse` works on a CSV made elsewhere.",
+              file=sys.stderr)
+        return 2
 
     if args.cmd == "bench":
         causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
