@@ -10,12 +10,12 @@ Layout (batch, heads, seq, head_dim); all tensors contiguous:
 The forward saved only O and the base-2 logsumexp ``lse2`` (see ``triton_forward``), so P is
 recomputed block by block: P = exp2(S * scale * log2(e) - lse2), exactly the forward's P.
 
-1. ``_attn_bwd_preprocess``: D = rowsum(dO * O) (FA2 Alg. 2 line 6).
+1. ``_attn_bwd_preprocess``: D = rowsum(dO * O) (FA2 Alg. 2 line 4).
 2. ``_attn_bwd_dkdv``: one program per key block of one (batch, K/V head); it loops over every
    query block of every query head in the GQA group, accumulating dK, dV on chip
-   (FA2 Alg. 2 lines 7-21 without line 17). Summing the group inside one program, in a fixed
+   (FA2 Alg. 2 lines 6-20 without line 16). Summing the group inside one program, in a fixed
    order, makes GQA gradients deterministic without atomics.
-3. ``_attn_bwd_dq``: one program per query block; it loops over key blocks (FA2 Alg. 2 line 17
+3. ``_attn_bwd_dq``: one program per query block; it loops over key blocks (FA2 Alg. 2 line 16
    turned inside out). The paper adds dQ with atomics; a separate pass costs one more
    recomputation of S and dP but is bit-identical on repeat.
 
@@ -77,7 +77,7 @@ def _attn_bwd_preprocess(
     ptrs = offs_m[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
     o = tl.load(Out + ptrs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_M, D)
     do = tl.load(DO + ptrs, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_M, D)
-    delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)  FA2 Alg. 2 line 6
+    delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)  FA2 Alg. 2 line 4
     tl.store(Delta + offs_m, delta, mask=offs_m < N_ROWS)
 
 
@@ -89,30 +89,30 @@ def _attn_bwd_dkdv_inner(
     BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 10-19)."""
+    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 9-18)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_m in range(lo, hi, BLOCK_M1):
         start_m = tl.multiple_of(start_m, BLOCK_M1)
         offs_m = start_m + tl.arange(0, BLOCK_M1)  # (BLOCK_M1,)
         m_ok = offs_m < N_CTX_Q
-        # FA2 Alg. 2 line 11: load Q_i, dO_i, L_i, D_i. Rows past Nq: lse = +inf gives P = 0.
+        # FA2 Alg. 2 line 10: load Q_i, dO_i, L_i, D_i. Rows past Nq: lse = +inf gives P = 0.
         row_ptrs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
         q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
         lse2 = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
-        # FA2 Alg. 2 lines 12-13, transposed: P^T = exp2(K Q^T * scale log2e - L).
+        # FA2 Alg. 2 lines 11-12, transposed: P^T = exp2(K Q^T * scale log2e - L).
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])  # (BLOCK_N1, BLOCK_M1)
         if MASKED:
             pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)  # causal: key j <= query i
         do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-        # FA2 Alg. 2 line 14: dV_j += P^T dO_i.
+        # FA2 Alg. 2 line 13: dV_j += P^T dO_i.
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)  # (BLOCK_M1,)
-        # FA2 Alg. 2 lines 15-16, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
+        # FA2 Alg. 2 lines 14-15, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
-        # FA2 Alg. 2 line 18: dK_j += dS^T Q_i (the scale is applied once at the end).
+        # FA2 Alg. 2 line 17: dK_j += dS^T Q_i (the scale is applied once at the end).
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
     return dk, dv
 
@@ -147,7 +147,7 @@ def _attn_bwd_dkdv(
     n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N1, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     kv_ptrs = kv_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
-    # FA2 Alg. 2 lines 8-9: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
+    # FA2 Alg. 2 lines 7-8: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
     k = _load_tile(K + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
     v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
@@ -181,7 +181,7 @@ def _attn_bwd_dkdv(
             BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED, False, DOT_PRECISION,
         )
 
-    # FA2 Alg. 2 line 20: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
+    # FA2 Alg. 2 line 19: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
     mask = n_ok & d_ok
     tl.store(DK + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
@@ -195,7 +195,7 @@ def _attn_bwd_dq_inner(
     BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 12-17 for one query block)."""
+    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 11-16 for one query block)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_n in range(lo, hi, BLOCK_N2):
@@ -206,15 +206,15 @@ def _attn_bwd_dq_inner(
         k = _load_tile(k_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
         v = _load_tile(v_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_N2)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # FA2 Alg. 2 line 13
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # FA2 Alg. 2 line 12
         if MASKED:
             keep = offs_n[None, :] < N_CTX_K  # keys past Nk load as 0 but must get P = 0
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 15: dP = dO V^T
-        ds = p * (dp - delta[:, None])  # line 16: dS = P * (dP - D)
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 17: dQ += dS K
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 14: dP = dO V^T
+        ds = p * (dp - delta[:, None])  # line 15: dS = P * (dP - D)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 16: dQ += dS K
     return dq
 
 

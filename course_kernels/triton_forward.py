@@ -92,24 +92,24 @@ def _attn_fwd_inner(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Stream key blocks [lo, hi) through the online softmax (FA2 Alg. 1 lines 7-12)."""
+    """Stream key blocks [lo, hi) through the online softmax (the body of FA2 Alg. 1's loop over j: lines 7-10)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N, 1)
-        # FA2 Alg. 1 line 8: load K_j, V_j.
+        # FA2 Alg. 1 line 7: load K_j, V_j.
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
         k = _load_tile(k_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N, D)
-        # FA2 Alg. 1 line 9: S = Q K^T, scaled into the exp2 domain.
+        # FA2 Alg. 1 line 8: S = Q K^T, scaled into the exp2 domain.
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         if MASKED:
             keep = offs_n[None, :] < N_CTX_K  # (1, BLOCK_N)
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])  # (BLOCK_M, BLOCK_N)
             qk = tl.where(keep, qk, float("-inf"))
-        # FA2 Alg. 1 line 10: new running max, P~ = exp(S - m), rescaled running sum.
+        # FA2 Alg. 1 line 9: new running max, P~ = exp(S - m), rescaled running sum.
         m_ij = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
         if MASKED:
             # A row whose keys so far are all masked has m = -inf; -inf - (-inf) would be NaN.
@@ -119,7 +119,7 @@ def _attn_fwd_inner(
         p = tl.math.exp2(qk - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
         alpha = tl.math.exp2(m_i - m_sub)  # (BLOCK_M,) = exp(m_old - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        # FA2 Alg. 1 line 11: O = diag(alpha) O + P~ V_j (unnormalized).
+        # FA2 Alg. 1 line 10: O = diag(alpha) O + P~ V_j (unnormalized).
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
         v = _load_tile(v_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N, D)
         acc = acc * alpha[:, None]
@@ -164,7 +164,7 @@ def _attn_fwd(
     m_ok = offs_m[:, None] < N_CTX_Q  # (BLOCK_M, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
 
-    # FA2 Alg. 1 lines 5-6: load Q_i; m = -inf, l = 0, O = 0 on chip.
+    # FA2 Alg. 1 lines 4-5: load Q_i; m = -inf, l = 0, O = 0 on chip.
     q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
     q = _load_tile(q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M, D)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -190,11 +190,11 @@ def _attn_fwd(
         BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, CAUSAL, DOT_PRECISION,
     )
 
-    # FA2 Alg. 1 lines 13-14: O = diag(l)^-1 O, L = m + log l (base 2 here).
+    # FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O, L = m + log l (base 2 here).
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # only rows past Nq (never stored) can have l = 0
     acc = acc / l_safe[:, None]
     lse2 = m_i + tl.math.log2(l_safe)  # (BLOCK_M,)
-    # FA2 Alg. 1 lines 15-16: write O_i and L_i.
+    # FA2 Alg. 1 lines 14-15: write O_i and L_i.
     tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, lse2, mask=offs_m < N_CTX_Q)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_ok & d_ok)
