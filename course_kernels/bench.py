@@ -29,6 +29,9 @@ import numpy as np
 from .testing import error_budget, max_abs_error
 
 PROVIDERS = ("flash", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive")
+PROVIDER_LABELS = {"flash": "this course's kernel", "sdpa-flash": "SDPA FlashAttention-2",
+                   "sdpa-cudnn": "SDPA cuDNN", "sdpa-efficient": "SDPA memory-efficient",
+                   "naive": "naive attention"}
 NAIVE_LIMIT_BYTES = 40 * 2**30  # skip naive where its N x N tensors would pass this
 
 
@@ -271,23 +274,27 @@ def format_ratio_table(rows) -> str:
 
 
 def plot_bench(rows, path, env):
-    import matplotlib
+    """TFLOP/s vs N per (dtype, d, causal, mode) panel, saved to ``path``; returns the Figure.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Uses matplotlib's object API (no pyplot), so it neither needs nor changes the backend of a
+    notebook that calls it. Each provider keeps one colour in every panel.
+    """
+    from matplotlib.figure import Figure
 
     keys = sorted({(r["dtype"], r["d"], r["causal"], r["mode"]) for r in rows
                    if r.get("mode") in ("fwd", "bwd")})
     ncol = 4
     nrow = max(1, math.ceil(len(keys) / ncol))
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
+    fig = Figure(figsize=(4.2 * ncol, 3.2 * nrow))
+    axes = fig.subplots(nrow, ncol, squeeze=False)
     for ax, key in zip(axes.flat, keys):
         dt, d, causal, mode = key
         for p in PROVIDERS:
             pts = sorted((r["N"], r["tflops"]) for r in rows if r.get("mode") == mode
                          and r["provider"] == p and (r["dtype"], r["d"], r["causal"]) == key[:3])
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=p)
+                ax.plot(*zip(*pts), marker="o", color=f"C{PROVIDERS.index(p)}",
+                        label=PROVIDER_LABELS.get(p, p))
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dt} d={d} {'causal' if causal else 'full'} {mode}", fontsize=9)
         ax.set_xlabel("N")
@@ -299,6 +306,7 @@ def plot_bench(rows, path, env):
     fig.suptitle(f"{env['gpu']}, torch {env['torch']}, Triton {env['triton']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return fig
 
 
 def _fwd_bwd(fn, q, k, v, do):

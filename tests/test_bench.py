@@ -86,3 +86,20 @@ def test_forced_forward_config_is_the_one_launched_and_is_restored():
     assert triton_forward._attn_fwd.configs == before
     assert flash._TUNED == {}
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_plot_bench_labels_and_keeps_the_backend(tmp_path):
+    import matplotlib
+
+    backend = matplotlib.get_backend()
+    rows = [_row("flash", 400), _row("sdpa-flash", 300), _row("naive", 50),
+            _row("flash", 410, n=8192), _row("sdpa-flash", 310, n=8192)]
+    env = {"gpu": "Some GPU", "torch": "9.9", "triton": "8.8"}
+    fig = bench.plot_bench(rows, tmp_path / "b.png", env)
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["this course's kernel", "SDPA FlashAttention-2", "naive attention"]
+    colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
+    assert colors["naive attention"] == "C4"  # its place in PROVIDERS, even with cuDNN absent
+    assert matplotlib.get_backend() == backend
