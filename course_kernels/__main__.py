@@ -105,8 +105,11 @@ def main(argv=None) -> int:
             bench.dram_cases()
             return 0
         with open(args.cases) as f:
-            cases = json.loads([ln for ln in f if ln.startswith("[{")][-1])
-        bench.parse_ncu_csv(args.ncu_csv, cases, args.out, command=args.command)
+            lines = f.readlines()
+        cases = json.loads([ln for ln in lines if ln.startswith("[{")][-1])
+        envs = [json.loads(ln)["environment"] for ln in lines if ln.startswith('{"environment"')]
+        bench.parse_ncu_csv(args.ncu_csv, cases, args.out, command=args.command,
+                            env=envs[-1] if envs else None)
         print(open(args.out).read())
         return 0
     if args.cmd == "gpu-check":

@@ -354,14 +354,16 @@ DRAM_NS = (1024, 2048, 4096, 8192, 16384, 32768)
 def dram_cases(ns=DRAM_NS, batch=1, heads=4, d=64):
     """Run one forward per (provider, N) between cudaProfilerStart/Stop, each on its own
     stream, so that ``ncu --profile-from-start off`` sees exactly these kernels, grouped by
-    stream in this order. Prints the case list as JSON on the last line."""
+    stream in this order. Prints the run's environment as JSON, then the case list as JSON on
+    the last line (``dram parse`` reads both)."""
     import torch
 
+    print(json.dumps({"environment": environment()}))
     cases = []
     for n in ns:
         q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
                    for _ in range(3))
-        for p in ("naive", "flash"):
+        for p in ("naive", "sdpa-flash", "flash"):
             fn = provider_fn(p)
             fn(q, k, v, False)  # warm-up: compile, cuBLAS handles, allocator
             torch.cuda.synchronize()
@@ -378,8 +380,12 @@ def dram_cases(ns=DRAM_NS, batch=1, heads=4, d=64):
     return cases
 
 
-def parse_ncu_csv(ncu_csv, cases, out_csv, command=""):
-    """Sum ncu's dram__bytes_{read,write}.sum per case (kernels grouped by stream, in order)."""
+def parse_ncu_csv(ncu_csv, cases, out_csv, command="", env=None):
+    """Sum ncu's dram__bytes_{read,write}.sum per case (kernels grouped by stream, in order).
+
+    ``env``: the measuring run's :func:`environment` (``dram run`` prints it), written into the
+    CSV's header with the command so the file names its GPU, versions and date.
+    """
     with open(ncu_csv) as f:
         lines = [ln for ln in f if ln.startswith('"')]
     reader = csv.DictReader(lines)
@@ -401,7 +407,9 @@ def parse_ncu_csv(ncu_csv, cases, out_csv, command=""):
     if len(order) != len(cases):
         raise RuntimeError(f"ncu reported {len(order)} streams for {len(cases)} cases")
     with open(out_csv, "w", newline="") as f:
-        f.write(f"# DRAM bytes per forward, Nsight Compute; {command}\n")
+        where = ("" if not env else f"{env.get('gpu')}; torch {env.get('torch')}; "
+                 f"triton {env.get('triton')}; {env.get('date')}; ")
+        f.write(f"# DRAM bytes per forward, Nsight Compute; {where}{command}\n")
         w = csv.writer(f)
         w.writerow(["provider", "N", "batch", "heads", "d", "dtype", "dram_read_bytes",
                     "dram_write_bytes", "n_kernels", "kernels"])

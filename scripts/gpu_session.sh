@@ -8,7 +8,7 @@
 #   h200_test_record.json    GPU suite outcome: GPU, versions, date, command, pass/fail counts
 #   bench.json bench.csv bench.png   python -m course_kernels bench
 #   memory.json              python -m course_kernels memory
-#   dram_bytes.csv ncu_raw.csv       Nsight Compute DRAM bytes, naive vs this kernel
+#   dram_bytes.csv ncu_raw.csv       Nsight Compute DRAM bytes: naive, SDPA flash, this kernel
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"

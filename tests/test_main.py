@@ -41,10 +41,13 @@ def test_dram_parse_from_the_command_line(tmp_path, capsys):
     raw.write_text('"ID","Stream","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"\n'
                    '"","","","byte","byte"\n"0","7","_attn_fwd","300","4"\n')
     cases = tmp_path / "cases.txt"
-    cases.write_text("some log line\n" + json.dumps(
+    env = {"gpu": "Some GPU", "torch": "9.9", "triton": "8.8", "date": "2026-01-01T00:00:00"}
+    cases.write_text("some log line\n" + json.dumps({"environment": env}) + "\n" + json.dumps(
         [{"provider": "flash", "N": 1024, "batch": 1, "heads": 4, "d": 64}]) + "\n")
     out = tmp_path / "dram.csv"
     assert main(["dram", "parse", "--ncu-csv", str(raw), "--cases", str(cases),
                  "--out", str(out)]) == 0
     assert "flash,1024,1,4,64,float16,300,4,1," in out.read_text()
+    header = out.read_text().splitlines()[0]
+    assert "Some GPU" in header and "torch 9.9" in header and "2026-01-01" in header
     assert "flash,1024" in capsys.readouterr().out
