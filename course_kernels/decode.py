@@ -435,8 +435,9 @@ def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads
     ``flash_decode`` for each ``splits`` value (None = the default), of ``flash_attention``
     (the prefill kernel called with Nq = 1) and of each PyTorch SDPA backend that accepts it;
     ``flash_decode`` and SDPA's flash backend also replayed from a CUDA graph (``*_cudagraph``:
-    the device time without the per-call Python and launch cost); plus ``host_us``: the host (Python + launch) time per call, measured without waiting for the
-    GPU. When ``host_us`` is close to ``ms * 1000`` the step is bound by the host, not by memory.
+    the device time without the per-call Python and launch cost). ``host_us`` is the host
+    (Python + launch) time per call, measured without waiting for the GPU: when it is close to
+    ``ms * 1000``, the step is bound by the host, not by memory.
     """
     if INTERPRET:
         raise RuntimeError("benchmark needs a CUDA GPU (triton.testing.do_bench does not run on "
