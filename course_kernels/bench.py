@@ -2,8 +2,8 @@
 
 Chapter: "Fast on a real GPU" (and the IO chapter for :func:`dram_cases`). Run through the CLI:
 
-    python -m course_kernels bench  --out data/bench     # TFLOP/s, memory, correctness
-    python -m course_kernels memory --out data/memory    # extra memory vs N
+    python -m course_kernels bench  --out course_kernels/data/bench     # TFLOP/s, memory, correctness
+    python -m course_kernels memory --out course_kernels/data/memory    # extra memory vs N
     python -m course_kernels dram run                    # under ncu; then `dram parse`
 
 Providers: ``flash`` (this package's Triton kernel), ``sdpa-flash`` (FlashAttention-2 inside

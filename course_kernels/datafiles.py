@@ -3,9 +3,10 @@
 Chapter: every chapter that plots or quotes a measurement.
 
 One loader so that no chapter reads a path relative to the repository: ``data_path("bench/h200_bench.json")``
-finds the file wherever the package is (a checkout, an editable install, a wheel in site-packages).
-Files are looked up, in order, as package data (``course_kernels/data/<name>``) and then in the
-checkout's top-level ``data/`` folder (a source checkout that has not moved them yet).
+finds the file wherever the package is (a checkout, an editable install, a wheel in site-packages,
+Colab). The files are package data, ``course_kernels/data/<name>`` (declared in pyproject.toml,
+so every wheel carries them); each folder's README or file header records the GPU, software
+versions, date and the command that regenerates it.
 """
 
 from __future__ import annotations
@@ -17,25 +18,26 @@ from pathlib import Path
 __all__ = ["data_path", "load_json"]
 
 
-def _candidates(name: str) -> list[Path]:
-    pkg = Path(str(resources.files("course_kernels")))
-    return [pkg / "data" / name, pkg.parent / "data" / name]
+def _data_dir() -> Path:
+    return Path(str(resources.files("course_kernels"))) / "data"
 
 
 def data_path(name: str) -> Path:
     """Path of the measured data file ``name`` (e.g. ``"bench/h200_bench.json"``).
 
-    Raises FileNotFoundError naming every place looked in when the file is not there.
+    Raises FileNotFoundError naming the folder looked in and the files it has.
     """
     if not isinstance(name, str) or not name or name.startswith(("/", "\\")) or ".." in Path(name).parts:
         raise ValueError(f"data file name must be a relative path inside data/, got {name!r}")
-    places = _candidates(name)
-    for p in places:
-        if p.is_file():
-            return p
+    root = _data_dir()
+    path = root / name
+    if path.is_file():
+        return path
+    have = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
+                  and "__pycache__" not in p.parts) if root.is_dir() else []
     raise FileNotFoundError(
-        f"measured data file {name!r} is not installed; looked in: "
-        + ", ".join(str(p) for p in places)
+        f"measured data file {name!r} is not in {root} (the package's data folder); it has: "
+        + (", ".join(have) if have else "nothing (an install without package data?)")
     )
 
 

@@ -25,10 +25,8 @@ Layout inside attention: (B, H, T, hd) = (batch, heads, time, head dim), like SD
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,24 +34,17 @@ from torch import nn
 
 from . import _triton_env  # decides GPU vs interpreter before any kernel is defined
 
-TEXT = "data/text/tiny_corpus.txt"  # relative to the repository root
+TEXT = "text/tiny_corpus.txt"  # package data: course_kernels/data/text/ (its README: the source)
 
 
 # -- data ---------------------------------------------------------------------------------------
-def load_text(relpath: str = TEXT) -> str:
-    """The training text shipped in the repository (fetched from $COURSE_REPO_URL on Colab)."""
-    local = Path(__file__).resolve().parents[1] / relpath
-    if local.is_file():
-        return local.read_text(encoding="utf-8")
-    repo = os.environ.get("COURSE_REPO_URL")
-    if not repo:
-        raise FileNotFoundError(f"{relpath} not found under {local.parents[0]} and no "
-                                "$COURSE_REPO_URL")
-    from urllib.request import urlopen
+def load_text(name: str = TEXT) -> str:
+    """The training text that ships with the package (``course_kernels/data/<name>``)."""
+    from .datafiles import data_path
 
-    raw = repo.replace("https://github.com/", "https://raw.githubusercontent.com/")
-    with urlopen(f"{raw}/main/{relpath}") as response:  # noqa: S310 (https only)
-        return response.read().decode("utf-8")
+    if isinstance(name, str) and name.startswith("data/"):
+        name = name[len("data/"):]  # the older spelling, relative to the repository root
+    return data_path(name).read_text(encoding="utf-8")
 
 
 class CharTokenizer:

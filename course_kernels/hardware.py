@@ -156,7 +156,7 @@ H200_MEASURED = MeasuredCeilings(
     date="2026-11-29",
     software="torch 2.11.0+cu130, Triton 3.6.0",
     source="measured for this course (triton.testing.do_bench, median); "
-    "data/anchors/h200_sdpa_2026-11-29.csv holds the attention measurements of the same run",
+    "course_kernels/data/anchors/h200_sdpa_2026-11-29.csv holds the attention measurements of the same run",
 )
 
 
@@ -214,31 +214,22 @@ def standard_attention_bytes(N: int, d: int, bytes_per_element: int = 2, scale_p
     return (n_sq + 4 * N * d) * bytes_per_element
 
 
-def load_measurements(relpath: str) -> list[dict]:
+def load_measurements(name: str) -> list[dict]:
     """Rows of a committed measurement CSV (``#`` lines are provenance comments) as dicts.
 
-    ``relpath`` is relative to the repository root, e.g.
-    ``"data/anchors/h200_sdpa_2026-11-29.csv"``. Numbers become floats, empty cells None.
-    Outside a checkout (Colab installs only the package) the file is fetched from the
-    repository URL in ``$COURSE_REPO_URL``, which the first cell of each chapter sets.
+    ``name`` is the file inside the package's measured data (:mod:`course_kernels.datafiles`),
+    e.g. ``"anchors/h200_sdpa_2026-11-29.csv"``; the older spelling with a leading ``"data/"``
+    is accepted too. Numbers become floats, empty cells None. The files travel with the package
+    (a wheel, Colab), so this never needs the repository or the network.
     """
     import csv
     import io
-    import os
-    from pathlib import Path
 
-    local = Path(__file__).resolve().parents[1] / relpath
-    if local.is_file():
-        text = local.read_text()
-    else:
-        repo = os.environ.get("COURSE_REPO_URL")
-        if not repo:
-            raise FileNotFoundError(f"{relpath} not found under {local.parents[0]} and no $COURSE_REPO_URL")
-        from urllib.request import urlopen
+    from .datafiles import data_path
 
-        raw = repo.replace("https://github.com/", "https://raw.githubusercontent.com/")
-        with urlopen(f"{raw}/main/{relpath}") as response:  # noqa: S310 (https only)
-            text = response.read().decode()
+    if isinstance(name, str) and name.startswith("data/"):
+        name = name[len("data/"):]
+    text = data_path(name).read_text(encoding="utf-8")
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     rows = []
     for row in csv.DictReader(io.StringIO("\n".join(lines))):

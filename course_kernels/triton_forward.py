@@ -63,7 +63,7 @@ def fwd_configs() -> list[triton.Config]:
             (128, 64, 4, 3),
             (128, 128, 8, 3),
             (128, 64, 8, 4),
-            (64, 64, 4, 3),  # the best forward config of the H200 sweep (data/bench/sweep.json)
+            (64, 64, 4, 3),  # the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json)
         ]
     ] + [FWD_SMALL_CONFIG]
     cpu = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)

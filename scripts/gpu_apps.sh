@@ -15,10 +15,10 @@
 #
 # Results (JSON, each with GPU, versions, date and command): $OUT/gpt_train.json,
 # $OUT/gpt_context.json, $OUT/decode_bench.json, and $OUT/log.txt. Copy the JSON files into
-# data/apps/ for the book. Expected runtime on one H200: ~1-2 min train, ~3-5 min context (the
+# course_kernels/data/apps/ for the book. Expected runtime on one H200: ~1-2 min train, ~3-5 min context (the
 # flash kernel autotunes once per new length), ~1 min decode. Each step has its own time limit.
 set -uo pipefail
-OUT="${OUT:-data/apps}"
+OUT="${OUT:-course_kernels/data/apps}"
 mkdir -p "$OUT"
 export PYTHONPATH="${PYTHONPATH:-.}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 PY="${PY:-python3}"

@@ -3,7 +3,7 @@
 #
 #   OUT=/some/dir scripts/gpu_session.sh [check] [tests] [bench] [memory] [dram]   (default: all)
 #
-# Results land flat in $OUT (copy them into data/ afterwards):
+# Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
 #   h200_test_record.json    GPU suite outcome: GPU, versions, date, command, pass/fail counts
 #   bench.json bench.csv bench.png   python -m course_kernels bench

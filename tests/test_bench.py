@@ -1,6 +1,6 @@
 """course_kernels.bench: the parts that run without a GPU (FLOP convention, ratio table, ncu
 parsing, naive attention, forcing one kernel config). The timings themselves need a GPU and are
-committed as data (data/bench/), never asserted in a test."""
+committed as data (course_kernels/data/bench/), never asserted in a test."""
 
 import math
 

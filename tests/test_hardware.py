@@ -106,21 +106,22 @@ def test_hardware_attention_flops_and_bytes():
 
 
 def test_hardware_load_measurements_matches_anchors():
-    rows = hw.load_measurements("data/anchors/h200_sdpa_2026-11-29.csv")
+    rows = hw.load_measurements("anchors/h200_sdpa_2026-11-29.csv")
     assert len(rows) == 24
     row = next(r for r in rows if r["d"] == 128 and r["N"] == 16384 and r["causal"] == "no" and r["mode"] == "fwd")
     assert (row["sdpa_cudnn"], row["sdpa_flash"], row["tutorial"]) == (598, 350, 542)
     assert row["naive"] is None  # not run at that size
-    traffic = hw.load_measurements("data/anchors/h200_dram_traffic_2026-11-29.csv")
+    traffic = hw.load_measurements("data/anchors/h200_dram_traffic_2026-11-29.csv")  # old spelling
+    assert traffic == hw.load_measurements("anchors/h200_dram_traffic_2026-11-29.csv")
     for r in traffic:  # the model column is (4N^2 + 4Nd) x 2 bytes x 4 heads, in MB
         assert r["model_mb"] == pytest.approx(hw.standard_attention_bytes(int(r["N"]), 64) * 4 / 1e6, rel=0.01)
         assert r["qkvo_once_mb"] == pytest.approx(4 * r["N"] * 64 * 2 * 4 / 1e6, rel=0.02)
 
 
 def test_hardware_load_measurements_missing_file_says_where(monkeypatch):
-    monkeypatch.delenv("COURSE_REPO_URL", raising=False)
-    with pytest.raises(FileNotFoundError, match="COURSE_REPO_URL"):
-        hw.load_measurements("data/anchors/no_such_file.csv")
+    monkeypatch.delenv("COURSE_REPO_URL", raising=False)  # package data: no repository, no network
+    with pytest.raises(FileNotFoundError, match=r"no_such_file.csv.*package's data folder.*anchors/h200"):
+        hw.load_measurements("anchors/no_such_file.csv")
 
 
 def test_hardware_h100_is_not_double_the_a100():  # erratum E14
