@@ -1,14 +1,24 @@
-"""What the first cell of every chapter calls after installing the package: pick a device.
+"""The first cell of every chapter and exercise (install on Colab, report the device), and helpers.
 
-Chapter: every chapter's first cell (written by scripts/stamp_colab_cell.py from _config.yml).
+Chapter: every chapter's first cell, every exercise's setup cell.
 
-- With a CUDA GPU (Colab's T4, an A100, an H200): ``device = "cuda"``, full sizes.
-- Without one: sets ``TRITON_INTERPRET=1`` (Triton's CPU interpreter; it must be set before the
-  first ``@triton.jit`` function is defined, which is why this runs in the first cell) and asks
-  the chapters for smaller sizes.
+:data:`SETUP_CELL` is the one template of that cell. Committed notebooks carry it with no
+repository address; the book build (``book/_ext/colab_copies.py``) writes the address from
+``_config.yml`` (``repository.url``, the one place it lives) into the copies that the Colab
+buttons open (:func:`stamp_setup_cell`). What the cell does:
 
-It installs nothing and never touches torch or Triton installs. Outside Colab it prints nothing,
-so the built book shows no setup noise.
+- ``course_kernels`` importable (a checkout, ``pip install``, the book build): installs nothing.
+- On Colab without it: ``pip install --no-deps`` from the stamped address (or from
+  ``$COURSE_KERNELS_PIP``: a wheel, a fork, a branch), then only the missing light dependencies
+  (numpy, tqdm, matplotlib). Colab's torch and Triton are never touched. When pip fails, the
+  cell says why and what to do, without a traceback.
+- Elsewhere without it: prints the exact ``%pip install`` line, without a traceback.
+- Everywhere: :func:`setup` picks the device and reports it.
+
+:func:`setup`: with a CUDA GPU (Colab's T4, an A100, an H200) ``device = "cuda"``, full sizes;
+without one it sets ``TRITON_INTERPRET=1`` (Triton's CPU interpreter; it must be set before the
+first ``@triton.jit`` function is defined, which is why this runs in the first cell) and asks the
+chapters for smaller sizes.
 
 :func:`glue` is myst-nb's ``glue`` when myst-nb is installed (the book build) and otherwise a
 function that only returns the value (Colab, plain Jupyter), so chapter code runs everywhere.
@@ -21,6 +31,83 @@ import os
 import shutil
 import sys
 from typing import NamedTuple
+
+#: Where the book build publishes the Colab copies: this folder of the built site, served from
+#: this branch (``ghp-import`` pushes ``_build/html`` there; see the README, "Publish your own copy").
+COPIES_BRANCH = "gh-pages"
+COPIES_DIR = "_colab"
+
+#: The committed line of :data:`SETUP_CELL` that the build replaces by the repository's address.
+URL_LINE = 'COURSE_REPO_URL = os.environ.get("COURSE_REPO_URL", "")  # the book build writes it here'
+
+# No braces in the template: grading/sources.py passes it through str.format.
+SETUP_CELL = """\
+#@title Setup: run me first (installs course_kernels on Colab; reports the device)
+import importlib, importlib.util, os, subprocess, sys
+""" + URL_LINE + """
+if COURSE_REPO_URL:
+    os.environ["COURSE_REPO_URL"] = COURSE_REPO_URL  # chapters link their exercises with it
+
+
+class CourseSetupError(Exception):
+    def _render_traceback_(self):  # Jupyter shows this message instead of a traceback
+        return [str(self)]
+
+
+if importlib.util.find_spec("course_kernels") is None:
+    SOURCE = os.environ.get("COURSE_KERNELS_PIP") or COURSE_REPO_URL and "git+" + COURSE_REPO_URL
+    if "google.colab" not in sys.modules:
+        raise CourseSetupError(
+            "course_kernels is not installed in this Python (" + sys.executable + "). Install "
+            "it into this kernel, then run this cell again:\\n\\n    %pip install "
+            + ('"' + SOURCE + '"' if SOURCE else "-e /path/to/your/checkout/of/the/course")
+            + "\\n\\n(it installs numpy and tqdm if missing; the Triton chapters also need torch "
+            "and, on Linux, Triton: see https://pytorch.org)")
+    if not SOURCE:
+        raise CourseSetupError(
+            "This copy of the notebook does not say where the course lives (only the copies "
+            "behind the course site's Colab buttons do). Open it from the site's Colab button, "
+            "or set COURSE_REPO_URL above to the course's GitHub address and run this cell again.")
+    print("Installing course_kernels from", SOURCE, "(Colab's torch and Triton stay as they are)")
+    for args in (["--no-deps", SOURCE],
+                 [p for p in ("numpy", "tqdm", "matplotlib") if importlib.util.find_spec(p) is None]):
+        if not args:
+            continue
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()[-6:]
+            raise CourseSetupError(
+                "Installing " + " ".join(args) + " failed. pip said:\\n    "
+                + "\\n    ".join(said) + "\\nWhat to do: check that the runtime is connected "
+                "to the internet and that " + SOURCE + " opens in your browser (a private or "
+                "renamed repository fails here), then run this cell again. Or upload a wheel "
+                "(pip wheel --no-deps <checkout>) and set COURSE_KERNELS_PIP to its path.")
+    importlib.invalidate_caches()
+from course_kernels.colab import setup
+DEVICE, SMALL, ON_COLAB = setup()"""
+
+
+def stamp_setup_cell(source: str, url: str) -> str:
+    """``source`` (a notebook's setup cell, containing :data:`SETUP_CELL`) with ``url`` written in.
+
+    Raises ValueError when the cell does not contain the template's address line or the URL is
+    not a GitHub repository address.
+    """
+    url = url.rstrip("/") if isinstance(url, str) else url
+    if not isinstance(url, str) or not url.startswith("https://github.com/") or \
+            len(url.removeprefix("https://github.com/").split("/")) != 2 or any(c in url for c in "\"'\\ \n"):
+        raise ValueError(f"url must be a GitHub repository address https://github.com/OWNER/REPO, got {url!r}")
+    if source.count(URL_LINE) != 1:
+        raise ValueError("the setup cell does not contain the template's address line exactly once "
+                         f"({URL_LINE!r}); regenerate it from course_kernels.colab.SETUP_CELL")
+    return source.replace(URL_LINE, f'COURSE_REPO_URL = "{url}"  # written by the book build')
+
+
+def colab_copy_url(url: str, path: str) -> str:
+    """Colab's address of the book build's copy of ``path`` (e.g. ``"exercises/01_x.ipynb"``)."""
+    repo = url.rstrip("/").removeprefix("https://github.com/")
+    return f"https://colab.research.google.com/github/{repo}/blob/{COPIES_BRANCH}/{COPIES_DIR}/{path}"
 
 
 class Setup(NamedTuple):
@@ -38,17 +125,39 @@ def has_cuda_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def setup(verbose: bool | None = None) -> Setup:
-    """Detect the device; without a GPU select Triton's interpreter. Returns a :class:`Setup`."""
+def describe(result: Setup) -> str:
+    """One line: the package version and the device (the GPU's name, or the interpreter)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("course_kernels")
+    except PackageNotFoundError:  # a checkout on sys.path without an install
+        ver = "from a checkout"
+    if result.device == "cuda":
+        import torch
+
+        how = f"GPU: {torch.cuda.get_device_name(0)}"
+    else:
+        how = "no GPU: Triton interpreter, smaller sizes"
+    line = f"course_kernels {ver} ready ({how})"
+    if importlib.util.find_spec("torch") is None:
+        line += "; torch is not installed: the Triton chapters need it (https://pytorch.org)"
+    return line
+
+
+def setup(verbose: bool = True) -> Setup:
+    """Detect the device; without a GPU select Triton's interpreter; print it (``verbose``).
+
+    Returns a :class:`Setup`.
+    """
     on_colab = "google.colab" in sys.modules
     if has_cuda_gpu():
         result = Setup("cuda", False, on_colab)
     else:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         result = Setup("cpu", True, on_colab)
-    if verbose if verbose is not None else on_colab:
-        how = "GPU" if result.device == "cuda" else "no GPU: Triton interpreter, smaller sizes"
-        print(f"course_kernels ready ({how})")
+    if verbose:
+        print(describe(result))
     return result
 
 
@@ -78,15 +187,15 @@ def md_table(headers, rows, align=None):
 def exercises_link(topic: str, *notebooks: str):
     """Markdown linking a chapter's exercises (``exercises/<name>.ipynb``) on GitHub and in Colab.
 
-    The repository URL comes from ``$COURSE_REPO_URL`` (set by each chapter's first cell from
-    _config.yml), so it is written in one place. Without notebooks, links the folder.
+    The repository URL comes from ``$COURSE_REPO_URL`` (set by the book build from _config.yml,
+    and by the first cell of the Colab copies), so it is written in one place. The Colab link
+    opens the build's copy (:func:`colab_copy_url`). Without notebooks, links the folder.
     """
     from IPython.display import Markdown
 
     url = os.environ.get("COURSE_REPO_URL", "").rstrip("/")
     if not url:
         return Markdown(f"**Exercises on {topic}:** see `exercises/` in the course repository.")
-    repo = url.removeprefix("https://github.com/")
     folder = f"[`exercises/`]({url}/tree/main/exercises)"
     if not notebooks:
         return Markdown(
@@ -95,7 +204,7 @@ def exercises_link(topic: str, *notebooks: str):
         )
     items = [
         f"- `{name}.ipynb`: [read on GitHub]({url}/blob/main/exercises/{name}.ipynb) · "
-        f"[open in Colab](https://colab.research.google.com/github/{repo}/blob/main/exercises/{name}.ipynb)"
+        f"[open in Colab]({colab_copy_url(url, f'exercises/{name}.ipynb')})"
         for name in notebooks
     ]
     return Markdown(f"**Exercises on {topic}** (in {folder}, graded automatically):\n\n" + "\n".join(items))

@@ -6,15 +6,11 @@
 
 import re
 
-COLAB = '''# On Colab, install course_kernels from the course repository (Colab's torch/Triton untouched).
-import importlib.util
-import subprocess
-import sys
+from course_kernels.colab import SETUP_CELL
 
-COURSE_REPO_URL = "{repo}"
-if "google.colab" in sys.modules and importlib.util.find_spec("course_kernels") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    f"git+{{COURSE_REPO_URL}}"], check=True)'''
+# The one setup-cell template of chapters and exercises (install on Colab, report the device);
+# the book build writes the repository URL into the Colab copies. Braces doubled: str.format below.
+COLAB = SETUP_CELL.replace("{", "{{").replace("}", "}}")
 
 NUMPY_SETUP = COLAB + '''
 import math
