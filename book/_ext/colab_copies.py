@@ -42,15 +42,22 @@ class CopyError(Exception):
     """A notebook the build cannot turn into its Colab copy (missing glue value, no setup cell)."""
 
 
-def glue_values(executed: dict) -> dict[str, dict]:
-    """``{name: mime bundle}`` of every ``glue(...)`` output of an executed notebook."""
+def glue_values(outputs) -> dict[str, dict]:
+    """``{name: mime bundle}`` of the ``glue(...)`` outputs in ``outputs``.
+
+    ``outputs``: myst-nb's ``<page>.glue.json`` (``{name: output}``, next to the executed
+    notebook in ``_build/jupyter_execute``) or an executed notebook (a dict with ``cells``).
+    """
+    if "cells" in outputs:
+        outputs = [o for c in outputs["cells"] if c.get("cell_type") == "code" for o in c.get("outputs", [])]
+    else:
+        outputs = list(outputs.values())
     values = {}
-    for cell in executed.get("cells", []):
-        for out in cell.get("outputs", []) if cell.get("cell_type") == "code" else []:
-            meta = out.get("metadata", {}).get("scrapbook")
-            if out.get("output_type") in ("display_data", "execute_result") and meta:
-                cut = len(meta.get("mime_prefix", ""))
-                values[meta["name"]] = {k[cut:]: v for k, v in out.get("data", {}).items()}
+    for out in outputs:
+        meta = out.get("metadata", {}).get("scrapbook")
+        if out.get("output_type") in ("display_data", "execute_result") and meta:
+            prefix = meta.get("mime_prefix", "")
+            values[meta["name"]] = {k.removeprefix(prefix): v for k, v in out.get("data", {}).items()}
     return values
 
 
@@ -166,7 +173,8 @@ def write_copies(root: Path, outdir: Path, url: str, docs: list[str], executed_d
 
     def values_of(doc: str) -> dict:
         if doc not in cache:
-            path = executed_dir / f"{doc}.ipynb"
+            glued = executed_dir / f"{doc}.glue.json"  # myst-nb: the page's glued values
+            path = glued if glued.is_file() else executed_dir / f"{doc}.ipynb"
             if not path.is_file():
                 raise CopyError(f"no executed notebook {path} (myst-nb writes one per page)")
             cache[doc] = glue_values(json.loads(path.read_text(encoding="utf-8")))
