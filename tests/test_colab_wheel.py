@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html"))
 COPIES = HTML / "_colab"
 WORKERS = int(os.environ.get("COLAB_TEST_WORKERS", "2"))
+# What a chapter prints when a committed measurement is not in the install (it always should be).
+MISSING_DATA = ("in this install yet", "No committed sweep")
 WHEEL_LIMIT = 5 * 2**20  # bytes: the package with its measured data is ~0.6 MB
 
 RUNNER = r'''
@@ -178,6 +180,8 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
                                 and "COURSE_REPO_URL = " in "".join(c["source"]) for o in c.get("outputs", []))
             result["installed"] = f"Installing course_kernels from {wheel}" in setup_out
             result["device"] = "ready (no GPU: Triton interpreter, smaller sizes)" in setup_out
+            shown = json.dumps([o for c in setup if c["cell_type"] == "code" for o in c.get("outputs", [])])
+            result["data_found"] = not any(m in shown for m in MISSING_DATA)
             where = subprocess.run([str(python), "-c", "import course_kernels; print(course_kernels.__file__)"],
                                    capture_output=True, text=True, env=env_for(venv), cwd=workdir)
             result["from_venv"] = where.stdout.strip().startswith(str(venv))
@@ -201,4 +205,5 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
         assert r["installed"], f"{r['notebook']}: the setup cell did not install the wheel"
         assert r["device"], f"{r['notebook']}: the setup cell did not report the device"
         assert r["from_venv"], f"{r['notebook']}: course_kernels was not imported from the fresh venv"
+        assert r["data_found"], f"{r['notebook']}: says committed measurements are missing from the install"
     assert len(results) == len(colab_notebooks()) >= 16 + 2 * len(expected)
