@@ -179,7 +179,8 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
             setup_out = "".join("".join(o.get("text", "")) for c in setup if c["cell_type"] == "code"
                                 and "COURSE_REPO_URL = " in "".join(c["source"]) for o in c.get("outputs", []))
             result["installed"] = f"Installing course_kernels from {wheel}" in setup_out
-            result["device"] = "ready (no GPU: Triton interpreter, smaller sizes)" in setup_out
+            result["device"] = ("ready (no GPU: Triton interpreter, smaller sizes)" in setup_out
+                                or "ready (GPU: " in setup_out)
             shown = json.dumps([o for c in setup if c["cell_type"] == "code" for o in c.get("outputs", [])])
             result["data_found"] = not any(m in shown for m in MISSING_DATA)
             where = subprocess.run([str(python), "-c", "import course_kernels; print(course_kernels.__file__)"],
