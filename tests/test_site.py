@@ -277,5 +277,6 @@ def test_site_every_notebook_page_has_a_colab_button():
         source = ROOT / "book" / page.replace(".html", ".ipynb")
         if not source.is_file():
             continue  # Markdown placeholders have no notebook to launch
-        expected = f"https://colab.research.google.com/github/{repo}/blob/main/book/{page.replace('.html', '.ipynb')}"
+        # The button opens the build's Colab copy, published with the site (book/_ext/colab_copies.py).
+        expected = f"https://colab.research.google.com/github/{repo}/blob/gh-pages/_colab/{page.replace('.html', '.ipynb')}"
         assert expected in (HTML / page).read_text(), f"{page}: no Colab launch button ({expected})"
