@@ -45,6 +45,13 @@ class GPU:
     bf16_tensor_tflops: float | None  # None: no bf16 tensor cores
     boost_clock_mhz: float
     sources: dict = field(default_factory=dict)
+    fp32_tflops: float | None = None  # non-tensor (CUDA core) FP32, dense: the non-matmul rate
+
+    def matmul_to_nonmatmul(self) -> float:
+        """How many fp16 tensor-core FLOPs one non-matmul FP32 FLOP costs (FA2 paper Sec. 3.1)."""
+        if self.fp32_tflops is None:
+            raise ValueError(f"no FP32 (non-tensor) rate recorded for {self.name}")
+        return self.fp16_tensor_tflops / self.fp32_tflops
 
     @property
     def bandwidth(self) -> float:
@@ -78,6 +85,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=64, smem_per_block_kib=64, smem_per_block_default_kib=48,
         l2_mb=4, memory_gb=16, memory_type="GDDR6", bandwidth_gbs=320,
         fp16_tensor_tflops=65, bf16_tensor_tflops=None, boost_clock_mhz=1590,
+        fp32_tflops=8.1,
         sources={
             "datasheet": "NVIDIA T4 Tensor Core GPU datasheet: 320 GB/s, 16 GB GDDR6, "
             "65 TFLOPS mixed precision (FP16/FP32), 40 Turing SMs",
@@ -90,6 +98,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
         l2_mb=40, memory_gb=40, memory_type="HBM2", bandwidth_gbs=1555,
         fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        fp32_tflops=19.5,
         sources={
             "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 1,555 GB/s (40 GB), "
             "312 TFLOPS FP16/BF16 dense",
@@ -103,6 +112,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
         l2_mb=40, memory_gb=80, memory_type="HBM2e", bandwidth_gbs=2039,
         fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        fp32_tflops=19.5,
         sources={
             "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 2,039 GB/s (80 GB SXM; "
             "1,935 GB/s PCIe), 312 TFLOPS FP16/BF16 dense",
@@ -115,6 +125,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
         l2_mb=50, memory_gb=80, memory_type="HBM3", bandwidth_gbs=3350,
         fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        fp32_tflops=67,
         sources={
             "datasheet": "NVIDIA H100 Tensor Core GPU datasheet (SXM): 3.35 TB/s, "
             "1,979 TFLOPS FP16/BF16 with sparsity = ~989 dense",
@@ -127,6 +138,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
         l2_mb=50, memory_gb=141, memory_type="HBM3e", bandwidth_gbs=4800,
         fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        fp32_tflops=67,
         sources={
             "datasheet": "NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, "
             "1,979 TFLOPS FP16/BF16 with sparsity = ~989 dense",

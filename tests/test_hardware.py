@@ -26,6 +26,8 @@ SOURCE_VALUES = [
     ("H100-SXM", "fp16_tensor_tflops", 989), ("H100-SXM", "compute_capability", "9.0"),
     ("H200-SXM", "bandwidth_gbs", 4800), ("H200-SXM", "memory_gb", 141), ("H200-SXM", "sms", 132),
     ("H200-SXM", "smem_per_block_kib", 227), ("H200-SXM", "fp16_tensor_tflops", 989),
+    ("T4", "fp32_tflops", 8.1), ("A100-80GB", "fp32_tflops", 19.5), ("H100-SXM", "fp32_tflops", 67),
+    ("H200-SXM", "fp32_tflops", 67),
 ]
 
 
@@ -126,3 +128,12 @@ def test_hardware_load_measurements_missing_file_says_where(monkeypatch):
 def test_hardware_h100_is_not_double_the_a100():  # erratum E14
     ratio = hw.GPUS["H100-SXM"].bandwidth / hw.GPUS["A100-80GB"].bandwidth
     assert math.isclose(ratio, 1.64, abs_tol=0.01)
+
+
+def test_hardware_matmul_to_nonmatmul_is_the_fa2_papers_16x_on_the_a100():
+    # FA2 paper Sec. 3.1: 312 TFLOP/s fp16 matmul vs 19.5 TFLOP/s non-matmul fp32 = 16x.
+    assert hw.GPUS["A100-80GB"].matmul_to_nonmatmul() == pytest.approx(16.0)
+    assert hw.GPUS["H100-SXM"].matmul_to_nonmatmul() == pytest.approx(989 / 67)
+    no_rate = hw.GPU(**{**hw.GPUS["T4"].__dict__, "fp32_tflops": None})
+    with pytest.raises(ValueError, match="no FP32"):
+        no_rate.matmul_to_nonmatmul()
