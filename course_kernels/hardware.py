@@ -172,6 +172,40 @@ H200_MEASURED = MeasuredCeilings(
 )
 
 
+
+@dataclass(frozen=True)
+class PaperMeasurement:
+    """The FlashAttention paper's Fig. 2 (left): GPT-2 medium on an A100, forward + backward."""
+
+    hbm_gb_standard: float
+    hbm_gb_flash: float
+    runtime_ms_standard: float
+    runtime_ms_flash: float
+    gflops_standard: float
+    gflops_flash: float
+    source: str
+
+    @property
+    def traffic_reduction(self) -> float:
+        return self.hbm_gb_standard / self.hbm_gb_flash
+
+    @property
+    def speedup(self) -> float:
+        return self.runtime_ms_standard / self.runtime_ms_flash
+
+    @property
+    def extra_flops(self) -> float:
+        """Relative FLOP increase of FlashAttention (the backward recomputes S and P)."""
+        return self.gflops_flash / self.gflops_standard - 1
+
+
+FA_PAPER_FIG2 = PaperMeasurement(
+    hbm_gb_standard=40.3, hbm_gb_flash=4.4, runtime_ms_standard=41.7, runtime_ms_flash=7.3,
+    gflops_standard=66.6, gflops_flash=75.2,
+    source="Dao et al. 2022, FlashAttention (arXiv 2205.14135), Fig. 2 left: GPT-2 medium "
+    "(seq. length 1024, head dim 64, 16 heads, batch size 64) on an A100",
+)
+
 # -- helpers ---------------------------------------------------------------------------------
 def transfer_time(data_bytes: float, bandwidth: float) -> float:
     """T = D / B: seconds to move ``data_bytes`` at ``bandwidth`` bytes/s."""

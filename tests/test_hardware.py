@@ -137,3 +137,12 @@ def test_hardware_matmul_to_nonmatmul_is_the_fa2_papers_16x_on_the_a100():
     no_rate = hw.GPU(**{**hw.GPUS["T4"].__dict__, "fp32_tflops": None})
     with pytest.raises(ValueError, match="no FP32"):
         no_rate.matmul_to_nonmatmul()
+
+
+def test_hardware_fa_paper_fig2_values_and_ratios():
+    f = hw.FA_PAPER_FIG2
+    assert (f.hbm_gb_standard, f.hbm_gb_flash, f.runtime_ms_standard, f.runtime_ms_flash) == (40.3, 4.4, 41.7, 7.3)
+    assert (f.gflops_standard, f.gflops_flash) == (66.6, 75.2)
+    assert f.traffic_reduction == pytest.approx(9.16, abs=0.01)
+    assert f.speedup == pytest.approx(5.71, abs=0.01)
+    assert f.extra_flops == pytest.approx(0.129, abs=0.001)  # the "+13%" of the errata
