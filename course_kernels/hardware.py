@@ -21,6 +21,13 @@ from dataclasses import dataclass, field
 from ._validate import check_positive_int
 
 KIB = 1024
+# Architecture constants of every GPU in the table (CUDA C++ Programming Guide, compute capability
+# table and "Shared Memory" section, cc 5.0 to 9.0).
+WARP_SIZE = 32  # threads per warp
+SMEM_BANKS = 32  # shared-memory banks
+SMEM_BANK_BYTES = 4  # bytes per bank word
+REGISTERS_PER_SM = 65536  # 32-bit registers per SM
+MAX_REGISTERS_PER_THREAD = 255
 CUDA_GUIDE = (
     "NVIDIA CUDA C++ Programming Guide, 'Features and Technical Specifications' "
     "(compute capability table): https://docs.nvidia.com/cuda/cuda-c-programming-guide/"
@@ -159,6 +166,7 @@ class MeasuredCeilings:
     date: str
     software: str
     source: str
+    matmul_n: int = 8192  # the matmul's size: (n x n) @ (n x n)
 
 
 H200_MEASURED = MeasuredCeilings(
@@ -296,3 +304,108 @@ def load_measurements(relpath: str) -> list[dict]:
                 parsed[key] = value
         rows.append(parsed)
     return rows
+
+
+def bank_conflict_degree(byte_addresses, banks: int = SMEM_BANKS, bank_bytes: int = SMEM_BANK_BYTES) -> int:
+    """How many serialised shared-memory transactions one warp-wide access needs (1 = no conflict).
+
+    Shared memory is split into ``banks`` banks of ``bank_bytes``-byte words; word ``w`` lives in
+    bank ``w % banks`` (CUDA C++ Programming Guide, "Shared Memory", compute capability 5.x and
+    later: 32 banks of 4 bytes). Threads that read the *same* word are served by one broadcast;
+    distinct words in the same bank are served one after another. Returns the largest number of
+    distinct words any bank must deliver. A simplified model: 8- and 16-byte accesses are split
+    into phases by the hardware, which this function does not model.
+    """
+    banks = check_positive_int(banks, "banks")
+    bank_bytes = check_positive_int(bank_bytes, "bank_bytes")
+    words_per_bank: dict[int, set] = {}
+    count = 0
+    for a in byte_addresses:
+        if isinstance(a, bool) or int(a) != a or a < 0:
+            raise ValueError(f"byte addresses must be integers >= 0; got {a!r}")
+        word = int(a) // bank_bytes
+        words_per_bank.setdefault(word % banks, set()).add(word)
+        count += 1
+    if count == 0:
+        raise ValueError("byte_addresses is empty: give the address each thread of the warp reads")
+    return max(len(w) for w in words_per_bank.values())
+
+
+# -- measuring the roofline's two ceilings (scripts/measure_ceilings.py) ----------------------
+def _median_seconds(fn, repeats: int = 20, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` in seconds (CPU fallback of ``triton.testing.do_bench``)."""
+    import statistics
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_ceilings(device: str = "cuda", matmul_n: int = 8192, copy_bytes: int = 2**30,
+                     timer=None) -> dict:
+    """Measure the two roofline ceilings of one device, the way ``H200_MEASURED`` was measured.
+
+    - copy bandwidth: ``b.copy_(a)`` of ``copy_bytes`` fp16 bytes, counted as bytes read plus
+      bytes written (2 x copy_bytes) over the median time;
+    - fp16 matmul: ``x @ y`` of two ``matmul_n`` x ``matmul_n`` fp16 matrices, 2 n^3 FLOPs over
+      the median time.
+
+    ``timer(fn) -> seconds``: by default ``triton.testing.do_bench`` (median, milliseconds
+    converted) on CUDA and a median of wall times elsewhere (CPU: for testing the arithmetic
+    only; a CPU has no fp16 tensor cores). Returns a dict with both ceilings in bytes/s and
+    FLOP/s, the sizes, and the method, ready to be written to JSON next to the environment.
+    """
+    import torch
+
+    matmul_n = check_positive_int(matmul_n, "matmul_n")
+    copy_bytes = check_positive_int(copy_bytes, "copy_bytes")
+    if copy_bytes % 2:
+        raise ValueError(f"copy_bytes must be even (fp16 elements); got {copy_bytes}")
+    if timer is None:
+        if device.startswith("cuda"):
+            import triton.testing
+
+            def timer(fn):
+                return triton.testing.do_bench(fn, return_mode="median") / 1e3
+        else:
+            timer = _median_seconds
+    a = torch.ones(copy_bytes // 2, dtype=torch.float16, device=device)
+    b = torch.empty_like(a)
+    t_copy = timer(lambda: b.copy_(a))
+    x = torch.randn(matmul_n, matmul_n, device=device).to(torch.float16)
+    y = torch.randn(matmul_n, matmul_n, device=device).to(torch.float16)
+    t_mm = timer(lambda: x @ y)
+    if not (t_copy > 0 and t_mm > 0):
+        raise RuntimeError(f"the timer returned non-positive times ({t_copy}, {t_mm}) s")
+    return {
+        "copy_bandwidth": 2 * copy_bytes / t_copy,
+        "fp16_matmul_flops": 2 * matmul_n**3 / t_mm,
+        "copy_bytes": copy_bytes,
+        "matmul_n": matmul_n,
+        "copy_seconds": t_copy,
+        "matmul_seconds": t_mm,
+        "method": "median time; copy counted as bytes read + written; matmul 2 n^3 FLOPs",
+    }
+
+
+def ceilings_from_record(record: dict) -> MeasuredCeilings:
+    """A :class:`MeasuredCeilings` from a JSON record written by scripts/measure_ceilings.py."""
+    try:
+        env, res = record["environment"], record["ceilings"]
+        return MeasuredCeilings(
+            gpu=env["gpu"], copy_bandwidth=float(res["copy_bandwidth"]),
+            fp16_matmul_flops=float(res["fp16_matmul_flops"]), date=env["date"],
+            software=f"torch {env['torch']}, Triton {env['triton']}",
+            source=f"measured with: {env['command']}", matmul_n=int(res["matmul_n"]),
+        )
+    except (KeyError, TypeError) as e:
+        raise ValueError(
+            "a ceilings record needs 'environment' (gpu, date, torch, triton, command) and "
+            f"'ceilings' (copy_bandwidth, fp16_matmul_flops, matmul_n); missing {e}"
+        ) from None

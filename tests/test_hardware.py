@@ -146,3 +146,60 @@ def test_hardware_fa_paper_fig2_values_and_ratios():
     assert f.traffic_reduction == pytest.approx(9.16, abs=0.01)
     assert f.speedup == pytest.approx(5.71, abs=0.01)
     assert f.extra_flops == pytest.approx(0.129, abs=0.001)  # the "+13%" of the errata
+
+
+def test_hardware_bank_conflict_degree_column_of_a_row_major_tile():
+    # 32 threads read column 0 of a row-major fp16 tile with 64 columns (128-byte rows): one bank.
+    assert hw.bank_conflict_degree([t * 128 for t in range(32)]) == 32
+    # Padding each row by 4 bytes shifts every row by one bank: conflict-free.
+    assert hw.bank_conflict_degree([t * 132 for t in range(32)]) == 1
+    # XOR swizzle of the 4-byte word index by the row: conflict-free without padding.
+    assert hw.bank_conflict_degree([t * 128 + 4 * (0 ^ t) for t in range(32)]) == 1
+    # Consecutive words: one per bank; the same word for all threads: a broadcast.
+    assert hw.bank_conflict_degree([4 * t for t in range(32)]) == 1
+    assert hw.bank_conflict_degree([64] * 32) == 1
+    # Two threads per bank with distinct words: 2-way.
+    assert hw.bank_conflict_degree([8 * t for t in range(32)]) == 2
+    with pytest.raises(ValueError, match="empty"):
+        hw.bank_conflict_degree([])
+    with pytest.raises(ValueError, match="integers"):
+        hw.bank_conflict_degree([-4])
+
+
+def test_hardware_architecture_constants_match_the_cuda_guide():
+    assert (hw.WARP_SIZE, hw.SMEM_BANKS, hw.SMEM_BANK_BYTES) == (32, 32, 4)
+    assert (hw.REGISTERS_PER_SM, hw.MAX_REGISTERS_PER_THREAD) == (64 * 1024, 255)
+    assert hw.H200_MEASURED.matmul_n == 8192
+
+
+def test_hardware_measure_ceilings_arithmetic_with_a_fixed_timer():
+    pytest.importorskip("torch")
+    # A timer that says every call takes 2 ms: the ceilings are then pure arithmetic.
+    res = hw.measure_ceilings("cpu", matmul_n=16, copy_bytes=2048, timer=lambda fn: (fn(), 2e-3)[1])
+    assert res["copy_bandwidth"] == pytest.approx(2 * 2048 / 2e-3)  # read + written
+    assert res["fp16_matmul_flops"] == pytest.approx(2 * 16**3 / 2e-3)
+    with pytest.raises(ValueError, match="even"):
+        hw.measure_ceilings("cpu", matmul_n=4, copy_bytes=3, timer=lambda fn: 1.0)
+    with pytest.raises(RuntimeError, match="non-positive"):
+        hw.measure_ceilings("cpu", matmul_n=4, copy_bytes=4, timer=lambda fn: 0.0)
+
+
+def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "measure_ceilings.py"
+    spec = importlib.util.spec_from_file_location("measure_ceilings", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "ceilings.json"
+    assert mod.main(["--out", str(out), "--device", "cpu", "--small"]) == 0
+    record = json.loads(out.read_text())
+    c = hw.ceilings_from_record(record)
+    assert c.copy_bandwidth > 0 and c.fp16_matmul_flops > 0 and c.matmul_n == 64
+    assert "measure_ceilings.py" in record["environment"]["command"] and record["environment"]["date"]
+    with pytest.raises(ValueError, match="ceilings"):
+        hw.ceilings_from_record({"environment": record["environment"]})
