@@ -77,6 +77,19 @@ FORBIDDEN_TORCH = {
 }
 
 
+# What the tiling check subtracts: a child running the same calls on these stubs (the inputs,
+# the interpreter, and outputs of the right size, which an honest solution must return too).
+BASELINE_STUBS = {
+    "flash_forward": (
+        "def flash_forward(q, k, v, *args, **kwargs):\n"
+        "    out = np.ones((*q.shape[:-1], v.shape[-1]), q.dtype)\n"
+        "    return out, np.ones(q.shape[:-1], q.dtype)\n"),
+    "flash_backward": (
+        "def flash_backward(q, k, v, *args, **kwargs):\n"
+        "    return np.ones_like(q), np.ones_like(k), np.ones_like(v)\n"),
+}
+
+
 @dataclass(frozen=True)
 class Notebook:
     name: str  # file stem, e.g. "01_stable_softmax"
