@@ -63,6 +63,10 @@ HIDDEN_PACKAGES = ("course_kernels", "course_grader", "scipy", "flash_attn", "ja
 NUMPY_ONLY_HIDDEN = ("torch", "triton", "functorch", "torchgen")
 
 
+BLOCKED = ('raise ImportError(f"{__name__} is not available while grading this exercise: write '
+           'the algorithm yourself")\n')
+
+
 class SandboxUnavailable(RuntimeError):
     """No working bubblewrap: student code is not run unless the caller passes ``unsafe``."""
 
@@ -148,8 +152,9 @@ def _bwrap_args(bwrap, req_dir, limits, triton, userns, size=True) -> list[str]:
     for sp in sites:
         for name in hidden:
             target = os.path.join(sp, name)
-            if os.path.isdir(target):
-                a += ["--tmpfs", target, "--remount-ro", target]
+            if os.path.isdir(target):  # an empty folder would import as a namespace package
+                a += ["--tmpfs", target, "--ro-bind", os.path.join(req_dir, "_blocked.py"),
+                      os.path.join(target, "__init__.py"), "--remount-ro", target]
     a += ["--proc", "/proc", "--dev", "/dev"]
     if _gpu_mode():
         for dev in sorted(os.listdir("/dev")):
@@ -184,6 +189,8 @@ def _probe() -> dict:
         out["why"] = "bubblewrap is not installed (apt-get install bubblewrap)"
         return out
     with tempfile.TemporaryDirectory(prefix="grade-probe-") as req:
+        with open(os.path.join(req, "_blocked.py"), "w") as f:
+            f.write(BLOCKED)
         errors = []
         for userns, size in ((True, True), (False, True), (True, False), (False, False)):
             if not userns and os.geteuid() != 0:
@@ -271,7 +278,7 @@ class Cgroup:
         if os.geteuid() != 0 or os.environ.get("COURSE_GRADING_NO_CGROUP") == "1":
             return None
         mounts = _mountpoints()
-        name = "course-grading-" + secrets.token_hex(6)
+        name = f"course-grading-{_tag()}{secrets.token_hex(6)}"
         v2 = mounts.get("cgroup2")
         if v2 and os.path.exists(os.path.join(v2, "cgroup.controllers")):
             try:
@@ -473,8 +480,33 @@ os._exit(code & 0xFF)
 """
 
 
+def _tag() -> str:
+    """COURSE_GRADING_TAG: a label put in this grader's cgroup names and children's environment,
+    so that a test can find anything of its own that outlived the grading."""
+    tag = "".join(c for c in os.environ.get("COURSE_GRADING_TAG", "") if c.isalnum())[:32]
+    return tag + "-" if tag else ""
+
+
+def leftovers(tag: str) -> dict:
+    """Processes (by the COURSE_GRADING_RUN variable of their environment) and cgroups of the
+    grader run labelled ``tag`` that still exist."""
+    procs = []
+    needle = f"COURSE_GRADING_RUN={tag}".encode()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        procs.append(int(pid))
+            except OSError:
+                pass
+    return {"processes": procs,
+            "cgroups": [c for c in leftover_cgroups() if f"course-grading-{tag}-" in c]}
+
+
 def _child_env(triton: bool, home="/box") -> dict:
     env = {
+        "COURSE_GRADING_RUN": _tag()[:-1],
         "PATH": "/usr/bin:/bin",
         "HOME": home,
         "TMPDIR": "/tmp" if home == "/box" else home,
@@ -531,6 +563,8 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         req = {"sys_path": _site_paths(), "preamble": preamble, "cells": cells, "calls": calls,
                "triton": triton}
         shutil.copy(CHILD, os.path.join(req_dir, "_child.py"))
+        with open(os.path.join(req_dir, "_blocked.py"), "w") as f:
+            f.write(BLOCKED)
         with open(os.path.join(req_dir, "request.json"), "w") as f:
             json.dump(req, f)
         np.savez(os.path.join(req_dir, "arrays.npz"), **arrays)
