@@ -61,12 +61,19 @@ def find_submissions(paths) -> list[tuple[str, Path]]:
     return out
 
 
-def _grade_one(sid, path, hidden, exercise=None, unsafe=False):
-    from .runner import NotebookResult, grade_notebook
-    from .sandbox import SandboxUnavailable, clean_text
+def _grade_one(sid, path, hidden, exercise=None, unsafe=False, call_seconds=None):
+    from .exercises import notebook_of
+    from .runner import NotebookResult, expected_notebook, grade_notebook
+    from .sandbox import Limits, SandboxUnavailable, clean_text
 
     try:
-        res = grade_notebook(path, hidden_dir=hidden, exercise=exercise, unsafe=unsafe)
+        limits = None
+        if call_seconds:
+            nb = expected_notebook(path, exercise) or notebook_of("01")
+            limits = Limits(call_seconds=min(call_seconds, nb.timeout),
+                            total_seconds=max(240.0, 4 * nb.timeout))
+        res = grade_notebook(path, hidden_dir=hidden, exercise=exercise, unsafe=unsafe,
+                             limits=limits)
     except SandboxUnavailable:
         raise
     except BaseException as e:  # noqa: BLE001 - one broken submission must not stop a class
@@ -78,7 +85,8 @@ def _grade_one(sid, path, hidden, exercise=None, unsafe=False):
     return sid, res
 
 
-def _grade_in_pool(subs, hidden, workers, results, bar, exercise=None, unsafe=False):
+def _grade_in_pool(subs, hidden, workers, results, bar, exercise=None, unsafe=False,
+                   call_seconds=None):
     """Grade in worker processes. A worker that dies (possible only where the sandbox has no PID
     namespace) breaks the pool; the submissions it left unfinished are graded again one per pool,
     and the one that breaks its own pool scores zero with a message."""
@@ -87,8 +95,8 @@ def _grade_in_pool(subs, hidden, workers, results, bar, exercise=None, unsafe=Fa
     def run(batch, n):
         broken = []
         with ProcessPoolExecutor(max_workers=n) as pool:
-            futs = {pool.submit(_grade_one, sid, path, hidden, exercise, unsafe): (sid, path)
-                    for sid, path in batch}
+            futs = {pool.submit(_grade_one, sid, path, hidden, exercise, unsafe, call_seconds):
+                    (sid, path) for sid, path in batch}
             for fut in as_completed(futs):
                 try:
                     sid, res = fut.result()
@@ -151,7 +159,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def grade(paths, out_dir, workers=1, hidden=None, progress=True, exercise=None, unsafe=False,
-          roster=None, expect=None) -> list:
+          roster=None, expect=None, call_seconds=None) -> list:
     from .sandbox import require_sandbox
 
     require_sandbox(unsafe)  # refuse before anything runs, with the reason
@@ -163,10 +171,10 @@ def grade(paths, out_dir, workers=1, hidden=None, progress=True, exercise=None, 
     bar = tqdm(total=len(subs), desc="grading", unit="nb", disable=not progress)
     if workers <= 1:
         for sid, path in subs:
-            results[sid] = _grade_one(sid, path, hidden, exercise, unsafe)[1]
+            results[sid] = _grade_one(sid, path, hidden, exercise, unsafe, call_seconds)[1]
             bar.update()
     else:
-        _grade_in_pool(subs, hidden, workers, results, bar, exercise, unsafe)
+        _grade_in_pool(subs, hidden, workers, results, bar, exercise, unsafe, call_seconds)
     bar.close()
     exercises = [ex for nb in NOTEBOOKS.values() for ex in nb.exercises]
     rows = []
@@ -297,6 +305,50 @@ def release(out: str, as_zip: bool = False) -> Path:
         return out_path
 
 
+def gradescope_bundle(exercise: str, out: str, hidden=None) -> Path:
+    """A Gradescope autograder zip for one exercise notebook: ``setup.sh`` (installs Python,
+    bubblewrap and this package from the bundle), ``run_autograder`` (grades the submission with
+    the bundle's hidden tests, writes ``/autograder/results/results.json``), the hidden tests and
+    a copy of the course package. Built from a checkout of the repository."""
+    import shutil
+    import tempfile
+    import zipfile
+
+    from .exercises import DEFAULT_HIDDEN, notebook_of
+
+    nb = notebook_of(exercise)
+    repo = Path(__file__).resolve().parents[2]
+    here = Path(__file__).resolve().parent / "gradescope"
+    hidden_dir = Path(hidden) if hidden else DEFAULT_HIDDEN
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "bundle"
+        (src / "hidden_tests").mkdir(parents=True)
+        for name in ("setup.sh", "run_autograder"):
+            shutil.copy(here / name, src / name)
+        (src / "exercise.txt").write_text(nb.name + "\n")
+        (src / "triton.txt").write_text(("1" if nb.triton else "0") + "\n")
+        if (hidden_dir / f"{nb.name}.json").is_file():
+            shutil.copy(hidden_dir / f"{nb.name}.json", src / "hidden_tests")
+        course = src / "course"
+        shutil.copytree(repo / "course_kernels", course / "course_kernels",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in ("pyproject.toml", "README.md", "requirements/constraints.txt"):
+            (course / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(repo / name, course / name)
+        target = Path(out)
+        target = target if target.suffix == ".zip" else target.with_suffix(".zip")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
+            for p in sorted(src.rglob("*")):
+                if p.is_file():
+                    info = zipfile.ZipInfo(p.relative_to(src).as_posix())
+                    info.external_attr = (0o755 if p.name in ("setup.sh", "run_autograder")
+                                          else 0o644) << 16
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    z.writestr(info, p.read_bytes())
+    return target
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_kernels.grading",
                                  description="Grade exercise notebooks in a sandbox.")
@@ -316,14 +368,24 @@ def main(argv=None) -> int:
                    "roster.csv with one row per student")
     g.add_argument("--expect", default=None,
                    help="comma-separated notebooks every student must submit (default: all)")
+    g.add_argument("--call-seconds", type=float, default=None,
+                   help="cap the time limit of every test at this many seconds (default: each "
+                   "notebook's own limit, 20-60 s)")
     g.add_argument("--unsafe", action="store_true",
                    help="run student code without the bubblewrap sandbox (trusted code only)")
+    gs = sub.add_parser("gradescope", help="write a Gradescope autograder zip for one exercise")
+    gs.add_argument("--exercise", required=True, help="e.g. 03 or 03_tiled_forward")
+    gs.add_argument("--out", required=True, help="the .zip to write")
+    gs.add_argument("--hidden", default=None, help="folder of hidden-test JSON files")
     r = sub.add_parser("release", help="write the student version of the exercises")
     r.add_argument("--out", required=True, help="a folder, or a .zip file with --zip")
     r.add_argument("--zip", action="store_true")
     args = ap.parse_args(argv)
     if args.cmd == "release":
         print(f"wrote {release(args.out, args.zip)}", file=sys.stderr)
+        return 0
+    if args.cmd == "gradescope":
+        print(f"wrote {gradescope_bundle(args.exercise, args.out, args.hidden)}", file=sys.stderr)
         return 0
     from .exercises import notebook_of
     from .sandbox import SandboxUnavailable
@@ -336,7 +398,7 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     try:
         rows = grade(args.paths, args.out, args.workers, args.hidden, not args.no_progress,
-                     args.exercise, args.unsafe, args.roster, expect)
+                     args.exercise, args.unsafe, args.roster, expect, args.call_seconds)
     except SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
