@@ -249,6 +249,13 @@ def serve(request_dir: str, result_fd: int) -> None:
         pass
     setup(request_dir, result_fd)
     main(request_dir)
+    # End now: a student's non-daemon thread or atexit hook must not keep the process (and its
+    # peak memory, which the grader reads once the process tree has been reaped) alive.
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -142,6 +142,10 @@ def _bwrap_args(bwrap, req_dir, limits, triton, userns, size=True) -> list[str]:
         elif os.path.isdir(top):
             a += ["--ro-bind", top, top]
     a += ["--ro-bind", "/usr", "/usr"]
+    # fresh /tmp and /box first: an interpreter that lives under /tmp is bound on top of it
+    # (and nothing else of the host's /tmp is seen)
+    for d in ("/tmp", "/box"):
+        a += (["--size", str(limits.tmpfs_bytes)] if size else []) + ["--tmpfs", d]
     py_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
                 os.path.dirname(os.path.dirname(_python()))}
     sites = _site_paths()
@@ -161,8 +165,6 @@ def _bwrap_args(bwrap, req_dir, limits, triton, userns, size=True) -> list[str]:
             if dev.startswith("nvidia"):
                 a += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
         a += ["--ro-bind-try", "/etc", "/etc"]
-    for d in ("/tmp", "/box"):
-        a += (["--size", str(limits.tmpfs_bytes)] if size else []) + ["--tmpfs", d]
     a += ["--ro-bind", req_dir, "/req", "--chdir", "/box"]
     return a
 
@@ -600,19 +602,28 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
             os.close(fd)
             fds.remove(fd)
         _pump(rfd, state, calls, limits, start)
-        # Stop the tree now (a finished child may still have threads or children running), then
-        # collect the launcher's report.
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except OSError:
-            pass
-        try:
-            returncode = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            returncode = None
+        # A child that finished exits by itself at once (_child.serve ends with os._exit): let it,
+        # so that every process of the tree is reaped by its parent and the launcher's
+        # RUSAGE_CHILDREN covers them (killing bwrap first would lose the numbers). Then stop
+        # whatever is left and collect the launcher's report.
+        returncode = None
+        if state["done"] and state["problem"] is None:
+            try:
+                returncode = proc.wait(timeout=REAP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                state["unmeasured"] = True  # the tree had to be killed: no RSS fallback
+        if returncode is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
+            try:
+                returncode = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                returncode = None
         maxrss_kb = _read_small(rss_r)
         peak = cgroup.peak() if cgroup else None
-        if peak is None and maxrss_kb:
+        if peak is None and maxrss_kb and not state.get("unmeasured"):
             peak = maxrss_kb * 1024
         state["peak_bytes"] = peak
         state["returncode"] = returncode
@@ -639,6 +650,9 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         remove_tree(work)
         state["seconds"] = time.monotonic() - start
     return state
+
+
+REAP_GRACE_SECONDS = 3.0
 
 
 def _read_small(fd) -> int:
