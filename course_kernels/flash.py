@@ -3,7 +3,7 @@
 Chapter: "Flash Attention in Triton" (forward, backward, the autograd wrapper).
 
     flash_attention -> _FlashAttention (torch.autograd.Function) -> _forward / _backward
-                    -> triton_forward._attn_fwd, triton_backward._attn_bwd_* kernels
+                    -> triton_forward._attn_fwd, triton_backward._attn_bwd_dq / _attn_bwd_dkdv kernels
 
 Semantics are those of ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
 is_causal=causal, scale=scale, enable_gqa=True)``. The forward saves q, k, v (the inputs), O and
@@ -38,7 +38,7 @@ require_triton()
 
 import torch  # noqa: E402
 
-from .triton_backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess  # noqa: E402
+from .triton_backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .triton_forward import _attn_fwd  # noqa: E402
 
 LN2 = math.log(2.0)  # natural lse = base-2 lse * ln 2
@@ -85,16 +85,16 @@ _TUNED: dict = {}
 
 
 def _launch(kernel, grid, args, key, **constexprs):
-    config = _TUNED.get((id(kernel), *key))
-    if config is None:
+    tuned = _TUNED.get((id(kernel), *key))  # the chosen config's kwargs (block sizes, warps...)
+    if tuned is None:
         with _quiet():
             kernel[grid](*args, **constexprs)
-        _TUNED[(id(kernel), *key)] = kernel.best_config
+        _TUNED[(id(kernel), *key)] = kernel.best_config.all_kwargs()
     elif INTERPRET:
         with _quiet():
-            kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **config.all_kwargs())
+            kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **tuned)
     else:
-        kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **config.all_kwargs())
+        kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **tuned)
 
 
 def _check_inputs(q, k, v, causal, scale) -> float:
@@ -204,7 +204,7 @@ def _backward_one_key(do, q, k, v, lse2, scale):
 
 
 def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
-    """Run the three backward kernels; returns dq, dk, dv shaped and typed like q, k, v.
+    """Run the two backward kernels; returns dq, dk, dv shaped and typed like q, k, v.
 
     Inputs as returned by / given to :func:`_forward` (any strides; made contiguous here).
     """
@@ -219,24 +219,20 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
     Hkv, Nk = k.shape[1], k.shape[2]
     dpad = _head_dim_padded(d)
     prec = _dot_precision(q.dtype)
-    delta = torch.empty_like(lse2)  # (B, Hq, Nq) float32
-    rows = B * Hq * Nq
-    pre_block = 64
-    with _quiet():
-        _attn_bwd_preprocess[(_cdiv(rows, pre_block),)](
-            o, do, delta, rows, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_M=pre_block
-        )
+    delta = torch.empty_like(lse2)  # (B, Hq, Nq) float32, written by the dQ kernel
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     key = (q.device, q.dtype, Nq, Nk, d, causal, Hq // Hkv)
+    # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
+    # preprocessing pass folded in: one launch fewer).
+    _launch(_attn_bwd_dq, lambda meta: (_cdiv(Nq, meta["BLOCK_M2"]), B * Hq),
+            (q, k, v, do, o, lse2, delta, dq, scale, *q.stride(), *k.stride(),
+             Hq, Hq // Hkv, Nq, Nk),
+            key, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, DOT_PRECISION=prec)
     _launch(_attn_bwd_dkdv, lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * Hkv),
             (q, k, v, do, lse2, delta, dk, dv, scale, *q.stride(), *k.stride(),
              Hkv, Hq // Hkv, Nq, Nk),
-            key, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, DOT_PRECISION=prec)
-    _launch(_attn_bwd_dq, lambda meta: (_cdiv(Nq, meta["BLOCK_M2"]), B * Hq),
-            (q, k, v, do, lse2, delta, dq, scale, *q.stride(), *k.stride(),
-             Hq, Hq // Hkv, Nq, Nk),
             key, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, DOT_PRECISION=prec)
     return dq, dk, dv
 
