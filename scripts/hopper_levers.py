@@ -221,10 +221,13 @@ def cmd_levers(args):
 
     env, rows = _env(), []
     n, batch, hidden = args.n, 4, 2048
-    path = os.path.join(args.out, "levers.json")
-    for dt in args.dtypes.split(","):
+    path = os.path.join(args.out, args.levers_file)
+    variants = {k: VARIANTS[k] for k in args.variants.split(",")}
+    configs = LEVER_CONFIGS if not args.configs else tuple(
+        tuple(int(x) for x in c.split("/")) for c in args.configs.split(","))
+    for dt, rep in ((dt, rep) for rep in range(args.repeats) for dt in args.dtypes.split(",")):
         dtype = getattr(torch, dt)
-        for d in (128, 64):
+        for d in (int(x) for x in args.ds.split(",")):
             for causal in (False, True):
                 heads = hidden // d
                 torch.manual_seed(d)
@@ -233,13 +236,13 @@ def cmd_levers(args):
                 ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 flops = attention_flops(batch, heads, n, d, causal, "fwd")
                 base = {"dtype": dt, "d": d, "N": n, "causal": causal, "batch": batch,
-                        "heads": heads}
+                        "heads": heads, "repeat": rep}
                 ms = do_bench(lambda: flash_attention(q, k, v, causal=causal), warmup=10,  # noqa: B023
                               rep=40, return_mode="median")
                 rows.append({**base, "variant": "package (autotuned)", "ms": ms,
                              "tflops": flops / ms * 1e-9})
-                for name, (tma, ws, fma) in VARIANTS.items():
-                    for cfg in LEVER_CONFIGS:
+                for name, (tma, ws, fma) in variants.items():
+                    for cfg in configs:
                         row = {**base, "variant": name, "block_m": cfg[0], "block_n": cfg[1],
                                "num_warps": cfg[2], "num_stages": cfg[3]}
                         try:
@@ -261,61 +264,65 @@ def cmd_levers(args):
     return 0
 
 
-def cmd_meta(args):
-    """Registers / spills / shared memory / blocks per SM of each package kernel config."""
-    from course_kernels import flash, triton_backward, triton_forward
+def _meta_worker(job):
+    """Compile (no launch) every package config for one (head dim, causal); return the rows."""
+    d, causal = job
+    from course_kernels import triton_backward, triton_forward
     from course_kernels.bench import SWEEP_CONFIGS
 
+    rows = []
+    q = torch.randn(1, 2, 256, d, device="cuda", dtype=torch.float16)
+    o = torch.empty_like(q)
+    lse = torch.empty(1, 2, 256, device="cuda")
+    base = {"dtype": "float16", "d": d, "causal": causal}
+    common = dict(HEAD_DIM=d, HEAD_DIM_PADDED=d, CAUSAL=causal, DOT_PRECISION="tf32")
+    fwd_cfgs = sorted(set(SWEEP_CONFIGS) | {(64, 128, 8, 3), (128, 128, 8, 4), (64, 64, 4, 4)})
+    for bm, bn, w, s in fwd_cfgs:
+        row = {**base, "kernel": "_attn_fwd", "block_m": bm, "block_n": bn, "num_warps": w,
+               "num_stages": s}
+        try:
+            kern = triton_forward._attn_fwd.fn.warmup(
+                q, q, q, 0.1, lse, o, *q.stride(), *q.stride(), *q.stride(), *o.stride(),
+                2, 1, 256, 256, grid=(1,), BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s,
+                **common)
+            row.update(_meta(kern))
+        except Exception as exc:
+            row["error"] = repr(exc)[:300]
+        rows.append(row)
+    for name, kernel, which in (("_attn_bwd_dkdv", triton_backward._attn_bwd_dkdv, "dkdv"),
+                                ("_attn_bwd_dq", triton_backward._attn_bwd_dq, "dq")):
+        for c in kernel_configs(which):
+            row = {**base, "kernel": name, **{k.lower(): v for k, v in c.kwargs.items()},
+                   "num_warps": c.num_warps, "num_stages": c.num_stages}
+            try:
+                if name == "_attn_bwd_dkdv":
+                    args_ = (q, q, q, q, lse, lse, o, o, 0.1, *q.stride(), *q.stride(), 2, 1,
+                             256, 256)
+                else:
+                    args_ = (q, q, q, q, o, lse, lse, o, 0.1, *q.stride(), *q.stride(), 2, 1,
+                             256, 256)
+                kern = kernel.fn.warmup(*args_, grid=(1,), num_warps=c.num_warps,
+                                        num_stages=c.num_stages, **c.kwargs, **common)
+                row.update(_meta(kern))
+            except Exception as exc:
+                row["error"] = repr(exc)[:300]
+            rows.append(row)
+    return rows
+
+
+def cmd_meta(args):
+    """Registers / spills / shared memory / blocks per SM of each package kernel config
+    (compiled, not launched), one worker process per (head dim, causal)."""
+    import multiprocessing as mp
+
     env, rows = _env(), []
-    dev = torch.device("cuda")
-    for dt in ("float16",):
-        dtype = getattr(torch, dt)
-        for d in (64, 128):
-            for causal in (False, True):
-                q = torch.randn(1, 2, 256, d, device=dev, dtype=dtype)
-                o = torch.empty_like(q)
-                lse = torch.empty(1, 2, 256, device=dev)
-                base = {"dtype": dt, "d": d, "causal": causal}
-                common = dict(HEAD_DIM=d, HEAD_DIM_PADDED=d, CAUSAL=causal,
-                              DOT_PRECISION="tf32")
-                fwd_cfgs = sorted(set(SWEEP_CONFIGS) | {(64, 128, 8, 3), (128, 128, 8, 4),
-                                                        (128, 32, 4, 4), (64, 64, 4, 4)})
-                for bm, bn, w, s in fwd_cfgs:
-                    row = {**base, "kernel": "_attn_fwd", "block_m": bm, "block_n": bn,
-                           "num_warps": w, "num_stages": s}
-                    try:
-                        kern = triton_forward._attn_fwd.fn.warmup(
-                            q, q, q, 0.1, lse, o, *q.stride(), *q.stride(), *q.stride(),
-                            *o.stride(), 2, 1, 256, 256, grid=(1,), BLOCK_M=bm, BLOCK_N=bn,
-                            num_warps=w, num_stages=s, **common)
-                        row.update(_meta(kern))
-                    except Exception as exc:
-                        row["error"] = repr(exc)[:300]
-                    rows.append(row)
-                for name, kernel, cfgs in (
-                        ("_attn_bwd_dkdv", triton_backward._attn_bwd_dkdv,
-                         [(c.kwargs, c.num_warps, c.num_stages) for c in kernel_configs("dkdv")]),
-                        ("_attn_bwd_dq", triton_backward._attn_bwd_dq,
-                         [(c.kwargs, c.num_warps, c.num_stages) for c in kernel_configs("dq")])):
-                    for kw, w, s in cfgs:
-                        row = {**base, "kernel": name, **{k.lower(): val for k, val in kw.items()},
-                               "num_warps": w, "num_stages": s}
-                        try:
-                            if name == "_attn_bwd_dkdv":
-                                args_ = (q, q, q, q, lse, lse, o, o, 0.1, *q.stride(), *q.stride(),
-                                         2, 1, 256, 256)
-                            else:
-                                args_ = (q, q, q, q, o, lse, lse, o, 0.1, *q.stride(),
-                                         *q.stride(), 2, 1, 256, 256)
-                            kern = kernel.fn.warmup(*args_, grid=(1,), num_warps=w,
-                                                    num_stages=s, **kw, **common)
-                            row.update(_meta(kern))
-                        except Exception as exc:
-                            row["error"] = repr(exc)[:300]
-                        rows.append(row)
-    flash._TUNED.clear()
-    with open(os.path.join(args.out, "config_meta.json"), "w") as f:
-        json.dump({"environment": env, "results": rows}, f, indent=1)
+    path = os.path.join(args.out, "config_meta.json")
+    jobs = [(d, c) for d in (128, 64) for c in (False, True)]
+    with mp.get_context("spawn").Pool(len(jobs)) as pool:
+        for part in pool.imap_unordered(_meta_worker, jobs):
+            rows.extend(part)
+            with open(path, "w") as f:
+                json.dump({"environment": env, "results": rows}, f, indent=1)
     for r in rows:
         print(json.dumps(r))
     return 0
@@ -436,6 +443,76 @@ def cmd_overhead(args):
     return 0
 
 
+def cmd_overhead_bwd(args):
+    """Where the backward's host time goes: the autograd engine with an empty Python Function,
+    the package's backward with and without the engine's worker thread, and a cProfile of the
+    package backward run on the calling thread."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from course_kernels import flash
+    from course_kernels.flash import flash_attention
+
+    class Empty(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v = ctx.saved_tensors
+            return do, do, do
+
+    env = _env()
+    q, k, v, do = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16)
+                   for _ in range(4))
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    out = flash_attention(qg, kg, vg, causal=True)
+    out_e = Empty.apply(qg, kg, vg)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out_s = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+    o, lse2 = flash._forward(q, k, v, True, 0.125)
+    items = {
+        "sdpa-flash backward": lambda: torch.autograd.grad(out_s, (qg, kg, vg), do,
+                                                           retain_graph=True),
+        "empty Python Function backward (engine + Function overhead)":
+            lambda: torch.autograd.grad(out_e, (qg, kg, vg), do, retain_graph=True),
+        "flash_attention backward": lambda: torch.autograd.grad(out, (qg, kg, vg), do,
+                                                                retain_graph=True),
+        "_backward alone": lambda: flash._backward(do, q, k, v, o, lse2, True, 0.125),
+    }
+    rows = []
+    for threaded in (True, False):
+        torch.autograd.set_multithreading_enabled(threaded)
+        for name, fn in items.items():
+            reps = [_host_us(fn, args.calls) for _ in range(3)]
+            label = f"{name} [autograd worker thread {'on' if threaded else 'off'}]"
+            rows.append({"what": label, "us_median": statistics.median(reps),
+                         "us_min": min(reps), "us_runs": reps})
+            print(f"{label:90s} median {statistics.median(reps):7.1f} us", flush=True)
+    # cProfile the package backward on this thread (worker thread off)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+    prof.disable()
+    torch.autograd.set_multithreading_enabled(True)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(30)
+    text = buf.getvalue()
+    print(text)
+    with open(os.path.join(args.out, "host_overhead_bwd.json"), "w") as f:
+        json.dump({"environment": env, "calls_per_repeat": args.calls,
+                   "shape_host": [1, 1, 128, 64], "results": rows,
+                   "cprofile_200_backward_calls_thread_off": text}, f, indent=1)
+    return 0
+
+
 def _nograd(fn, q, k, v):
     with torch.no_grad():
         return fn(q, k, v, causal=True)
@@ -512,7 +589,8 @@ def cmd_n1k(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["overhead", "meta", "levers", "check", "bench", "n1k"])
+    ap.add_argument("cmd", choices=["overhead", "overhead-bwd", "meta", "levers", "check",
+                                    "bench", "n1k"])
     ap.add_argument("--out", default=".")
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--calls", type=int, default=300)
@@ -521,10 +599,15 @@ def main():
     ap.add_argument("--providers", default="flash,sdpa-flash,sdpa-cudnn,tutorial")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--ds", default="128,64")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--configs", default="", help="levers: BM/BN/warps/stages,... ")
+    ap.add_argument("--levers-file", default="levers.json")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     return {"overhead": cmd_overhead, "meta": cmd_meta, "levers": cmd_levers,
-            "check": cmd_check, "bench": cmd_bench, "n1k": cmd_n1k}[args.cmd](args)
+            "check": cmd_check, "bench": cmd_bench, "n1k": cmd_n1k,
+            "overhead-bwd": cmd_overhead_bwd}[args.cmd](args)
 
 
 if __name__ == "__main__":
