@@ -12,6 +12,8 @@ The ladder (one module per concept, one book chapter each):
 - ``blocks``          block sizes from the SRAM budget
 - ``iosim``           a two-level memory that counts HBM traffic
 - ``flash``           the Triton kernels behind ``flash_attention`` (torch and triton imported lazily)
+- ``split_kv``        split-KV decoding in NumPy (Flash-Decoding's algorithm); ``decode`` runs it in Triton
+- ``apps``            the Applications chapter's GPU runs (training, context length, decode steps)
 """
 
 from . import iosim

@@ -5,6 +5,7 @@
     memory     extra memory of one forward / forward+backward vs N
     dram run   the cases for ``ncu`` (DRAM bytes); ``dram parse`` turns ncu's CSV into data
     gpu-check  one quick correctness check per dtype, and the versions
+    apps       the Applications chapter's runs: train, context, decode (see ``apps.py``)
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def main(argv=None) -> int:
     dr.add_argument("--out", default="course_kernels/data/dram/dram_bytes.csv")
     dr.add_argument("--command", default="", help="parse: the command that produced the CSV")
     sub.add_parser("gpu-check", help="quick correctness check and versions")
+    a = sub.add_parser("apps", help="Applications chapter: GPT training, context length, decode")
+    a.add_argument("step", choices=["train", "context", "decode"],
+                   help="train: loss curves per attention; context: tokens/s and memory vs "
+                        "context length; decode: one decode step vs a long KV cache")
+    a.add_argument("--out", default="course_kernels/data/apps",
+                   help="folder for the step's JSON file (default: %(default)s)")
     args = ap.parse_args(argv)
 
     from . import bench
@@ -73,7 +80,7 @@ def main(argv=None) -> int:
     if args.cmd == "dram" and args.action == "parse" and not (args.ncu_csv and args.cases):
         ap.error("dram parse needs --ncu-csv (ncu --csv --page raw output) and --cases (the "
                  "output of `dram run`, whose last line is the JSON case list)")
-    gpu_commands = ("bench", "sweep", "memory", "gpu-check")
+    gpu_commands = ("bench", "sweep", "memory", "gpu-check", "apps")
     if (args.cmd in gpu_commands or (args.cmd == "dram" and args.action == "run")) and not _cuda():
         print(f"python -m course_kernels {args.cmd}: needs a CUDA GPU (it times or profiles the "
               "kernels on one), and torch sees none here. On a CPU, the chapters run the kernels "
@@ -114,6 +121,11 @@ def main(argv=None) -> int:
         return 0
     if args.cmd == "gpu-check":
         return 0 if bench.gpu_check() else 1
+    if args.cmd == "apps":
+        from . import apps
+
+        apps.run(args.step, args.out)
+        return 0
     return 2
 
 

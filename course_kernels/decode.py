@@ -32,9 +32,9 @@ splits the *keys*:
 Without the rescaling in step 2 the result is wrong whenever the chunks have different maxima:
 ``tests/test_decode.py`` checks that such a merge is caught.
 
-:func:`split_kv_decode_numpy` is the same algorithm in NumPy built from
-``online_softmax.partial_attention`` / ``merge`` / ``finalize``; :func:`flash_decode` runs the
-Triton kernels (a CUDA GPU, or Triton's CPU interpreter).
+:func:`course_kernels.split_kv.split_kv_decode_numpy` is the same algorithm in NumPy (importable
+without torch or Triton); :func:`flash_decode` runs the Triton kernels (a CUDA GPU, or Triton's
+CPU interpreter). The decode benchmark is :func:`course_kernels.apps.decode_benchmark`.
 
 Causal with Nq > 1 is *bottom-right* aligned, as in decoding: the cache already holds the new
 tokens, and query i (of Nq) sees keys j <= L - Nq + i, where L is the sequence's cache length.
@@ -44,16 +44,12 @@ tokens, and query i (of Nq) sees keys j <= L - Nq + i, where L is the sequence's
 from __future__ import annotations
 
 import functools
-import math
-import numbers
-import time
-
-import numpy as np
 
 from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
 from ._triton_env import INTERPRET, next_power_of_2, require_triton
-from ._validate import as_float_array, check_bool, check_positive_int, resolve_scale
-from .online_softmax import PartialAttention, empty_partial, finalize, merge, partial_attention
+from ._validate import check_positive_int, resolve_scale
+from .online_softmax import PartialAttention
+from .split_kv import check_seqlens, check_shapes, split_chunk
 
 require_triton()
 
@@ -61,117 +57,6 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-LN2 = math.log(2.0)
-MAX_ROWS = 128  # G * Nq query rows share one tile; more than that is prefill, not decoding
-
-
-# -- NumPy ------------------------------------------------------------------------------------
-def split_chunk(n_keys: int, num_splits: int, multiple: int = 1) -> int:
-    """Keys per split: ceil(n_keys / num_splits), rounded up to a multiple of ``multiple``."""
-    chunk = -(-n_keys // num_splits)
-    return -(-chunk // multiple) * multiple
-
-
-def _visible(lo, hi, lens, n_q, group, causal):
-    """Mask (B, 1, G * Nq, hi - lo) of the keys [lo, hi) each query row may see."""
-    j = np.arange(lo, hi)[None, None, None, :]  # (1, 1, 1, C)
-    lens = lens[:, None, None, None]  # (B, 1, 1, 1)
-    ok = j < lens
-    if causal:
-        i = np.tile(np.arange(n_q), group)[None, None, :, None]  # (1, 1, G * Nq, 1): token index
-        ok = ok & (j <= lens - n_q + i)
-    return ok
-
-
-def split_kv_decode_numpy(q, k, v, num_splits: int = 4, cache_seqlens=None, causal=False,
-                          scale=None, chunk: int | None = None, return_partials: bool = False):
-    """Split-KV decoding in NumPy: partial attention per chunk of keys, then the merge.
-
-    Args:
-        q: (B, Hq, Nq, d) queries.
-        k: (B, Hkv, Nk, d) key cache; Hq must be a multiple of Hkv (GQA).
-        v: (B, Hkv, Nk, dv) value cache.
-        num_splits: number of key chunks (>= 1).
-        cache_seqlens: (B,) valid cache length of each sequence (1..Nk); None = Nk.
-        causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
-        scale: multiplies Q K^T; None = 1/sqrt(d).
-        chunk: keys per split; None = ceil(Nk / num_splits).
-        return_partials: also return the partials, a :class:`PartialAttention` with
-            m, l: (B, Hq, Nq, S) and acc: (B, Hq, Nq, S, dv).
-
-    Returns ``(out, lse)``: (B, Hq, Nq, dv) and (B, Hq, Nq), in float64 for float64 input and
-    float32 for float16/float32 input (the accumulator precision of ``partial_attention``).
-    """
-    q, k, v = (as_float_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
-    B, Hq, Nq, d = _check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
-    Hkv, Nk, dv = k.shape[1], k.shape[2], v.shape[3]
-    G = Hq // Hkv
-    num_splits = check_positive_int(num_splits, "num_splits")
-    causal = check_bool(causal, "causal")
-    scale = resolve_scale(scale, d)
-    lens = _check_seqlens_numpy(cache_seqlens, B, Nk)
-    chunk = split_chunk(Nk, num_splits) if chunk is None else check_positive_int(chunk, "chunk")
-
-    qg = q.reshape(B, Hkv, G * Nq, d)  # (B, Hkv, G*Nq, d): the group's rows share one KV head
-    parts = []
-    for s in range(num_splits):
-        lo, hi = min(s * chunk, Nk), min((s + 1) * chunk, Nk)
-        if lo == hi:  # a split past the end of the cache has seen nothing
-            acc_t = np.float32 if q.dtype == np.float16 else q.dtype
-            parts.append(empty_partial((B, Hkv, G * Nq), dv, acc_t))
-            continue
-        mask = _visible(lo, hi, lens, Nq, G, causal)  # (B, 1, G*Nq, hi-lo)
-        parts.append(partial_attention(qg, k[:, :, lo:hi], v[:, :, lo:hi], scale, mask=mask))
-    total = parts[0]
-    for p in parts[1:]:
-        total = merge(total, p)  # the online-softmax merge: rescale both sides to the new max
-    out, lse = finalize(total)  # (B, Hkv, G*Nq, dv), (B, Hkv, G*Nq)
-    out, lse = out.reshape(B, Hq, Nq, dv), lse.reshape(B, Hq, Nq)
-    if not return_partials:
-        return out, lse
-    stacked = PartialAttention(
-        np.stack([p.m.reshape(B, Hq, Nq) for p in parts], axis=-1),  # (B, Hq, Nq, S)
-        np.stack([p.l.reshape(B, Hq, Nq) for p in parts], axis=-1),
-        np.stack([p.acc.reshape(B, Hq, Nq, dv) for p in parts], axis=-2),  # (B, Hq, Nq, S, dv)
-    )
-    return out, lse, stacked
-
-
-def _check_shapes(qs, ks, vs, qt, kt, vt):
-    if not (len(qs) == len(ks) == len(vs) == 4):
-        raise ValueError(f"q, k, v must have rank 4, layout (batch, heads, seq, head_dim); got "
-                         f"shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}")
-    if not (qt == kt == vt):
-        raise TypeError(f"q, k and v must share one dtype; got {qt}, {kt}, {vt}")
-    B, Hq, Nq, d = qs
-    if ks[0] != B or vs[0] != B:
-        raise ValueError(f"q, k, v must share the batch size; got {qs[0]}, {ks[0]}, {vs[0]}")
-    if ks[3] != d:
-        raise ValueError(f"q and k must share the head dim; got {d} and {ks[3]}")
-    if tuple(ks[:3]) != tuple(vs[:3]):
-        raise ValueError(f"k and v must have the same (batch, heads, seq); got {tuple(ks)} and "
-                         f"{tuple(vs)}")
-    if Hq % ks[1]:
-        raise ValueError(f"the number of query heads must be a multiple of the number of key/value "
-                         f"heads (GQA/MQA); got Hq={Hq}, Hkv={ks[1]}")
-    if (Hq // ks[1]) * Nq > MAX_ROWS:
-        raise ValueError(f"decoding packs (Hq / Hkv) * Nq = {(Hq // ks[1]) * Nq} query rows into "
-                         f"one tile; at most {MAX_ROWS}. For long queries (prefill) use "
-                         "flash_attention.")
-    return B, Hq, Nq, d
-
-
-def _check_seqlens_numpy(cache_seqlens, B, Nk):
-    if cache_seqlens is None:
-        return np.full(B, Nk)
-    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        cache_seqlens = [cache_seqlens] * B
-    lens = np.asarray(cache_seqlens.cpu() if hasattr(cache_seqlens, "cpu") else cache_seqlens)
-    if lens.shape != (B,) or not np.issubdtype(lens.dtype, np.integer):
-        raise ValueError(f"cache_seqlens must be B={B} integers; got {lens.dtype} {lens.shape}")
-    if lens.min() < 1 or lens.max() > Nk:
-        raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
-    return lens.astype(np.int64)
 
 
 # -- Triton -----------------------------------------------------------------------------------
@@ -324,7 +209,7 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
             raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
         if x.numel() == 0:
             raise ValueError(f"{name} must not be empty; got shape {tuple(x.shape)}")
-    B, Hq, Nq, d = _check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
+    B, Hq, Nq, d = check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
     if d > 256:
         raise ValueError(f"head dim must be at most 256; got {d}")
     if not (q.device == k.device == v.device):
@@ -352,7 +237,7 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
         if lo < 1 or hi > Nk:
             raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
     else:
-        lens = torch.as_tensor(_check_seqlens_numpy(cache_seqlens, B, Nk), dtype=torch.int32,
+        lens = torch.as_tensor(check_seqlens(cache_seqlens, B, Nk), dtype=torch.int32,
                                device=q.device)
     if num_splits is None:
         num_splits = default_num_splits(B * k.shape[1], Nk)
@@ -418,111 +303,3 @@ def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = Fa
     if return_partials:
         result.append(PartialAttention(m_part, l_part, acc_part))
     return result[0] if len(result) == 1 else tuple(result)
-
-
-def decode_bytes(batch: int, kv_heads: int, n_keys: int, head_dim: int, q_heads: int,
-                 n_q: int = 1, elem_bytes: int = 2) -> int:
-    """The least HBM traffic of one decode step: K and V read once, q read, out written."""
-    cache = 2 * batch * kv_heads * n_keys * head_dim  # K and V
-    return elem_bytes * (cache + 2 * batch * q_heads * n_q * head_dim)  # + q read, out written
-
-
-def benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads=8, head_dim=128,
-              dtype=torch.float16, splits=(None, 1)):
-    """Time one decode step (GPU only): flash_decode vs the course forward kernel and SDPA.
-
-    Returns a list of dicts: milliseconds and achieved GB/s (:func:`decode_bytes` / time) of
-    ``flash_decode`` for each ``splits`` value (None = the default), of ``flash_attention``
-    (the prefill kernel called with Nq = 1) and of each PyTorch SDPA backend that accepts it;
-    ``flash_decode`` and SDPA's flash backend also replayed from a CUDA graph (``*_cudagraph``:
-    the device time without the per-call Python and launch cost). ``host_us`` is the host
-    (Python + launch) time per call, measured without waiting for the GPU: when it is close to
-    ``ms * 1000``, the step is bound by the host, not by memory.
-    """
-    if INTERPRET:
-        raise RuntimeError("benchmark needs a CUDA GPU (triton.testing.do_bench does not run on "
-                           "CPU)")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    from .flash import flash_attention
-
-    def host_us(fn, calls=50):
-        # Host time per call: launches are queued without waiting for the GPU, so the loop's
-        # wall time over ``calls`` calls is the Python + launch cost (the queue does not fill).
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) / calls * 1e6
-
-    def graphed(fn):
-        # Capture one call in a CUDA graph; replaying it launches every kernel of the step with
-        # one host call, which is how serving engines run decode steps. The capture fails if
-        # ``fn`` synchronizes with the host.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
-
-    rows = []
-    for n in contexts:
-        torch.manual_seed(0)
-        q = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=dtype)
-        k = torch.randn(batch, kv_heads, n, head_dim, device="cuda", dtype=dtype)
-        v = torch.randn_like(k)
-        nbytes = decode_bytes(batch, kv_heads, n, head_dim, heads, 1, q.element_size())
-        ref = sdpa(q, k, v, enable_gqa=True)
-        runs, host = {}, {}
-        for s in splits:
-            out = flash_decode(q, k, v, num_splits=s)
-            err = (out.float() - ref.float()).abs().max().item()
-            name = "flash_decode" + ("" if s is None else f"_splits{s}")
-            ms = triton.testing.do_bench(lambda s=s: flash_decode(q, k, v, num_splits=s))
-            host[name] = host_us(lambda s=s: flash_decode(q, k, v, num_splits=s))
-            runs[name] = (ms, err, s or default_num_splits(batch * kv_heads, n))
-        replay = graphed(lambda: flash_decode(q, k, v))
-        runs["flash_decode_cudagraph"] = (triton.testing.do_bench(replay), None,
-                                          default_num_splits(batch * kv_heads, n))
-        host["flash_decode_cudagraph"] = host_us(replay)
-        runs["flash_attention_fwd"] = (triton.testing.do_bench(lambda: flash_attention(q, k, v)),
-                                       None, None)
-        host["flash_attention_fwd"] = host_us(lambda: flash_attention(q, k, v))
-        for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
-            try:
-                with sdpa_kernel(getattr(SDPBackend, backend)):
-                    sdpa(q, k, v, enable_gqa=True)
-                    torch.cuda.synchronize()
-
-                    def fn():
-                        return sdpa(q, k, v, enable_gqa=True)
-
-                    runs[f"sdpa_{backend.lower()}"] = (triton.testing.do_bench(fn), None, None)
-                    host[f"sdpa_{backend.lower()}"] = host_us(fn)
-                    if backend == "FLASH_ATTENTION":
-                        replay = graphed(fn)
-                        runs["sdpa_flash_attention_cudagraph"] = (triton.testing.do_bench(replay),
-                                                                  None, None)
-                        host["sdpa_flash_attention_cudagraph"] = host_us(replay)
-            except (RuntimeError, AttributeError) as exc:  # backend refuses this shape
-                reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-                runs[f"sdpa_{backend.lower()}"] = (None, f"not run: {reason}", None)
-        for name, (ms, note, num_splits) in runs.items():
-            rows.append({
-                "context": n, "batch": batch, "heads": heads, "kv_heads": kv_heads,
-                "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""), "impl": name,
-                "num_splits": num_splits,
-                "ms": ms, "gb_per_s": None if ms is None else nbytes / (ms * 1e-3) / 1e9,
-                "host_us": host.get(name),
-                "max_abs_err_vs_sdpa": note if isinstance(note, float) else None,
-                "note": note if isinstance(note, str) else None,
-            })
-    return rows

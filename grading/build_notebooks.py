@@ -51,19 +51,26 @@ def _cell(kind, source, role=None, exercise=None):
 def build(name: str, spec: dict, solved: bool):
     from course_kernels.grading.exercises import NOTEBOOKS as SPECS
 
+    from course_kernels.grading.exercises import hidden_params
+
     nb_spec = SPECS[name]
-    total = sum(ex["points"] for ex in spec["exercises"])
+    hidden = {ex: sum(float(p.get("points", 1)) for p in ps)
+              for ex, ps in hidden_params(name).items()}
+    total = sum(ex["points"] + hidden.get(ex["name"], 0) for ex in spec["exercises"])
     nb = nbformat.v4.new_notebook()
     nb.metadata["course_kernels"] = {"notebook": name}
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     title = f"# Exercise {name[:2]}: {nb_spec.title}" + (" (solution)" if solved else "")
-    cells = [_cell("md", f"{title}\n\n{spec['intro']}\n\n{HOW}\n\n**Points: {total}.** "
+    cells = [_cell("md", f"{title}\n\n{spec['intro']}\n\n{HOW}\n\n**Points: {total:g}** (visible and hidden tests). "
                    + (nb_spec.note or "")),
              _cell("code", spec["setup"].format(repo=repository_url()), role="setup")]
     for ex in spec["exercises"]:
-        cells.append(_cell("md", f"## `{ex['name']}` ({ex['points']} points)\n\n{ex['text']}"))
+        h = hidden.get(ex["name"], 0)
+        pts = (f"{ex['points'] + h:g} points: {ex['points']:g} in the visible tests below, {h:g} "
+               "in hidden tests" if h else f"{ex['points']:g} points")
+        cells.append(_cell("md", f"## `{ex['name']}` ({pts})\n\n{ex['text']}"))
         stub = ex.get("stub") or stub_from_solution(ex["solution"])
         cells.append(_cell("code", ex["solution"] if solved else stub, role="solution",
                            exercise=ex["name"]))

@@ -3,7 +3,9 @@
     python grading/generate_class.py OUT_DIR [--n 200] [--notebook 07_triton_forward]
 
 Student s gets notebook s mod 9 (or --notebook for all), solved (60%), untouched (15%), with a
-classic mistake (20%), or with an infinite loop (5%). Files: OUT_DIR/student-NNN/<notebook>.ipynb.
+classic mistake (20%), or with an infinite loop (5%). Files: OUT_DIR/student-NNN/<notebook>.ipynb,
+and OUT_DIR/../<name of OUT_DIR>-answers.json: submission id -> "solved" | "untouched" | "wrong" |
+"loop" (what its grade must be: full marks, zero, less than full marks).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     names = [args.notebook] if args.notebook else sorted(NOTEBOOKS)
+    answers = {}
     for s in range(args.n):
         name = names[s % len(names)]
         solved = json.loads((ROOT / "solutions" / f"{name}.ipynb").read_text())
@@ -46,17 +49,21 @@ def main(argv=None):
         r = rng.random()
         exercise = NOTEBOOKS[name].exercises[0]
         if r < 0.60:
-            nb = solved
+            nb, kind = solved, "solved"
         elif r < 0.75:
-            nb = stub
+            nb, kind = stub, "untouched"
         elif r < 0.95:
             code = WRONG.get(exercise)
-            nb = replace_solution(solved, exercise, code) if code else stub
+            nb, kind = (replace_solution(solved, exercise, code), "wrong") if code else \
+                (stub, "untouched")
         else:
-            nb = replace_solution(solved, exercise, LOOP.format(name=exercise))
+            nb, kind = replace_solution(solved, exercise, LOOP.format(name=exercise)), "loop"
         target = Path(args.out) / f"student-{s:03d}" / f"{name}.ipynb"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(nb))
+        answers[f"student-{s:03d}/{name}"] = kind
+    out = Path(args.out)
+    (out.parent / f"{out.name}-answers.json").write_text(json.dumps(answers, indent=1))
 
 
 if __name__ == "__main__":

@@ -10,13 +10,17 @@
 # Source: the npm package mathjax@3.2.2 (npm pack, no node_modules) where npm exists; otherwise
 # the same MathJax 3.2.2 files from PyPI's django-static-mathjax==3.2.2.1 wheel (so a machine with
 # only Python and the package registries can build the book). Copied: the combined
-# tex-mml-chtml.js, the CHTML woff-v2 fonts and the TeX extensions it autoloads (~2 MB).
-# Idempotent: does nothing if the pinned version is already there.
+# tex-mml-chtml.js, the CHTML woff-v2 fonts, the TeX extensions it autoloads, and the
+# accessibility components its menu loads when a reader turns on the explorer or speech
+# (a11y/*.js and the speech rule engine's sre/mathmaps/*.json; without them those readers get
+# 404s in the console and no speech). ~6.5 MB.
+# Idempotent: does nothing if the pinned version and file set are already there.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VERSION="3.2.2"
+STAMP="$VERSION a11y"  # bump the suffix when the copied file set changes
 DEST="book/_mathjax/mathjax"
-if [ -f "$DEST/VERSION" ] && [ "$(cat "$DEST/VERSION")" = "$VERSION" ]; then
+if [ -f "$DEST/VERSION" ] && [ "$(cat "$DEST/VERSION")" = "$STAMP" ]; then
   exit 0
 fi
 TMP="$(mktemp -d)"
@@ -37,6 +41,9 @@ mkdir -p "$DEST/output/chtml/fonts" "$DEST/input/tex"
 cp "$ES5/tex-mml-chtml.js" "$DEST/"
 cp -r "$ES5/output/chtml/fonts/woff-v2" "$DEST/output/chtml/fonts/"
 cp -r "$ES5/input/tex/extensions" "$DEST/input/tex/"
+cp -r "$ES5/a11y" "$DEST/"
+mkdir -p "$DEST/sre"
+cp -r "$ES5/sre/mathmaps" "$DEST/sre/"
 if [ -n "$LICENSE_FILE" ]; then cp "$LICENSE_FILE" "$DEST/LICENSE"; fi
-echo "$VERSION" > "$DEST/VERSION"
+echo "$STAMP" > "$DEST/VERSION"
 echo "==> MathJax $VERSION copied to $DEST"

@@ -1,10 +1,13 @@
 """Adversarial submissions (tests/adversarial/*.py): none may pass, the grader never crashes or
-hangs, and the rest of the notebook keeps the score it earned.
+hangs, the rest of the notebook keeps the score it earned, its feedback can be written, and
+nothing of it (file, FIFO, folder, process, cgroup) outlives the grading. Honest controls
+(tests/honest/*.py) must get full marks.
 
-Each fixture replaces one exercise's solution cell in the solved notebook. Attacks that only the
-OS layers can stop (writing or reading the repository, signalling the grader, a real fork bomb)
-run only where the sandbox has them (root with mount/PID namespaces); elsewhere they are skipped
-with the reason, which is exactly the documented limit (notes/grading.md).
+Each fixture replaces one exercise's solution cell in the solved notebook, graded next to a
+classmate's solved notebook. Attacks that only the OS layers can stop (reading or writing the
+repository or a classmate's folder, signalling the grader, a real fork bomb) run only where the
+bubblewrap sandbox works; elsewhere they are skipped with the reason, which is exactly the
+documented limit (README, notes/grading.md).
 """
 
 import hashlib
@@ -15,13 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from course_kernels.grading.__main__ import _write, feedback_text, gradescope
 from course_kernels.grading.runner import grade_notebook, replace_solution
-from course_kernels.grading.sandbox import Limits, isolation
+from course_kernels.grading.sandbox import Limits, isolation, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = sorted((Path(__file__).parent / "adversarial").glob("a*.py"))
+HONEST = sorted((Path(__file__).parent / "honest").glob("h*.py"))
 NEEDS_NAMESPACES = {"a10_fork_bomb", "a12_write_files", "a18_read_solutions",
-                    "a20_library_by_path", "a23_kill_grader"}
+                    "a20_library_by_path", "a23_kill_grader", "a30_read_classmate",
+                    "a31_grandchild_dense", "a38_fifo_deep_dirs_dev"}
+TAG = f"adv{os.getpid()}"
 LIMITS = Limits(call_seconds=5, total_seconds=90, memory_bytes=2 << 30, nproc=256)
 
 
@@ -50,21 +57,45 @@ def _sleepers():
     return found
 
 
-@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
-def test_adversarial_submission_does_not_pass(fixture, tmp_path):
-    meta = _header(fixture)
-    if fixture.stem in NEEDS_NAMESPACES and not isolation()["namespaces"]:
-        pytest.skip("only the sandbox's namespaces stop this attack (root + unshare); see "
-                    "notes/grading.md")
-    if fixture.stem == "a10_fork_bomb" and not isolation()["cgroup"]:
-        pytest.skip("a real fork bomb is run only under a pids cgroup")
-    code = fixture.read_text().replace("{repo}", str(ROOT))
+def _submission(fixture, tmp_path, meta):
+    me = tmp_path / "me"
+    me.mkdir()
+    code = fixture.read_text().replace("{repo}", str(ROOT)).replace("{subdir}", str(me))
+    code = code.replace("# {pad}", "#" * 3_000_000)
     if fixture.stem == "a09_fork_escape":
         code = code.replace("time.sleep(1000)",
                             'getattr(os, "ex" + "ecv")("/bin/sleep", ["sleep", "1000.4242"])')
     solved = json.loads((ROOT / "solutions" / f"{meta['notebook']}.ipynb").read_text())
-    sub = tmp_path / f"{meta['notebook']}.ipynb"
+    (tmp_path / "classmate").mkdir()
+    (tmp_path / "classmate" / f"{meta['notebook']}.ipynb").write_text(json.dumps(solved))
+    sub = me / f"{meta['notebook']}.ipynb"
     sub.write_text(json.dumps(replace_solution(solved, meta["exercise"], code)))
+    return sub
+
+
+@pytest.fixture(autouse=True)
+def _tagged(monkeypatch):
+    monkeypatch.setenv("COURSE_GRADING_TAG", TAG)
+
+
+@pytest.mark.parametrize("fixture", HONEST, ids=[f.stem for f in HONEST])
+def test_honest_submission_gets_full_marks(fixture, tmp_path):
+    meta = _header(fixture)
+    res = grade_notebook(_submission(fixture, tmp_path, meta), limits=LIMITS)
+    assert res.verdicts and res.score == res.max_score, [
+        (v.name, v.message) for v in res.verdicts if not v.passed]
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
+def test_adversarial_submission_does_not_pass(fixture, tmp_path):
+    meta = _header(fixture)
+    if fixture.stem in NEEDS_NAMESPACES and not isolation()["sandbox"]:
+        pytest.skip("only the bubblewrap sandbox stops this attack; see "
+                    "notes/grading.md")
+    if fixture.stem == "a10_fork_bomb" and not isolation()["cgroup"]:
+        pytest.skip("a real fork bomb is run only under a pids cgroup")
+    sub = _submission(fixture, tmp_path, meta)
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     protected = [str(ROOT / "grading/hidden_tests/01_stable_softmax.json"),
                  str(ROOT / "course_kernels/grading/feedback.py"),
                  str(ROOT / "course_kernels/testing.py")]
@@ -85,3 +116,27 @@ def test_adversarial_submission_does_not_pass(fixture, tmp_path):
     if fixture.stem in ("a09_fork_escape", "a27_triton_fork_escape"):
         time.sleep(0.2)
         assert _sleepers() == [], "processes of a submission outlived its grading"
+    # the feedback can be written whatever the submission sent (lone surrogates, huge text)
+    out = tmp_path / "out"
+    _write(out / "r.json", json.dumps(gradescope(res)))
+    _write(out / "f.txt", feedback_text("me", res))
+    assert (out / "f.txt").stat().st_size > 0 and (out / "r.json").stat().st_size > 0
+    # nothing of the submission is left: files in /dev/shm, the classmate's folder untouched
+    if os.path.isdir("/dev/shm"):
+        assert not {n for n in set(os.listdir("/dev/shm")) - shm_before if "attack" in n}
+    assert not os.path.exists("/dev/course-attack-file")
+    assert sorted(p.name for p in (tmp_path / "classmate").iterdir()) == [
+        f"{meta['notebook']}.ipynb"]
+    assert sorted(p.name for p in (tmp_path / "me").iterdir()) == [sub.name]
+    left = leftovers(TAG)
+    mine = [p for p in left["processes"] if _started_by_me(p)]
+    assert not mine and not left["cgroups"], left
+
+
+def _started_by_me(pid):
+    """Processes of this test worker's gradings (another worker runs its own at the same time)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"COURSE_GRADING_RUN={TAG}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False

@@ -160,9 +160,17 @@ def test_unmeasured_memory_fails_closed():
     outcome = CallOutcome("ok")
     outcome.memory = None
     with pytest.raises(Fail, match="could not be measured"):
-        structure_message(outcome, 2048, 2048)
+        q = np.zeros((1, 2048, 16))
+        structure_message(outcome, q, q, q, {"block_q": 64, "block_k": 64})
     outcome.memory = (64 * 2**20, 16 * 2**20, "as the peak resident memory of the process")
     with pytest.raises(Fail, match="not tiled"):
-        structure_message(outcome, 2048, 2048)
+        q = np.zeros((1, 2048, 16))
+        structure_message(outcome, q, q, q, {"block_q": 64, "block_k": 64})
     outcome.memory = (1 * 2**20, 16 * 2**20, "as the peak resident memory of the process")
-    assert "tiled (extra memory 1.0 MiB)" in structure_message(outcome, 2048, 2048)
+    assert "tiled (extra memory 1.0 MiB)" in structure_message(outcome, q, q, q,
+                                                                {"block_q": 64, "block_k": 64})
+    # a long key sequence: 12 MiB is a row chunk of the score matrix (12 rows x Nk), not tiles
+    k = np.zeros((1, 131072, 16))
+    outcome.memory = (12 * 2**20, "cgroup")
+    with pytest.raises(Fail, match="not tiled"):
+        structure_message(outcome, q[:, :64], k, k, {"block_q": 64, "block_k": 64})

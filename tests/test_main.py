@@ -10,7 +10,8 @@ NO_GPU = pytest.mark.skipif(_cuda(), reason="checks the message shown where ther
 
 
 @NO_GPU
-@pytest.mark.parametrize("argv", [["bench"], ["sweep"], ["memory"], ["gpu-check"], ["dram", "run"]])
+@pytest.mark.parametrize("argv", [["bench"], ["sweep"], ["memory"], ["gpu-check"], ["dram", "run"],
+                                  ["apps", "train"], ["apps", "decode"]])
 def test_gpu_commands_say_they_need_a_gpu(argv, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2

@@ -8,8 +8,12 @@ was never opened in a browser is not tested.
 Checks every page of the TOC: it loads, MathJax typeset it (``mjx-container`` present, no raw
 TeX delimiters outside code), every image decoded (naturalWidth > 0), a page whose notebook
 draws figures shows them, every internal link and
-anchor resolves, no SEVERE console message, and no request left 127.0.0.1 (the site must work
-offline). Plays the animation and answers the quiz. Screenshots go to ``test-artifacts/``.
+anchor resolves, no SEVERE console message, no request the server answered with an error (a
+404: a favicon, a MathJax component), and no request left 127.0.0.1 (the site must work
+offline). Plays the animation and answers the quiz. On a phone (375 px, Chrome's mobile
+emulation): no page is wider than the screen, the menu buttons open the sidebars, the animation
+draws readable text. MathJax's accessibility components load when a reader turns them on.
+Screenshots go to ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -48,16 +52,17 @@ def toc_pages() -> list[str]:
 PAGES = toc_pages()
 
 
+PHONE = {"width": 375, "height": 812, "deviceScaleFactor": 2, "mobile": True}  # an iPhone X/11 Pro
+SERVER_ERRORS: list[str] = []  # "404 /path" for every request the test server could not answer
+
+
 class QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def do_GET(self):
-        if self.path == "/favicon.ico":  # the browser asks for it; the site has none
-            self.send_response(204)
-            self.end_headers()
-            return
-        super().do_GET()
+    def send_error(self, code, *args, **kwargs):  # a missing file: recorded, and a test fails
+        SERVER_ERRORS.append(f"{int(code)} {self.path}")
+        super().send_error(code, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +76,7 @@ def site():
     server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def _chromium(tmp_path_factory):
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -97,6 +101,21 @@ def browser(tmp_path_factory):
     driver.set_page_load_timeout(60)
     driver.set_script_timeout(60)
     ARTIFACTS.mkdir(exist_ok=True)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = _chromium(tmp_path_factory)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def phone(tmp_path_factory):
+    """Chromium emulating a 375 px wide phone (a headless window cannot be narrower than 500)."""
+    driver = _chromium(tmp_path_factory)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE)
     yield driver
     driver.quit()
 
@@ -120,6 +139,8 @@ const clone = document.querySelector('main, article, body').cloneNode(true);
 clone.querySelectorAll('pre, code, script, style, mjx-container, .cell_input').forEach(e => e.remove());
 return clone.innerText;
 """
+# $x$ left as text: inline math MathJax never saw (e.g. Markdown glued without the :myst format).
+RAW_INLINE_MATH = re.compile(r"\$[^$\s][^$\n]{0,80}\$")
 
 
 def test_site_static_files_have_no_external_scripts_or_fonts():
@@ -148,6 +169,7 @@ def figures_drawn(page: str) -> int:
 def test_site_every_toc_page_in_the_browser(site, browser):
     internal_links: set[str] = set()
     failures = []
+    SERVER_ERRORS.clear()
     for page in PAGES:
         url = site + page
         open_page(browser, url)
@@ -173,6 +195,8 @@ def test_site_every_toc_page_in_the_browser(site, browser):
         for raw in ("$$", "\\(", "\\[", "\\frac"):
             if raw in text:
                 failures.append(f"{page}: raw TeX {raw!r} visible")
+        for raw in RAW_INLINE_MATH.findall(text):
+            failures.append(f"{page}: raw inline math {raw!r} visible")
         if figures_drawn(page) and not state["figures"]:
             failures.append(f"{page}: the notebook draws {figures_drawn(page)} figure(s) but the "
                             "page shows none (was the book built with a non-inline matplotlib "
@@ -184,6 +208,9 @@ def test_site_every_toc_page_in_the_browser(site, browser):
         offsite = [r for r in state["resources"] if not r.startswith(site)]
         if offsite:
             failures.append(f"{page}: fetched from outside the site: {offsite}")
+        if SERVER_ERRORS:
+            failures.append(f"{page}: the server could not answer {SERVER_ERRORS}")
+            SERVER_ERRORS.clear()
         internal_links.update(h for h in state["links"] if h.startswith(site))
     assert not failures, "\n".join(failures)
 
@@ -280,3 +307,141 @@ def test_site_every_notebook_page_has_a_colab_button():
         # The button opens the build's Colab copy, published with the site (book/_ext/colab_copies.py).
         expected = f"https://colab.research.google.com/github/{repo}/blob/gh-pages/_colab/{page.replace('.html', '.ipynb')}"
         assert expected in (HTML / page).read_text(), f"{page}: no Colab launch button ({expected})"
+
+
+WIDER_THAN_SCREEN = """
+const vw = document.documentElement.clientWidth;
+// Elements sticking out past the right edge, unless an ancestor clips or scrolls them (a wide
+// code block scrolling inside its own box is fine); outermost offenders only.
+const clipped = e => {
+  for (let a = e.parentElement; a && a !== document.body; a = a.parentElement) {
+    if (getComputedStyle(a).overflowX !== 'visible') { return true; }
+  }
+  return false;
+};
+const wide = [...document.querySelectorAll('body *')].filter(e => {
+  const b = e.getBoundingClientRect();
+  return b.width > 0 && b.right > vw + 1 && !clipped(e) && !e.closest('dialog, .bd-sidebar-secondary, .skip-link');
+});
+return {
+  viewport: vw,
+  document: document.documentElement.scrollWidth,
+  culprits: wide.filter(e => !wide.includes(e.parentElement)).slice(0, 5)
+    .map(e => `<${e.tagName.toLowerCase()} class="${e.className}"> ${(e.textContent || '').trim().slice(0, 60)}`),
+};
+"""
+
+
+def test_site_on_a_phone_no_page_scrolls_sideways(site, phone):
+    """At 375 px no page is wider than the screen, and no page logs an error or a 404."""
+    failures = []
+    SERVER_ERRORS.clear()
+    for page in PAGES:
+        open_page(phone, site + page)
+        width = phone.execute_script(WIDER_THAN_SCREEN)
+        assert width["viewport"] == PHONE["width"], width  # the emulation is on
+        if width["document"] > width["viewport"]:
+            failures.append(f"{page}: {width['document']} px wide on a {width['viewport']} px "
+                            f"screen; sticking out: {width['culprits']}")
+        logs = [e["message"] for e in phone.get_log("browser") if e["level"] == "SEVERE"]
+        if logs:
+            failures.append(f"{page}: console errors: {logs}")
+        if SERVER_ERRORS:
+            failures.append(f"{page}: the server could not answer {SERVER_ERRORS}")
+            SERVER_ERRORS.clear()
+    assert not failures, "\n".join(failures)
+
+
+def _visible_toggle(driver, selector):
+    from selenium.webdriver.common.by import By
+
+    shown = [b for b in driver.find_elements(By.CSS_SELECTOR, selector) if b.is_displayed()]
+    assert shown, f"no visible {selector} button at {PHONE['width']} px"
+    return shown[0]
+
+
+def test_site_on_a_phone_menu_buttons_open_the_sidebars(site, phone):
+    """The buttons a phone shows open the table of contents and the page's contents."""
+    from selenium.webdriver.common.keys import Keys
+
+    open_page(phone, site + "chapters/03_tiling.html")
+    primary = phone.execute_script("return document.getElementById('pst-primary-sidebar-modal')")
+    assert not phone.execute_script("return arguments[0].open", primary)
+    _visible_toggle(phone, ".primary-toggle").click()
+    time.sleep(0.5)  # the dialog is opened by the click handler; give the paint a moment
+    state = phone.execute_script(
+        """const d = arguments[0], r = d.getBoundingClientRect();
+        const links = [...d.querySelectorAll('a')].filter(a => a.getBoundingClientRect().width > 0);
+        return {open: d.open, width: r.width, left: r.left, links: links.map(a => a.textContent.trim())};""",
+        primary)
+    phone.save_screenshot(str(ARTIFACTS / "phone_sidebar_open.png"))
+    assert state["open"], "the menu button did not open the sidebar (pydata-sphinx-theme#2451)"
+    assert state["width"] > 200 and state["left"] >= 0, state
+    assert any("Tiling" in t for t in state["links"]), state["links"]
+    assert len(state["links"]) >= len(PAGES) - 1, state["links"]  # the whole table of contents
+    phone.switch_to.active_element.send_keys(Keys.ESCAPE)
+    time.sleep(0.3)
+    assert not phone.execute_script("return arguments[0].open", primary), "Escape did not close it"
+
+    secondary = phone.execute_script("return document.getElementById('pst-secondary-sidebar-modal')")
+    _visible_toggle(phone, ".secondary-toggle").click()
+    time.sleep(0.5)
+    assert phone.execute_script("return arguments[0].open", secondary), \
+        "the 'contents' button did not open the page's table of contents"
+    headings = phone.execute_script(
+        "return [...arguments[0].querySelectorAll('a')].map(a => a.textContent.trim())", secondary)
+    assert headings, "the page's table of contents is empty"
+    phone.switch_to.active_element.send_keys(Keys.ESCAPE)
+    assert not [e for e in phone.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_site_on_a_phone_animation_is_readable(site, phone):
+    """The animation fits the screen and its smallest text is drawn at least 10 px tall."""
+    from selenium.webdriver.common.by import By
+
+    open_page(phone, site + "chapters/animation.html")
+    root = phone.find_element(By.ID, "fa-anim")
+    nxt = root.find_element(By.CSS_SELECTOR, "[data-act=next]")
+    for _ in range(2):  # step 3: a score tile, the running statistics and the accumulator
+        nxt.click()
+    phone.execute_script("arguments[0].scrollIntoView()", root)
+    geo = phone.execute_script(
+        """const r = arguments[0], s = r.querySelector('svg').getBoundingClientRect();
+        const texts = [...r.querySelectorAll('svg text')].filter(t => t.textContent.trim());
+        const h = texts.map(t => t.getBoundingClientRect().height);
+        const glyph = parseFloat(getComputedStyle(texts[0]).fontSize);
+        // font size on screen = font size in SVG units * (drawn width / viewBox width)
+        return {left: s.left, right: s.right, vw: document.documentElement.clientWidth,
+                px: glyph * s.width / r.querySelector('svg').viewBox.baseVal.width,
+                texts: texts.length, minHeight: Math.min(...h)};""", root)
+    phone.save_screenshot(str(ARTIFACTS / "phone_animation.png"))
+    assert geo["texts"] > 20, geo
+    assert geo["left"] >= 0 and geo["right"] <= geo["vw"], f"the animation sticks out: {geo}"
+    assert geo["px"] >= 10, f"the animation's text is {geo['px']:.1f} px on a phone: {geo}"
+    assert root.find_element(By.CLASS_NAME, "fa-frame").text.startswith("step 3 / ")
+
+
+def test_site_mathjax_accessibility_components_load(site, browser):
+    """A reader who turns on MathJax's explorer and speech (its menu stores that in
+    localStorage) gets them, not a 404 for a11y/sre.js and the speech rules."""
+    SERVER_ERRORS.clear()
+    page = site + "chapters/04_online_softmax.html"
+    open_page(browser, page)
+    browser.execute_script("localStorage.setItem('MathJax-Menu-Settings', JSON.stringify("
+                           "{explorer: true, speech: true, braille: true}))")
+    try:
+        open_page(browser, page)
+        spoken = 0
+        for _ in range(100):  # the speech rule engine loads after the first typesetting
+            spoken = browser.execute_script(
+                "return document.querySelectorAll('mjx-container [data-semantic-speech], "
+                "mjx-container[aria-label]').length")
+            if spoken:
+                break
+            time.sleep(0.1)
+        errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    finally:
+        browser.execute_script("localStorage.removeItem('MathJax-Menu-Settings')")
+    assert not SERVER_ERRORS, f"missing MathJax components: {SERVER_ERRORS}"
+    assert not errors, errors
+    assert spoken, "MathJax's speech never labelled the math"

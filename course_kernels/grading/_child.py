@@ -1,8 +1,7 @@
 """The sandboxed side of the grader: runs a student's code and returns results as data only.
 
 This file is executed as a script by a fresh interpreter (``python -I -S _child.py REQUEST_DIR
-RESULT_FD``), or forked from a warm one (``_zygote.py``, torch and Triton already imported), in a
-temporary directory, under resource limits set by :mod:`.sandbox`. It imports
+RESULT_FD``) inside the bubblewrap sandbox set up by :mod:`.sandbox`. It imports
 nothing from ``course_kernels`` (the package is not on this interpreter's path, and a poisoned
 stand-in blocks it): the student must write the algorithm, not call the library's.
 
@@ -26,77 +25,12 @@ np = None  # numpy, imported by setup() once the request's sys.path is in place
 _write = None
 _dumps = json.dumps
 
-MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-CLONE_NEWNS = 0x00020000
-
-
-def _mount(libc, src, target, fstype, flags, data=None):
-    import ctypes
-
-    def enc(x):
-        return x.encode() if isinstance(x, str) else x
-
-    if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-        raise OSError(ctypes.get_errno(), f"mount {target}")
-
-
-def hide_and_freeze(tmp: str, hide: list, box: str) -> None:
-    """A private mount namespace where only ``tmp`` (seen at ``box``) is writable and the paths in
-    ``hide`` are empty. Needs root (CAP_SYS_ADMIN); called in the child before any student code."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
-    _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
-    _mount(libc, tmp, box, None, MS_BIND)
-    for path in hide:  # empty, read-only tmpfs over what the child must not read
-        if os.path.isdir(path):
-            _mount(libc, "none", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
-    with open("/proc/self/mountinfo") as f:
-        points = [ln.split()[4].encode().decode("unicode_escape") for ln in f]
-    for point in points:
-        if point == box or point.startswith(("/dev", "/proc")):
-            continue
-        try:
-            _mount(libc, None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
-        except OSError:
-            pass
-    os.chdir(box)
-
-
-def _drop_privileges():
-    """Root inside the sandbox's namespaces: freeze /proc, then give up every capability."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    # MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-    libc.mount(None, b"/proc", None, ctypes.c_ulong(32 | 4096 | 1 | 2 | 4 | 8), None)
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    for cap in range(64):
-        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-
-    data = (Data * 2)()
-    if libc.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
-
-
 def setup(request_dir: str, result_fd: int) -> None:
     """Read the request, give up privileges, block the course library, open the result channel."""
     global np, _write
     with open(os.path.join(request_dir, "request.json")) as f:
         REQUEST.update(json.load(f))
     sys.path[:0] = [p for p in REQUEST["sys_path"] if p not in sys.path]  # never the repository
-    if REQUEST.get("drop_privileges"):
-        _drop_privileges()
     import numpy
 
     np = numpy
@@ -106,15 +40,21 @@ def setup(request_dir: str, result_fd: int) -> None:
 
 
 def send(header, arrays=()):
-    blobs = []
+    """One frame, written piece by piece: the arrays' bytes are never copied into one buffer
+    (a copy would count against the submission's measured memory)."""
+    pieces = []
     for a in arrays:
+        a = np.ascontiguousarray(a)
         buf = io.BytesIO()
-        np.save(buf, a, allow_pickle=False)
-        blobs.append(buf.getvalue())
-    header["blob_sizes"] = [len(b) for b in blobs]
+        np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(a))
+        pieces += [buf.getvalue(), memoryview(a.reshape(-1)).cast("B") if a.size else b""]
+    header["blob_sizes"] = [len(pieces[i]) + len(pieces[i + 1]) for i in range(0, len(pieces), 2)]
     h = _dumps(header).encode()
-    payload = b"".join(blobs)
-    _write(struct.pack("<I", len(h)) + h + struct.pack("<Q", len(payload)) + payload)
+    for p in [struct.pack("<I", len(h)) + h + struct.pack("<Q", sum(header["blob_sizes"]))] + pieces:
+        view = memoryview(p)
+        while len(view):
+            n = _write(view)
+            view = view[n:]
 
 
 class _Blocked:
@@ -149,6 +89,7 @@ class TraceMemory:
         self.hbm = {k: np.asarray(v) for k, v in hbm.items()}
         self.log = []
         self._ids = {}
+        self._next = 0  # tile ids are never reused, however tiles are freed
 
     def _rows(self, arr, rows):
         return arr[rows] if arr.ndim == 1 else arr[..., rows, :]
@@ -167,7 +108,8 @@ class TraceMemory:
     def load(self, name, rows=slice(None), registers=False):
         start, stop = self._slice(name, rows)
         tile = np.array(self._rows(self.hbm[name], rows))
-        self._ids[id(tile)] = len(self._ids)
+        self._ids[id(tile)] = self._next
+        self._next += 1
         self.log.append(["load", name, start, stop, bool(registers), self._ids[id(tile)]])
         return tile
 
@@ -181,7 +123,8 @@ class TraceMemory:
     def alloc(self, shape, fill=0.0, dtype="float64"):
         shape = tuple(int(s) for s in shape)
         tile = np.full(shape, fill, dtype=dtype)
-        self._ids[id(tile)] = len(self._ids)
+        self._ids[id(tile)] = self._next
+        self._next += 1
         self.log.append(["alloc", list(shape), self._ids[id(tile)]])
         return tile
 
@@ -300,12 +243,19 @@ def main(request_dir):
 
 
 def serve(request_dir: str, result_fd: int) -> None:
-    try:  # a session (and process group) of its own, apart from the `unshare` that started it
+    try:  # a session (and process group) of its own
         os.setsid()
-    except OSError:  # already a session leader (forked by the zygote)
+    except OSError:
         pass
     setup(request_dir, result_fd)
     main(request_dir)
+    # End now: a student's non-daemon thread or atexit hook must not keep the process (and its
+    # peak memory, which the grader reads once the process tree has been reaped) alive.
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":

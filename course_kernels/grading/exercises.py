@@ -51,6 +51,21 @@ FORBIDDEN_ALWAYS = {
     "tracemalloc": "tampers with the memory measurement",
     "resource": "changes resource limits",
 }
+# NumPy exercises: no other array library may do the work (the sandbox also hides torch, Triton,
+# SciPy and JAX from NumPy notebooks: the import fails even where this lint is dodged).
+FORBIDDEN_NUMPY = {
+    "torch": "uses PyTorch in a NumPy exercise (torch.softmax / torch's attention do it for you)",
+    "triton": "uses Triton in a NumPy exercise",
+    "jax": "uses JAX in a NumPy exercise",
+    "tensorflow": "uses TensorFlow in a NumPy exercise",
+    "numba": "uses numba in a NumPy exercise",
+}
+FORBIDDEN_NUMPY_ATTRS = {
+    "softmax": "calls a library softmax",
+    "log_softmax": "calls a library log_softmax",
+    "logsumexp": "calls a library logsumexp",
+    "scaled_dot_product_attention": "calls a library attention",
+}
 FORBIDDEN_TORCH = {
     "scaled_dot_product_attention": "calls PyTorch's attention instead of a Triton kernel",
     "softmax": "calls a library softmax outside a Triton kernel",
@@ -59,6 +74,19 @@ FORBIDDEN_TORCH = {
     "einsum": "calls einsum outside a Triton kernel",
     "baddbmm": "calls baddbmm outside a Triton kernel",
     "logsumexp": "calls a library logsumexp outside a Triton kernel",
+}
+
+
+# What the tiling check subtracts: a child running the same calls on these stubs (the inputs,
+# the interpreter, and outputs of the right size, which an honest solution must return too).
+BASELINE_STUBS = {
+    "flash_forward": (
+        "def flash_forward(q, k, v, *args, **kwargs):\n"
+        "    out = np.ones((*q.shape[:-1], v.shape[-1]), q.dtype)\n"
+        "    return out, np.ones(q.shape[:-1], q.dtype)\n"),
+    "flash_backward": (
+        "def flash_backward(q, k, v, *args, **kwargs):\n"
+        "    return np.ones_like(q), np.ones_like(k), np.ones_like(v)\n"),
 }
 
 

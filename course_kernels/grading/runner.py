@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ast
 import copy
+import json
 import os
+import secrets
+import stat
 import time
 import tracemalloc
 from dataclasses import dataclass, field
@@ -17,8 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from .exercises import (
+    BASELINE_STUBS,
     EXERCISES,
     FORBIDDEN_ALWAYS,
+    FORBIDDEN_NUMPY,
+    FORBIDDEN_NUMPY_ATTRS,
     FORBIDDEN_TORCH,
     Notebook,
     hidden_params,
@@ -26,7 +32,14 @@ from .exercises import (
     preamble,
 )
 from .feedback import Fail, Verdict, error_message, mutation_message
-from .sandbox import CallOutcome, Limits, run_submission
+from .sandbox import (
+    CallOutcome,
+    Limits,
+    clean_text,
+    isolation,
+    require_sandbox,
+    run_submission,
+)
 
 ARG_NAMES = {
     "online_update": ["m", "l", "acc", "s", "v"],
@@ -106,47 +119,82 @@ def _strip_magics(src: str) -> str:
                      for ln in src.splitlines())
 
 
+SYS_ALLOWED = {"float_info", "maxsize", "version_info", "byteorder", "float_repr_style"}
+MAX_CELL_CHARS = 100_000  # a solution cell larger than this is not parsed, run or graded
+MAX_NOTEBOOK_BYTES = 20 << 20
+
+
 def forbidden_use(source: str, torch_rules: bool) -> str | None:
-    """Why a solution cell may not be graded (by reading it), or None."""
+    """Why a solution cell may not be graded (by reading it), or None.
+
+    The same function runs in the notebook's check cell, so a student sees it before grading.
+    ``torch_rules``: a Triton exercise (torch's matmul/softmax/attention allowed only inside a
+    ``@triton.jit`` kernel); otherwise a NumPy exercise, where torch (and every library softmax,
+    logsumexp or attention) is refused.
+    """
+    if len(source) > MAX_CELL_CHARS:
+        return f"is {len(source)} characters long (more than {MAX_CELL_CHARS}; not read)"
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None  # reported when it runs
     jit_lines = set()
+    allowed_sys = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and any(
             "jit" in ast.unparse(dec) for dec in node.decorator_list
         ):
             jit_lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.value.id == "sys" and node.attr in SYS_ALLOWED:
+            allowed_sys.add(id(node.value))
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Name):
-            names = [node.id]
+            if id(node) not in allowed_sys:
+                names = [node.id]
         elif isinstance(node, ast.Attribute):
             names = [node.attr]
+            if not torch_rules and node.attr in FORBIDDEN_NUMPY_ATTRS:
+                return f"{FORBIDDEN_NUMPY_ATTRS[node.attr]} (`.{node.attr}`, line {node.lineno})"
         elif isinstance(node, ast.Import):
-            names = [p for a in node.names for p in a.name.split(".")]
+            for alias in node.names:
+                if alias.name == "sys" and alias.asname in (None, "sys"):
+                    continue  # `import sys` alone is harmless; its uses are checked
+                names += alias.name.split(".")
         elif isinstance(node, ast.ImportFrom):
-            names = (node.module or "").split(".") + [a.name for a in node.names]
+            names = (node.module or "").split(".")
+            if node.module == "sys" and all(a.name in SYS_ALLOWED for a in node.names):
+                names = []
+            names += [a.name for a in node.names if node.module != "sys"]
         elif torch_rules and isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             if node.lineno not in jit_lines:
                 return "multiplies matrices with @ outside a Triton kernel (line %d)" % node.lineno
         for n in names:
             if n in FORBIDDEN_ALWAYS:
                 return f"{FORBIDDEN_ALWAYS[n]} (`{n}`, line {node.lineno})"
+            if not torch_rules and n in FORBIDDEN_NUMPY:
+                return f"{FORBIDDEN_NUMPY[n]} (`{n}`, line {node.lineno})"
             if torch_rules and n in FORBIDDEN_TORCH and node.lineno not in jit_lines:
                 return f"{FORBIDDEN_TORCH[n]} (`{n}`, line {node.lineno})"
     return None
 
 
 # -- grading in the sandbox -------------------------------------------------------------------
-def build_cases(nb: Notebook, hidden_dir=None, include_hidden=True):
+def build_cases(nb: Notebook, hidden_dir=None, include_hidden=True, fresh_seeds=False):
+    """The notebook's test cases. ``fresh_seeds``: the inputs of the tiling (memory) tests are
+    drawn at grading time, so no table of answers prepared in advance can match them."""
     hidden = hidden_params(nb.name, hidden_dir) if include_hidden else {}
     cases = []
     for name in nb.exercises:
         ex = EXERCISES[name]
-        cases += ex.cases()
-        cases += ex.cases(hidden.get(name, []), hidden=True)
+        visible, secret = ex.visible, hidden.get(name, [])
+        if fresh_seeds:
+            visible, secret = ([dict(p, seed=secrets.randbelow(2**31))
+                                if p.get("check") == "memory" else p for p in ps]
+                               for ps in (visible, secret))
+        cases += ex.cases(visible)
+        cases += ex.cases(secret, hidden=True)
     return cases
 
 
@@ -170,40 +218,23 @@ def _call_spec(case, cid, arrays, limits):
 
 
 _BASELINES: dict = {}
-# A Python process with NumPy loaded is tens of MB; a peak below this means the kernel's number
-# did not cover the interpreter (e.g. only the `unshare` wrapper was measured).
-PLAUSIBLE_MIN_RSS_KB = 10 * 1024
 
 
-def _probe_memory(nb, case, cell, limits, hide=()):
-    """Peak RSS of a fresh child running one call, minus that of a child running a trivial stub.
-
-    Measured by the kernel (``wait4``'s ru_maxrss), so the student's code cannot fake it.
-    """
-    arrays: dict = {}
-    call = _call_spec(case, 0, arrays, limits)
-    key = (nb.name, case.exercise, case.name, case.hidden)
+def _baseline_peak(nb, cases, calls, arrays, limits, unsafe):
+    """Peak memory of a child running the same calls on stubs that return None: what the
+    interpreter, NumPy and the inputs cost. Cached per notebook and input sizes."""
+    key = (nb.name, tuple((c.exercise, tuple(tuple(getattr(a, "shape", ())) for a in c.args))
+                          for c in cases))
     if key not in _BASELINES:
-        stub = f"def {case.func}(*args, **kwargs):\n    return None\n"
-        rss = []
-        for _ in range(4):
-            rep = run_submission(preamble(nb), [{"exercise": case.exercise, "source": stub}],
-                                 [call], arrays, limits, nb.triton, hide)
-            if rep.maxrss_kb >= PLAUSIBLE_MIN_RSS_KB:
-                rss.append(rep.maxrss_kb)
-            if len(rss) == 2:
-                break
-        _BASELINES[key] = min(rss) if rss else None
-    rep = run_submission(preamble(nb), [{"exercise": case.exercise, "source": cell}], [call],
-                         arrays, limits, nb.triton, hide)
-    outcome = rep.calls.get(0, CallOutcome("crash", message="no result"))
-    if _BASELINES[key] is None or rep.maxrss_kb < PLAUSIBLE_MIN_RSS_KB:
-        outcome.memory = None  # not measured: the judge fails closed, never "tiled" by default
-        return outcome
-    extra = max(0, rep.maxrss_kb - _BASELINES[key]) * 1024
-    nq, nk = case.args[0].shape[-2], case.args[1].shape[-2]
-    outcome.memory = (extra, nq * nk * 8 // 2, "as the peak resident memory of the process")
-    return outcome
+        stubs = [{"exercise": ex, "source": BASELINE_STUBS.get(
+            ex, f"def {ex}(*args, **kwargs):\n    return None\n")} for ex in nb.exercises]
+        peaks = []
+        for _ in range(2):
+            rep = run_submission(preamble(nb), stubs, calls, arrays, limits, nb.triton, unsafe)
+            if rep.peak_bytes is not None:
+                peaks.append(rep.peak_bytes)
+        _BASELINES[key] = min(peaks) if peaks else None
+    return _BASELINES[key]
 
 
 def judge(case, outcome, cell_error=None) -> Verdict:
@@ -236,35 +267,83 @@ def judge(case, outcome, cell_error=None) -> Verdict:
         v.status, v.message = "fail", str(e)
     except Exception as e:  # noqa: BLE001 - a judge must never take the grader down
         v.status, v.message = "fail", f"the result could not be checked ({type(e).__name__}: {e})"
+    v.message = clean_text(v.message, 4000)
     return v
 
 
-def grade_notebook(path, hidden_dir=None, limits: Limits | None = None,
-                   include_hidden=True) -> NotebookResult:
-    """Grade one submitted notebook. Never raises for anything inside the notebook."""
-    import json
+def read_notebook(path) -> dict:
+    """A notebook's JSON, read through a descriptor opened here: regular files only (a FIFO or
+    a device never blocks the grader), at most MAX_NOTEBOOK_BYTES. Raises ValueError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ValueError(f"cannot open it ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("it is not a regular file")
+        if st.st_size > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"it is larger than {MAX_NOTEBOOK_BYTES >> 20} MB")
+        data = os.read(fd, MAX_NOTEBOOK_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        nb = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"it is not a notebook (JSON: {clean_text(e, 200)})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells", []), list):
+        raise ValueError("it is not a notebook")
+    return nb
 
+
+def expected_notebook(path, exercise=None) -> Notebook | None:
+    """Which exercise a file is graded as: ``exercise`` (the CLI's --exercise) if given, else the
+    file name (its number prefix). Never the notebook's own metadata, which a student controls."""
+    for stem in (exercise, Path(path).stem):
+        if stem:
+            try:
+                return notebook_of(str(stem))
+            except KeyError:
+                if stem == exercise:
+                    raise
+    return None
+
+
+def grade_notebook(path, hidden_dir=None, limits: Limits | None = None, include_hidden=True,
+                   exercise=None, unsafe=False) -> NotebookResult:
+    """Grade one submitted notebook. Never raises for anything inside the notebook
+    (``SandboxUnavailable`` without bubblewrap unless ``unsafe``)."""
+    require_sandbox(unsafe)
     t0 = time.monotonic()
     path = Path(path)
-    res = NotebookResult(str(path), "?")
+    res = NotebookResult(clean_text(path), "?")
     try:
-        nb_json = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(nb_json, dict):
-            raise ValueError("not a notebook")
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+        nb_json = read_notebook(path)
+    except ValueError as e:
         res.notes.append(f"could not read the notebook: {e}")
         return res
-    meta = nb_json.get("metadata", {}).get("course_kernels", {})
-    stem = meta.get("notebook") if isinstance(meta, dict) and meta.get("notebook") else path.stem
+    meta = nb_json.get("metadata", {})
+    meta = meta.get("course_kernels", {}) if isinstance(meta, dict) else {}
+    claimed = meta.get("notebook") if isinstance(meta, dict) else None
     try:
-        nb = notebook_of(str(stem))
+        nb = expected_notebook(path, exercise)
+        if nb is None and isinstance(claimed, str):
+            nb = notebook_of(claimed)
+            res.notes.append(f"graded as {nb.name}: the file name names no exercise, the "
+                             "notebook's metadata does (pass --exercise to be explicit)")
     except KeyError as e:
-        res.notes.append(str(e))
+        res.notes.append(clean_text(e))
         return res
+    if nb is None:
+        res.notes.append("no exercise matches this file's name; pass --exercise NN")
+        return res
+    if isinstance(claimed, str) and claimed != nb.name:
+        res.notes.append(clean_text(f"this file is graded as {nb.name}, but the notebook inside "
+                                    f"says it is {claimed!r}: was the wrong notebook submitted?"))
     res.notebook = nb.name
     if nb.note:
         res.notes.append(nb.note)
-    cases = build_cases(nb, hidden_dir, include_hidden)
+    cases = build_cases(nb, hidden_dir, include_hidden, fresh_seeds=True)
     cells = solution_cells(nb_json)
     limits = limits or Limits(call_seconds=nb.timeout, total_seconds=max(240.0, 4 * nb.timeout))
     flagged = {}
@@ -273,35 +352,26 @@ def grade_notebook(path, hidden_dir=None, limits: Limits | None = None,
         if why:
             flagged[ex] = why
     arrays: dict = {}
-    calls = []
-    by_id = {}
-    for cid, case in enumerate(cases):
-        if case.probe:
-            continue
-        calls.append(_call_spec(case, cid, arrays, limits))
-        by_id[cid] = case
-    cell_list = [{"exercise": ex, "source": src} for ex, src in cells.items()]
-    hide = [path.resolve().parent] + ([Path(hidden_dir).resolve()] if hidden_dir else [])
-    report = run_submission(preamble(nb), cell_list, calls, arrays, limits, nb.triton, hide)
+    calls = [_call_spec(case, cid, arrays, limits) for cid, case in enumerate(cases)]
+    cell_list = [{"exercise": ex, "source": src} for ex, src in cells.items() if ex not in flagged]
+    report = run_submission(preamble(nb), cell_list, calls, arrays, limits, nb.triton, unsafe)
     outcomes = dict(report.calls)
-    bad = {ex for ex, st in report.cells.items() if not st.get("ok", True)}
-    for cid, case in enumerate(cases):
-        if not case.probe:
-            continue
-        prior = [outcomes.get(i) for i, c in by_id.items() if c.exercise == case.exercise]
-        if case.exercise not in cells or case.exercise in bad or any(
-                o is None or o.status in ("timeout", "crash", "not_implemented") for o in prior):
-            outcomes[cid] = CallOutcome("not_run", message="not run: the other tests of this "
-                                        "exercise did not complete")
-            if prior and prior[0] is not None and prior[0].status == "not_implemented":
-                outcomes[cid] = prior[0]
-            continue
-        outcomes[cid] = _probe_memory(nb, case, cells[case.exercise], limits, hide)
+    if any(c.probe == "memory" for c in cases):
+        base = _baseline_peak(nb, cases, calls, arrays, limits, unsafe)
+        how = ("as the peak memory of the whole process tree (cgroup)" if isolation()["cgroup"]
+               else "as the largest peak RSS of any process of the run")
+        for cid, case in enumerate(cases):
+            o = outcomes.get(cid)
+            if case.probe == "memory" and o is not None and o.status == "ok":
+                o.memory = (None if base is None or o.peak is None
+                            else (max(0, o.peak - base), how))
     for cid, case in enumerate(cases):
         outcome = outcomes.get(cid) or CallOutcome("crash", message="no result came back")
         cell = report.cells.get(case.exercise)
         cell_error = None
-        if case.exercise not in cells:
+        if case.exercise in flagged:
+            pass
+        elif case.exercise not in cells:
             outcome = CallOutcome("error", error={
                 "type": "NameError", "message": f"name {case.func!r} is not defined in your "
                 "solution cells: the cell marked YOUR CODE is missing"})
@@ -312,8 +382,9 @@ def grade_notebook(path, hidden_dir=None, limits: Limits | None = None,
         v = judge(case, outcome, cell_error)
         if case.exercise in flagged:
             v.points, v.status = 0.0, "flagged"
-            v.message = (f"not graded: your code {flagged[case.exercise]}, which a submission may "
-                         "not do. Write the algorithm with NumPy/Triton only")
+            v.message = clean_text(f"not graded: your code {flagged[case.exercise]}, which a "
+                                   "submission may not do. Write the algorithm with NumPy/Triton "
+                                   "only")
         res.verdicts.append(v)
     if report.restarts:
         res.notes.append(f"the sandbox restarted {report.restarts} time(s) after a crash/timeout")
@@ -331,13 +402,14 @@ class LoggingMemory:
         class _Logged(TwoLevelMemory):
             def __init__(self, sram, **hbm):
                 super().__init__(sram, **hbm)
-                self.log, self._tid = [], {}
+                self.log, self._tid, self._next = [], {}, 0
 
             def load(self, name, rows=slice(None), registers=False):
                 tile = super().load(name, rows, registers)
                 n = self.hbm[name].shape[-2] if self.hbm[name].ndim >= 2 else self.hbm[name].shape[-1]
                 a, b, _ = rows.indices(n)
-                self._tid[id(tile)] = len(self._tid)
+                self._tid[id(tile)] = self._next
+                self._next += 1
                 self.log.append(["load", name, a, b, bool(registers), self._tid[id(tile)]])
                 return tile
 
@@ -349,7 +421,8 @@ class LoggingMemory:
 
             def alloc(self, shape, fill=0.0, dtype=np.float64):
                 tile = super().alloc(shape, fill, dtype)
-                self._tid[id(tile)] = len(self._tid)
+                self._tid[id(tile)] = self._next
+                self._next += 1
                 self.log.append(["alloc", [int(s) for s in shape], self._tid[id(tile)]])
                 return tile
 
@@ -423,8 +496,7 @@ def _call_in_process(fn, case):
         if started:
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
-            nq, nk = case.args[0].shape[-2], case.args[1].shape[-2]
-            outcome.memory = (peak, nq * nk * 8 // 2, "with tracemalloc")
+            outcome.memory = (peak, "with tracemalloc")
         if orig is not None:
             import triton.runtime.interpreter as interp
 
@@ -451,13 +523,40 @@ def run_visible(name: str, fn) -> list:
     return verdicts
 
 
+def cell_source(fn) -> str | None:
+    """The whole code cell (or file) that defined ``fn``, as the grader will read it."""
+    import linecache
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    name = code.co_filename
+    if "ipykernel_" in name or name.startswith("<ipython-input"):  # a Jupyter cell
+        lines = linecache.getlines(name)
+        return "".join(lines) if lines else None
+    import inspect
+
+    try:  # defined in a file (a test, a script): only the function itself
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+
+
 def check(name: str, fn) -> None:
     """Run the visible tests of exercise ``name`` on ``fn`` and print teaching feedback.
 
     Used by the notebooks' check cells. Never raises for a wrong or unfinished solution: an
-    unfinished stub reports "not yet implemented".
+    unfinished stub reports "not yet implemented". The cell that defined ``fn`` goes through the
+    grader's own lint first, so what the grader refuses is refused here too.
     """
     total = sum(c.points for c in EXERCISES[name].cases())
+    src = cell_source(fn)
+    why = forbidden_use(_strip_magics(src), EXERCISES[name].torch_rules) if src else None
+    if why:
+        print(f"[FAIL] {name}: the grader will not grade this cell: your code {why}, which a "
+              f"submission may not do. Write the algorithm with NumPy/Triton only (0/{total:g} "
+              "points)")
+        return
     verdicts = run_visible(name, fn)
     if verdicts and verdicts[-1].status == "not_implemented":
         print(f"{name}: not yet implemented - fill in the function above and run this cell "

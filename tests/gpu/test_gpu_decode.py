@@ -8,9 +8,9 @@ torch = pytest.importorskip("torch")
 
 
 def test_decode_benchmark_rows():
-    from course_kernels import decode
+    from course_kernels import apps
 
-    rows = decode.benchmark(contexts=(256, 2048), heads=8, kv_heads=2, head_dim=64)
+    rows = apps.decode_benchmark(contexts=(256, 2048), heads=8, kv_heads=2, head_dim=64)
     impls = {r["impl"] for r in rows}
     assert {"flash_decode", "flash_decode_splits1", "flash_decode_cudagraph",
             "flash_attention_fwd", "sdpa_math"} <= impls

@@ -1,0 +1,36 @@
+/* The site on a phone: make the sidebar buttons work (book/_ext/phone_view.py adds this file).
+ *
+ * pydata-sphinx-theme 0.17 opens its narrow-screen sidebar dialogs from the FIRST element with
+ * class .primary-toggle / .secondary-toggle (document.querySelector). sphinx-book-theme 1.3 adds a
+ * second pair in the article header, and those are the buttons a reader sees and taps: they have
+ * no handler, so on a phone the table of contents could not be opened at all.
+ * Upstream: pydata/pydata-sphinx-theme#2451 (open, unfixed in every release up to 0.24; and
+ * sphinx-book-theme 1.3.0 pins pydata-sphinx-theme==0.17.1). Remove this file when it is fixed.
+ *
+ * Fix: a click on any later toggle is handed to the first one of its kind, which carries the
+ * themes' handlers (the dialog on narrow screens, sphinx-book-theme's collapse on wide ones).
+ * It runs in the capture phase and stops the event, so a theme that one day binds the visible
+ * button itself does not open the dialog twice.
+ */
+(function () {
+  "use strict";
+  function forward(selector) {
+    var toggles = document.querySelectorAll(selector);
+    for (var i = 1; i < toggles.length; i++) {
+      toggles[i].addEventListener("click", function (event) {
+        event.preventDefault();
+        event.stopImmediatePropagation();
+        toggles[0].click();
+      }, true);
+    }
+  }
+  function setup() {
+    forward(".primary-toggle");
+    forward(".secondary-toggle");
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", setup);
+  } else {
+    setup();
+  }
+})();
