@@ -491,6 +491,7 @@ def run_sweep(out_dir, n=4096, ds=(64, 128), causals=(False, True), batch=4, hid
 
     os.makedirs(out_dir, exist_ok=True)
     env = environment()
+    env["autotune"] = False  # every config is forced alone (forced_forward_config): no autotuning
     rows = []
     cases = [(d, c, cfg) for d in ds for c in causals for cfg in configs]
     for d, causal, cfg in tqdm(cases, desc="sweep", file=sys.stdout, mininterval=5):

@@ -21,6 +21,13 @@ from dataclasses import dataclass, field
 from ._validate import check_positive_int
 
 KIB = 1024
+# Architecture constants of every GPU in the table (CUDA C++ Programming Guide, compute capability
+# table and "Shared Memory" section, cc 5.0 to 9.0).
+WARP_SIZE = 32  # threads per warp
+SMEM_BANKS = 32  # shared-memory banks
+SMEM_BANK_BYTES = 4  # bytes per bank word
+REGISTERS_PER_SM = 65536  # 32-bit registers per SM
+MAX_REGISTERS_PER_THREAD = 255
 CUDA_GUIDE = (
     "NVIDIA CUDA C++ Programming Guide, 'Features and Technical Specifications' "
     "(compute capability table): https://docs.nvidia.com/cuda/cuda-c-programming-guide/"
@@ -45,6 +52,13 @@ class GPU:
     bf16_tensor_tflops: float | None  # None: no bf16 tensor cores
     boost_clock_mhz: float
     sources: dict = field(default_factory=dict)
+    fp32_tflops: float | None = None  # non-tensor (CUDA core) FP32, dense: the non-matmul rate
+
+    def matmul_to_nonmatmul(self) -> float:
+        """How many fp16 tensor-core FLOPs one non-matmul FP32 FLOP costs (FA2 paper Sec. 3.1)."""
+        if self.fp32_tflops is None:
+            raise ValueError(f"no FP32 (non-tensor) rate recorded for {self.name}")
+        return self.fp16_tensor_tflops / self.fp32_tflops
 
     @property
     def bandwidth(self) -> float:
@@ -78,6 +92,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=64, smem_per_block_kib=64, smem_per_block_default_kib=48,
         l2_mb=4, memory_gb=16, memory_type="GDDR6", bandwidth_gbs=320,
         fp16_tensor_tflops=65, bf16_tensor_tflops=None, boost_clock_mhz=1590,
+        fp32_tflops=8.1,
         sources={
             "datasheet": "NVIDIA T4 Tensor Core GPU datasheet: 320 GB/s, 16 GB GDDR6, "
             "65 TFLOPS mixed precision (FP16/FP32), 40 Turing SMs",
@@ -90,6 +105,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
         l2_mb=40, memory_gb=40, memory_type="HBM2", bandwidth_gbs=1555,
         fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        fp32_tflops=19.5,
         sources={
             "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 1,555 GB/s (40 GB), "
             "312 TFLOPS FP16/BF16 dense",
@@ -103,6 +119,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
         l2_mb=40, memory_gb=80, memory_type="HBM2e", bandwidth_gbs=2039,
         fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        fp32_tflops=19.5,
         sources={
             "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 2,039 GB/s (80 GB SXM; "
             "1,935 GB/s PCIe), 312 TFLOPS FP16/BF16 dense",
@@ -115,6 +132,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
         l2_mb=50, memory_gb=80, memory_type="HBM3", bandwidth_gbs=3350,
         fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        fp32_tflops=67,
         sources={
             "datasheet": "NVIDIA H100 Tensor Core GPU datasheet (SXM): 3.35 TB/s, "
             "1,979 TFLOPS FP16/BF16 with sparsity = ~989 dense",
@@ -127,6 +145,7 @@ GPUS: dict[str, GPU] = {
         smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
         l2_mb=50, memory_gb=141, memory_type="HBM3e", bandwidth_gbs=4800,
         fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        fp32_tflops=67,
         sources={
             "datasheet": "NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, "
             "1,979 TFLOPS FP16/BF16 with sparsity = ~989 dense",
@@ -147,6 +166,7 @@ class MeasuredCeilings:
     date: str
     software: str
     source: str
+    matmul_n: int = 8192  # the matmul's size: (n x n) @ (n x n)
 
 
 H200_MEASURED = MeasuredCeilings(
@@ -159,6 +179,40 @@ H200_MEASURED = MeasuredCeilings(
     "data/anchors/h200_sdpa_2026-11-29.csv holds the attention measurements of the same run",
 )
 
+
+
+@dataclass(frozen=True)
+class PaperMeasurement:
+    """The FlashAttention paper's Fig. 2 (left): GPT-2 medium on an A100, forward + backward."""
+
+    hbm_gb_standard: float
+    hbm_gb_flash: float
+    runtime_ms_standard: float
+    runtime_ms_flash: float
+    gflops_standard: float
+    gflops_flash: float
+    source: str
+
+    @property
+    def traffic_reduction(self) -> float:
+        return self.hbm_gb_standard / self.hbm_gb_flash
+
+    @property
+    def speedup(self) -> float:
+        return self.runtime_ms_standard / self.runtime_ms_flash
+
+    @property
+    def extra_flops(self) -> float:
+        """Relative FLOP increase of FlashAttention (the backward recomputes S and P)."""
+        return self.gflops_flash / self.gflops_standard - 1
+
+
+FA_PAPER_FIG2 = PaperMeasurement(
+    hbm_gb_standard=40.3, hbm_gb_flash=4.4, runtime_ms_standard=41.7, runtime_ms_flash=7.3,
+    gflops_standard=66.6, gflops_flash=75.2,
+    source="Dao et al. 2022, FlashAttention (arXiv 2205.14135), Fig. 2 left: GPT-2 medium "
+    "(seq. length 1024, head dim 64, 16 heads, batch size 64) on an A100",
+)
 
 # -- helpers ---------------------------------------------------------------------------------
 def transfer_time(data_bytes: float, bandwidth: float) -> float:
@@ -250,3 +304,108 @@ def load_measurements(relpath: str) -> list[dict]:
                 parsed[key] = value
         rows.append(parsed)
     return rows
+
+
+def bank_conflict_degree(byte_addresses, banks: int = SMEM_BANKS, bank_bytes: int = SMEM_BANK_BYTES) -> int:
+    """How many serialised shared-memory transactions one warp-wide access needs (1 = no conflict).
+
+    Shared memory is split into ``banks`` banks of ``bank_bytes``-byte words; word ``w`` lives in
+    bank ``w % banks`` (CUDA C++ Programming Guide, "Shared Memory", compute capability 5.x and
+    later: 32 banks of 4 bytes). Threads that read the *same* word are served by one broadcast;
+    distinct words in the same bank are served one after another. Returns the largest number of
+    distinct words any bank must deliver. A simplified model: 8- and 16-byte accesses are split
+    into phases by the hardware, which this function does not model.
+    """
+    banks = check_positive_int(banks, "banks")
+    bank_bytes = check_positive_int(bank_bytes, "bank_bytes")
+    words_per_bank: dict[int, set] = {}
+    count = 0
+    for a in byte_addresses:
+        if isinstance(a, bool) or int(a) != a or a < 0:
+            raise ValueError(f"byte addresses must be integers >= 0; got {a!r}")
+        word = int(a) // bank_bytes
+        words_per_bank.setdefault(word % banks, set()).add(word)
+        count += 1
+    if count == 0:
+        raise ValueError("byte_addresses is empty: give the address each thread of the warp reads")
+    return max(len(w) for w in words_per_bank.values())
+
+
+# -- measuring the roofline's two ceilings (scripts/measure_ceilings.py) ----------------------
+def _median_seconds(fn, repeats: int = 20, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` in seconds (CPU fallback of ``triton.testing.do_bench``)."""
+    import statistics
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_ceilings(device: str = "cuda", matmul_n: int = 8192, copy_bytes: int = 2**30,
+                     timer=None) -> dict:
+    """Measure the two roofline ceilings of one device, the way ``H200_MEASURED`` was measured.
+
+    - copy bandwidth: ``b.copy_(a)`` of ``copy_bytes`` fp16 bytes, counted as bytes read plus
+      bytes written (2 x copy_bytes) over the median time;
+    - fp16 matmul: ``x @ y`` of two ``matmul_n`` x ``matmul_n`` fp16 matrices, 2 n^3 FLOPs over
+      the median time.
+
+    ``timer(fn) -> seconds``: by default ``triton.testing.do_bench`` (median, milliseconds
+    converted) on CUDA and a median of wall times elsewhere (CPU: for testing the arithmetic
+    only; a CPU has no fp16 tensor cores). Returns a dict with both ceilings in bytes/s and
+    FLOP/s, the sizes, and the method, ready to be written to JSON next to the environment.
+    """
+    import torch
+
+    matmul_n = check_positive_int(matmul_n, "matmul_n")
+    copy_bytes = check_positive_int(copy_bytes, "copy_bytes")
+    if copy_bytes % 2:
+        raise ValueError(f"copy_bytes must be even (fp16 elements); got {copy_bytes}")
+    if timer is None:
+        if device.startswith("cuda"):
+            import triton.testing
+
+            def timer(fn):
+                return triton.testing.do_bench(fn, return_mode="median") / 1e3
+        else:
+            timer = _median_seconds
+    a = torch.ones(copy_bytes // 2, dtype=torch.float16, device=device)
+    b = torch.empty_like(a)
+    t_copy = timer(lambda: b.copy_(a))
+    x = torch.randn(matmul_n, matmul_n, device=device).to(torch.float16)
+    y = torch.randn(matmul_n, matmul_n, device=device).to(torch.float16)
+    t_mm = timer(lambda: x @ y)
+    if not (t_copy > 0 and t_mm > 0):
+        raise RuntimeError(f"the timer returned non-positive times ({t_copy}, {t_mm}) s")
+    return {
+        "copy_bandwidth": 2 * copy_bytes / t_copy,
+        "fp16_matmul_flops": 2 * matmul_n**3 / t_mm,
+        "copy_bytes": copy_bytes,
+        "matmul_n": matmul_n,
+        "copy_seconds": t_copy,
+        "matmul_seconds": t_mm,
+        "method": "median time; copy counted as bytes read + written; matmul 2 n^3 FLOPs",
+    }
+
+
+def ceilings_from_record(record: dict) -> MeasuredCeilings:
+    """A :class:`MeasuredCeilings` from a JSON record written by scripts/measure_ceilings.py."""
+    try:
+        env, res = record["environment"], record["ceilings"]
+        return MeasuredCeilings(
+            gpu=env["gpu"], copy_bandwidth=float(res["copy_bandwidth"]),
+            fp16_matmul_flops=float(res["fp16_matmul_flops"]), date=env["date"],
+            software=f"torch {env['torch']}, Triton {env['triton']}",
+            source=f"measured with: {env['command']}", matmul_n=int(res["matmul_n"]),
+        )
+    except (KeyError, TypeError) as e:
+        raise ValueError(
+            "a ceilings record needs 'environment' (gpu, date, torch, triton, command) and "
+            f"'ceilings' (copy_bandwidth, fp16_matmul_flops, matmul_n); missing {e}"
+        ) from None

@@ -345,6 +345,25 @@ def flash_attention_io_formula(
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
     br, bc = flash_block_sizes(d, check_positive_int(M, "M"), model)
+    return flash_attention_io_blocks(n_q, d, br, bc, loop_order, n_k=n_k, dv=dv)
+
+
+def flash_attention_io_blocks(
+    N: int, d: int, block_r: int, block_c: int, loop_order: str = "fa2",
+    n_k: int | None = None, dv: int | None = None,
+):
+    """(reads, writes) in elements of the tiled loops with explicit blocks Br x Bc (non-causal).
+
+    What a kernel with these tiles *asks* HBM for, whatever SRAM it has (no capacity check): a real
+    kernel's tiles (64 or 128 rows) are set by tuning, not by M/4d. Term by term, with
+    Tr = ceil(Nq/Br), Tc = ceil(Nk/Bc):
+      FA2: Q once (Nq d) + K, V once per query block (Tr Nk (d + dv)); O and L written once.
+      FA1: K, V once (Nk (d + dv)) + Q, O, l, m once per key block (Tc Nq (d + dv + 2));
+           O, l, m initialised once and rewritten once per key block ((1 + Tc) Nq (dv + 2)).
+    """
+    n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
+    br = check_positive_int(block_r, "block_r")
+    bc = check_positive_int(block_c, "block_c")
     t_r, t_c = math.ceil(n_q / br), math.ceil(n_k / bc)
     if loop_order == "fa2":
         return n_q * d + t_r * n_k * (d + dv), n_q * dv + n_q

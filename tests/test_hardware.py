@@ -26,6 +26,8 @@ SOURCE_VALUES = [
     ("H100-SXM", "fp16_tensor_tflops", 989), ("H100-SXM", "compute_capability", "9.0"),
     ("H200-SXM", "bandwidth_gbs", 4800), ("H200-SXM", "memory_gb", 141), ("H200-SXM", "sms", 132),
     ("H200-SXM", "smem_per_block_kib", 227), ("H200-SXM", "fp16_tensor_tflops", 989),
+    ("T4", "fp32_tflops", 8.1), ("A100-80GB", "fp32_tflops", 19.5), ("H100-SXM", "fp32_tflops", 67),
+    ("H200-SXM", "fp32_tflops", 67),
 ]
 
 
@@ -126,3 +128,78 @@ def test_hardware_load_measurements_missing_file_says_where(monkeypatch):
 def test_hardware_h100_is_not_double_the_a100():  # erratum E14
     ratio = hw.GPUS["H100-SXM"].bandwidth / hw.GPUS["A100-80GB"].bandwidth
     assert math.isclose(ratio, 1.64, abs_tol=0.01)
+
+
+def test_hardware_matmul_to_nonmatmul_is_the_fa2_papers_16x_on_the_a100():
+    # FA2 paper Sec. 3.1: 312 TFLOP/s fp16 matmul vs 19.5 TFLOP/s non-matmul fp32 = 16x.
+    assert hw.GPUS["A100-80GB"].matmul_to_nonmatmul() == pytest.approx(16.0)
+    assert hw.GPUS["H100-SXM"].matmul_to_nonmatmul() == pytest.approx(989 / 67)
+    no_rate = hw.GPU(**{**hw.GPUS["T4"].__dict__, "fp32_tflops": None})
+    with pytest.raises(ValueError, match="no FP32"):
+        no_rate.matmul_to_nonmatmul()
+
+
+def test_hardware_fa_paper_fig2_values_and_ratios():
+    f = hw.FA_PAPER_FIG2
+    assert (f.hbm_gb_standard, f.hbm_gb_flash, f.runtime_ms_standard, f.runtime_ms_flash) == (40.3, 4.4, 41.7, 7.3)
+    assert (f.gflops_standard, f.gflops_flash) == (66.6, 75.2)
+    assert f.traffic_reduction == pytest.approx(9.16, abs=0.01)
+    assert f.speedup == pytest.approx(5.71, abs=0.01)
+    assert f.extra_flops == pytest.approx(0.129, abs=0.001)  # the "+13%" of the errata
+
+
+def test_hardware_bank_conflict_degree_column_of_a_row_major_tile():
+    # 32 threads read column 0 of a row-major fp16 tile with 64 columns (128-byte rows): one bank.
+    assert hw.bank_conflict_degree([t * 128 for t in range(32)]) == 32
+    # Padding each row by 4 bytes shifts every row by one bank: conflict-free.
+    assert hw.bank_conflict_degree([t * 132 for t in range(32)]) == 1
+    # XOR swizzle of the 4-byte word index by the row: conflict-free without padding.
+    assert hw.bank_conflict_degree([t * 128 + 4 * (0 ^ t) for t in range(32)]) == 1
+    # Consecutive words: one per bank; the same word for all threads: a broadcast.
+    assert hw.bank_conflict_degree([4 * t for t in range(32)]) == 1
+    assert hw.bank_conflict_degree([64] * 32) == 1
+    # Two threads per bank with distinct words: 2-way.
+    assert hw.bank_conflict_degree([8 * t for t in range(32)]) == 2
+    with pytest.raises(ValueError, match="empty"):
+        hw.bank_conflict_degree([])
+    with pytest.raises(ValueError, match="integers"):
+        hw.bank_conflict_degree([-4])
+
+
+def test_hardware_architecture_constants_match_the_cuda_guide():
+    assert (hw.WARP_SIZE, hw.SMEM_BANKS, hw.SMEM_BANK_BYTES) == (32, 32, 4)
+    assert (hw.REGISTERS_PER_SM, hw.MAX_REGISTERS_PER_THREAD) == (64 * 1024, 255)
+    assert hw.H200_MEASURED.matmul_n == 8192
+
+
+def test_hardware_measure_ceilings_arithmetic_with_a_fixed_timer():
+    pytest.importorskip("torch")
+    # A timer that says every call takes 2 ms: the ceilings are then pure arithmetic.
+    res = hw.measure_ceilings("cpu", matmul_n=16, copy_bytes=2048, timer=lambda fn: (fn(), 2e-3)[1])
+    assert res["copy_bandwidth"] == pytest.approx(2 * 2048 / 2e-3)  # read + written
+    assert res["fp16_matmul_flops"] == pytest.approx(2 * 16**3 / 2e-3)
+    with pytest.raises(ValueError, match="even"):
+        hw.measure_ceilings("cpu", matmul_n=4, copy_bytes=3, timer=lambda fn: 1.0)
+    with pytest.raises(RuntimeError, match="non-positive"):
+        hw.measure_ceilings("cpu", matmul_n=4, copy_bytes=4, timer=lambda fn: 0.0)
+
+
+def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "measure_ceilings.py"
+    spec = importlib.util.spec_from_file_location("measure_ceilings", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "ceilings.json"
+    assert mod.main(["--out", str(out), "--device", "cpu", "--small"]) == 0
+    record = json.loads(out.read_text())
+    c = hw.ceilings_from_record(record)
+    assert c.copy_bandwidth > 0 and c.fp16_matmul_flops > 0 and c.matmul_n == 64
+    assert "measure_ceilings.py" in record["environment"]["command"] and record["environment"]["date"]
+    with pytest.raises(ValueError, match="ceilings"):
+        hw.ceilings_from_record({"environment": record["environment"]})
