@@ -119,23 +119,17 @@ def pick_configs(gpu_configs: list, cpu_config, ieee_config) -> list:
     return list(gpu_configs) + [ieee_config]
 
 
-def prune_configs(ieee_config, small_config, head_dim_128_only=()):
+def prune_configs(ieee_config, small_config):
     """An ``early_config_prune``: fp32 -> ``ieee_config``; head dim 256 -> ``small_config``;
-    otherwise the fp16/bf16 configs (only the first with COURSE_KERNELS_AUTOTUNE=0).
-
-    ``head_dim_128_only``: configs tried only when the padded head dim is 128 (the backward's
-    configs that do not spill registers there; notes/kernel.md).
-    """
-    only_128 = {id(c) for c in head_dim_128_only}
+    otherwise the fp16/bf16 configs (only the first with COURSE_KERNELS_AUTOTUNE=0)."""
 
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         if args.get("DOT_PRECISION") == "ieee":
             return [ieee_config]
-        hd = args.get("HEAD_DIM_PADDED", 0)
-        if hd >= 256:
+        if args.get("HEAD_DIM_PADDED", 0) >= 256:
             return [small_config]
-        fast = [c for c in configs if c is not ieee_config and (hd == 128 or id(c) not in only_128)]
+        fast = [c for c in configs if c is not ieee_config]
         return fast if AUTOTUNE else fast[:1]
 
     return prune

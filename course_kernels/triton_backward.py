@@ -39,14 +39,14 @@ from ._triton_env import autotune_kwargs, pick_configs, prune_configs  # noqa: E
 from .triton_forward import _load_tile  # noqa: E402
 
 
-def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small, extra=()):
+def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
     gpu = [
         triton.Config({block_a: a, block_b: b}, num_warps=w, num_stages=s)
         for a, b, w, s in [
             (32, 128, 4, 3),  # the Triton tutorial's Hopper choice
             (64, 128, 8, 3),
         ]
-    ] + [small] + list(extra)
+    ] + [small]
     cpu_config = triton.Config({block_a: cpu[0], block_b: cpu[1]}, num_warps=4, num_stages=1)
     return pick_configs(gpu, cpu_config, ieee)
 
@@ -56,9 +56,12 @@ def _d128_configs(block_a: str, block_b: str, shapes):
             for a, b, w, s in shapes]
 
 
-# Head dim 128 only: at d = 128 on the H200 the two configs above spill registers (compiled
-# metadata, data/bench/h200_config_meta.json: dK/dV (32, 128, 4 warps) 192 spilled registers,
-# dQ (128 rows, 32 keys, 4 warps) 54); these smaller tiles do not (notes/kernel.md).
+# Tried and not kept (notes/kernel.md, data/bench/h200_bwd_d128_ab.json): at d = 128 on the
+# H200 the first configs above spill registers (compiled metadata, data/bench/
+# h200_config_meta.json: dK/dV (32, 128, 4 warps) 192 spilled registers, dQ (128 rows, 32 keys,
+# 4 warps) 54). These smaller tiles do not spill, but with them in the list the autotuner still
+# chose (64, 128, 8 warps) for both kernels, at the same speed. scripts/hopper_levers.py bwd-ab
+# re-measures them.
 DKDV_D128_CONFIGS = _d128_configs("BLOCK_M1", "BLOCK_N1", [(32, 64, 4, 3), (64, 64, 4, 3),
                                                            (32, 128, 8, 3)])
 DQ_D128_CONFIGS = _d128_configs("BLOCK_N2", "BLOCK_M2", [(32, 64, 4, 3), (64, 64, 4, 3),
@@ -75,14 +78,12 @@ DQ_SMALL_CONFIG = triton.Config({"BLOCK_N2": 16, "BLOCK_M2": 64}, num_warps=4, n
 
 def dkdv_configs() -> list[triton.Config]:
     """(BLOCK_M1 query rows per step, BLOCK_N1 keys per program)."""
-    return _configs("BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG,
-                    DKDV_D128_CONFIGS)
+    return _configs("BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG)
 
 
 def dq_configs() -> list[triton.Config]:
     """(BLOCK_N2 keys per step, BLOCK_M2 query rows per program)."""
-    return _configs("BLOCK_N2", "BLOCK_M2", (16, 32), DQ_IEEE_CONFIG, DQ_SMALL_CONFIG,
-                    DQ_D128_CONFIGS)
+    return _configs("BLOCK_N2", "BLOCK_M2", (16, 32), DQ_IEEE_CONFIG, DQ_SMALL_CONFIG)
 
 
 @triton.jit
@@ -140,8 +141,7 @@ def _attn_bwd_dkdv_inner(
 @triton.autotune(
     configs=dkdv_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "GROUP_SIZE", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG,
-                                                          DKDV_D128_CONFIGS)},
+    prune_configs_by={"early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG)},
     **autotune_kwargs(),
 )
 @triton.jit
@@ -242,8 +242,7 @@ def _attn_bwd_dq_inner(
 @triton.autotune(
     configs=dq_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG,
-                                                          DQ_D128_CONFIGS)},
+    prune_configs_by={"early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG)},
     **autotune_kwargs(),
 )
 @triton.jit

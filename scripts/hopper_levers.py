@@ -526,9 +526,8 @@ def cmd_bwd_ab(args):
     env, rows = _env(), []
     kernels = {"dkdv": triton_backward._attn_bwd_dkdv, "dq": triton_backward._attn_bwd_dq}
     extra = {"dkdv": triton_backward.DKDV_D128_CONFIGS, "dq": triton_backward.DQ_D128_CONFIGS}
-    full = {name: list(k.configs) for name, k in kernels.items()}
-    old = {name: [c for c in full[name] if all(c is not e for e in extra[name])]
-           for name in kernels}
+    old = {name: list(k.configs) for name, k in kernels.items()}
+    full = {name: old[name] + list(extra[name]) for name in kernels}
     names = {id(k): name for name, k in kernels.items()}
     d, batch, heads = 128, 4, 16
     for n in (int(x) for x in args.ns.split(",")):
@@ -560,7 +559,7 @@ def cmd_bwd_ab(args):
                     json.dump({"environment": env, "results": rows}, f, indent=1)
             q = k = v = do = out = None
     for name, kern in kernels.items():
-        kern.configs = full[name]
+        kern.configs = old[name]
         kern.cache.clear()
     flash._TUNED.clear()
     return 0

@@ -228,18 +228,3 @@ def test_private_forward_backward_signatures():
     for a, b in zip(got, want[1:]):
         assert torch.equal(a, b)
 
-
-def test_prune_offers_head_dim_128_configs_only_there():
-    """The backward's extra (non-spilling) configs are tried at padded head dim 128 only."""
-    import triton
-
-    ieee, small = triton.Config({"B": 1}), triton.Config({"B": 2})
-    base, only = triton.Config({"B": 3}), triton.Config({"B": 4})
-    prune = _triton_env.prune_configs(ieee, small, [only])
-    configs = [base, small, only, ieee]
-    if _triton_env.AUTOTUNE:
-        assert prune(configs, {"HEAD_DIM_PADDED": 128, "DOT_PRECISION": "tf32"}) == [base, small,
-                                                                                     only]
-        assert prune(configs, {"HEAD_DIM_PADDED": 64, "DOT_PRECISION": "tf32"}) == [base, small]
-    assert prune(configs, {"HEAD_DIM_PADDED": 64, "DOT_PRECISION": "ieee"}) == [ieee]
-    assert prune(configs, {"HEAD_DIM_PADDED": 256, "DOT_PRECISION": "tf32"}) == [small]
