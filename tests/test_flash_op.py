@@ -251,3 +251,17 @@ def test_one_key_block_with_global_statistics():
     assert torch.allclose(parts[1][1].double(), dk[:, :, 4:], atol=1e-5)
     assert torch.allclose(parts[1][2].double(), dv[:, :, 4:], atol=1e-5)
     assert torch.count_nonzero(parts[1][0]) > 0  # not the one-key shortcut's zeros
+
+
+def test_op_compiles_with_dynamic_sequence_length():
+    """The fake implementation works with symbolic shapes: two lengths, one compiled graph."""
+    torch._dynamo.reset()
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    fn = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), backend=counter,
+                       dynamic=True, fullgraph=True)
+    for n in (19, 27):
+        q, k, v = qkv(Nq=n, Nk=n, grad=False)
+        assert torch.equal(fn(q, k, v), flash_attention(q, k, v, causal=True))
+    assert counter.frame_count == 1
