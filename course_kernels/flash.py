@@ -220,7 +220,7 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
         grads = _backward(do.float(), q.float(), k.float(), v.float(), o.float(), lse2, causal,
                           scale)
         return tuple(g.to(torch.bfloat16) for g in grads)
-    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
+    q, k, v, o, do, lse2 = (x.contiguous() for x in (q, k, v, o, do, lse2))
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     dpad = _head_dim_padded(d)
