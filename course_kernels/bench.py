@@ -8,7 +8,9 @@ Chapter: "Fast on a real GPU" (and the IO chapter for :func:`dram_cases`). Run t
 
 Providers: ``flash`` (this package's Triton kernel), ``sdpa-flash`` (FlashAttention-2 inside
 PyTorch), ``sdpa-cudnn`` (cuDNN fused attention), ``sdpa-efficient`` (memory-efficient
-attention) and ``naive`` (matmul + softmax + matmul). FLOPs = 4 B H N^2 d, halved for causal,
+attention), ``naive`` (matmul + softmax + matmul) and ``tutorial`` (Triton's fused-attention
+tutorial, ``python/tutorials/06-fused-attention.py``, from a file named by the environment
+variable ``COURSE_KERNELS_TUTORIAL``: see :func:`load_tutorial`). FLOPs = 4 B H N^2 d, halved for causal,
 x2.5 for the backward (the Triton tutorial's and FlashAttention papers' convention); the
 backward is timed alone (``torch.autograd.grad`` on a retained graph). Times are the median of
 ``triton.testing.do_bench``.
@@ -28,10 +30,15 @@ import numpy as np
 
 from .testing import error_budget, max_abs_error
 
-PROVIDERS = ("flash", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive")
+PROVIDERS = ("flash", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive", "tutorial")
 PROVIDER_LABELS = {"flash": "this course's kernel", "sdpa-flash": "SDPA FlashAttention-2",
                    "sdpa-cudnn": "SDPA cuDNN", "sdpa-efficient": "SDPA memory-efficient",
-                   "naive": "naive attention"}
+                   "naive": "naive attention", "tutorial": "Triton tutorial"}
+# The ``tutorial`` provider: Triton's fused-attention tutorial, loaded from a file you download
+# (it is not part of this repository). Take the copy of the Triton version you benchmark, e.g.
+# https://github.com/triton-lang/triton/blob/release/3.6.x/python/tutorials/06-fused-attention.py
+# (MIT licence, Copyright OpenAI / the Triton authors), and point this variable at it.
+TUTORIAL_ENV = "COURSE_KERNELS_TUTORIAL"
 NAIVE_LIMIT_BYTES = 40 * 2**30  # skip naive where its N x N tensors would pass this
 
 
@@ -53,7 +60,22 @@ def environment() -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), "-m", "course_kernels"] + sys.argv[1:]),
         "autotune": os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0",
+        "tutorial": _tutorial_provenance(),
     }
+
+
+def _tutorial_provenance():
+    """SHA-256 of the tutorial file in $COURSE_KERNELS_TUTORIAL (and its first header line that
+    names its origin, if any), or None when the variable is unset."""
+    import hashlib
+
+    path = os.environ.get(TUTORIAL_ENV)
+    if not path or not os.path.isfile(path):
+        return None
+    data = open(path, "rb").read()
+    origin = [ln for ln in data.decode("utf-8", "replace").splitlines()[:5] if "source:" in ln]
+    return {"sha256": hashlib.sha256(data).hexdigest(),
+            "origin": origin[0].strip("# ") if origin else None}
 
 
 def attention_flops(batch, heads, n, d, causal, mode) -> float:
@@ -75,11 +97,55 @@ def naive_attention(q, k, v, causal=False, scale=None):
     return torch.softmax(s, dim=-1) @ v  # (B, H, Nq, d)
 
 
+def load_tutorial(path=None):
+    """Import Triton's fused-attention tutorial from ``path`` (default: $COURSE_KERNELS_TUTORIAL).
+
+    Returns the module; its ``attention(q, k, v, causal, sm_scale)`` is the tutorial's
+    differentiable op (fp16; head dims 16-256, powers of two; N a multiple of 128 for the
+    backward in some versions). Raises ``RuntimeError`` saying where to get the file if it is
+    not there. The file's SHA-256 is in ``module.__sha256__`` so results can name the copy used.
+    """
+    import hashlib
+    import importlib.util
+
+    path = path or os.environ.get(TUTORIAL_ENV)
+    if path in _TUTORIALS:
+        return _TUTORIALS[path]
+    if not path or not os.path.isfile(path):
+        raise RuntimeError(
+            f"the 'tutorial' provider needs Triton's fused-attention tutorial: download "
+            f"python/tutorials/06-fused-attention.py of your Triton version from "
+            f"https://github.com/triton-lang/triton (e.g. the release/3.6.x branch) and set "
+            f"{TUTORIAL_ENV}=/path/to/it; got {path!r}")
+    spec = importlib.util.spec_from_file_location("triton_fused_attention_tutorial", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "attention", None)):
+        raise RuntimeError(f"{path} defines no attention(q, k, v, causal, sm_scale) function: "
+                           "is it python/tutorials/06-fused-attention.py?")
+    with open(path, "rb") as f:
+        module.__sha256__ = hashlib.sha256(f.read()).hexdigest()
+    _TUTORIALS[path] = module
+    return module
+
+
+_TUTORIALS: dict = {}  # path -> module: loaded (and its kernels compiled) once per process
+
+
 def provider_fn(name):
     """A function (q, k, v, causal) -> out for each provider."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if name == "tutorial":
+        tut = load_tutorial()
+
+        def tutorial(q, k, v, causal):
+            if q.dtype != torch.float16:
+                raise ValueError(f"the Triton tutorial runs float16 only; got {q.dtype}")
+            return tut.attention(q, k, v, causal, q.shape[-1] ** -0.5)
+
+        return tutorial
     if name == "flash":
         from .flash import flash_attention
 
@@ -175,12 +241,21 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
                    "causal": causal}
             try:
                 out = fn(q, k, v, causal)
-                grads = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+                grads = bwd_error = None
+                if "bwd" in modes or (check and p == "flash"):
+                    try:  # a provider without this backward still gets its forward timed
+                        grads = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+                    except Exception as exc:
+                        bwd_error = exc
                 if check and p == "flash":
                     row["check"] = check_correctness(q, k, v, do, causal, out, grads)
                     if not row["check"]["ok"]:
                         log(f"CORRECTNESS FAIL {row}")
                 for mode in modes:
+                    if mode == "bwd" and grads is None:
+                        rows.append({**row, "mode": "error", "error": f"bwd: {bwd_error!r}"[:300]})
+                        log(f"{p} {dt} d={d} N={n} causal={causal} bwd: {bwd_error!r}"[:300])
+                        continue
                     ms, mem = _time_one(fn, q, k, v, do, causal, out, mode)
                     flops = attention_flops(batch, heads, n, d, causal, mode)
                     rows.append({**row, "mode": mode, "ms": ms, "tflops": flops / ms * 1e-9,
@@ -239,7 +314,8 @@ def write_ratios(path, env, rows):
     with open(path, "w", newline="") as f:
         f.write(f"# flash / sdpa TFLOP/s ratios; {env['gpu']}; torch {env['torch']}; "
                 f"triton {env['triton']}; {env['date']}; {env['command']}\n")
-        fields = ["dtype", "d", "N", "causal", "mode", "flash", "vs_sdpa_flash", "vs_sdpa_cudnn"]
+        fields = ["dtype", "d", "N", "causal", "mode", "flash", "vs_sdpa_flash", "vs_sdpa_cudnn",
+                  "vs_tutorial"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(ratio_table(rows))
@@ -257,9 +333,11 @@ def ratio_table(rows) -> list[dict]:
             continue
         fa2 = by.get((dt, d, n, c, mode, "sdpa-flash"))
         cud = by.get((dt, d, n, c, mode, "sdpa-cudnn"))
+        tut = by.get((dt, d, n, c, mode, "tutorial"))
         table.append({"dtype": dt, "d": d, "N": n, "causal": c, "mode": mode, "flash": t,
                       "vs_sdpa_flash": t / fa2 if fa2 else math.nan,
-                      "vs_sdpa_cudnn": t / cud if cud else math.nan})
+                      "vs_sdpa_cudnn": t / cud if cud else math.nan,
+                      "vs_tutorial": t / tut if tut else math.nan})
     return table
 
 

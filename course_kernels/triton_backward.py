@@ -10,14 +10,18 @@ Layout (batch, heads, seq, head_dim); all tensors contiguous:
 The forward saved only O and the base-2 logsumexp ``lse2`` (see ``triton_forward``), so P is
 recomputed block by block: P = exp2(S * scale * log2(e) - lse2), exactly the forward's P.
 
-1. ``_attn_bwd_preprocess``: D = rowsum(dO * O) (FA2 Alg. 2 line 4).
+1. ``_attn_bwd_dq`` (launched first): one program per query block; it computes
+   D = rowsum(dO * O) for its rows (FA2 Alg. 2 line 4, stored for step 2), then loops over key
+   blocks (FA2 Alg. 2 line 16 turned inside out). The paper adds dQ with atomics; a separate
+   pass costs one more recomputation of S and dP but is bit-identical on repeat.
 2. ``_attn_bwd_dkdv``: one program per key block of one (batch, K/V head); it loops over every
    query block of every query head in the GQA group, accumulating dK, dV on chip
-   (FA2 Alg. 2 lines 6-20 without line 16). Summing the group inside one program, in a fixed
-   order, makes GQA gradients deterministic without atomics.
-3. ``_attn_bwd_dq``: one program per query block; it loops over key blocks (FA2 Alg. 2 line 16
-   turned inside out). The paper adds dQ with atomics; a separate pass costs one more
-   recomputation of S and dP but is bit-identical on repeat.
+   (FA2 Alg. 2 lines 6-20 without line 16), reading the D that step 1 stored. Summing the group
+   inside one program, in a fixed order, makes GQA gradients deterministic without atomics.
+
+``_attn_bwd_preprocess`` computes D alone (FA2's separate preprocessing pass); the backward no
+longer launches it: folding it into the dQ kernel saves one launch (host time at N = 1K,
+notes/kernel.md).
 
 Causal is top-left aligned (query i sees keys j <= i), as in the forward. Rows past Nq load
 as Q = dO = 0, D = 0 and lse2 = +inf in the dK/dV kernel, so they add exactly nothing (the +inf
@@ -45,6 +49,23 @@ def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
     ] + [small]
     cpu_config = triton.Config({block_a: cpu[0], block_b: cpu[1]}, num_warps=4, num_stages=1)
     return pick_configs(gpu, cpu_config, ieee)
+
+
+def _d128_configs(block_a: str, block_b: str, shapes):
+    return [triton.Config({block_a: a, block_b: b}, num_warps=w, num_stages=s)
+            for a, b, w, s in shapes]
+
+
+# Tried and not kept (notes/kernel.md, data/bench/h200_bwd_d128_ab.json): at d = 128 on the
+# H200 the first configs above spill registers (compiled metadata, data/bench/
+# h200_config_meta.json: dK/dV (32, 128, 4 warps) 192 spilled registers, dQ (128 rows, 32 keys,
+# 4 warps) 54). These smaller tiles do not spill, but with them in the list the autotuner still
+# chose (64, 128, 8 warps) for both kernels, at the same speed. scripts/hopper_levers.py bwd-ab
+# re-measures them.
+DKDV_D128_CONFIGS = _d128_configs("BLOCK_M1", "BLOCK_N1", [(32, 64, 4, 3), (64, 64, 4, 3),
+                                                           (32, 128, 8, 3)])
+DQ_D128_CONFIGS = _d128_configs("BLOCK_N2", "BLOCK_M2", [(32, 64, 4, 3), (64, 64, 4, 3),
+                                                         (32, 128, 8, 3)])
 
 
 # fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
@@ -226,16 +247,17 @@ def _attn_bwd_dq_inner(
 )
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, Delta, DQ, sm_scale,
+    Q, K, V, DO, Out, LSE, Delta, DQ, sm_scale,
     stride_qz, stride_qh, stride_qm, stride_qk,
     stride_kz, stride_kh, stride_kn, stride_kk,
     H_Q, GROUP_SIZE, N_CTX_Q, N_CTX_K,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_M2: tl.constexpr,
 ):
-    """dQ for one query block of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M2), B * Hq).
+    """dQ (and D) for one query block of one (batch, query head).
 
-    Q, dO, dQ share strides (stride_q*); K, V share strides (stride_k*).
+    Grid: (cdiv(Nq, BLOCK_M2), B * Hq). Q, dO, O, dQ share strides (stride_q*); K, V share
+    strides (stride_k*). Writes D = rowsum(dO * O) (B, Hq, Nq) for the dK/dV kernel.
     """
     start_m = tl.program_id(0) * BLOCK_M2
     off_hz = tl.program_id(1)
@@ -255,7 +277,10 @@ def _attn_bwd_dq(
     do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
     row = off_hz.to(tl.int64) * N_CTX_Q + offs_m  # (BLOCK_M2,)
     lse2 = tl.load(LSE + row, mask=offs_m < N_CTX_Q, other=0.0)
-    delta = tl.load(Delta + row, mask=offs_m < N_CTX_Q, other=0.0)
+    # FA2 Alg. 2 line 4, fused here: D_i = rowsum(dO_i * O_i) (rows past Nq load as 0).
+    o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M2,)
+    tl.store(Delta + row, delta, mask=offs_m < N_CTX_Q)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
     qk_scale = sm_scale * 1.4426950408889634
 

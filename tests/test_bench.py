@@ -82,7 +82,7 @@ def test_forced_forward_config_is_the_one_launched_and_is_restored():
     with bench.forced_forward_config(16, 16, 4, 1):
         out = flash.flash_attention(q, k, v, causal=True)
         (launched,) = flash._TUNED.values()
-        assert (launched.kwargs["BLOCK_M"], launched.kwargs["BLOCK_N"]) == (16, 16)
+        assert (launched["BLOCK_M"], launched["BLOCK_N"]) == (16, 16)  # the config's kwargs
     assert triton_forward._attn_fwd.configs == before
     assert flash._TUNED == {}
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
@@ -103,3 +103,37 @@ def test_plot_bench_labels_and_keeps_the_backend(tmp_path):
     colors = {line.get_label(): line.get_color() for line in ax.get_lines()}
     assert colors["naive attention"] == "C4"  # its place in PROVIDERS, even with cuDNN absent
     assert matplotlib.get_backend() == backend
+
+
+def test_tutorial_provider_needs_the_file(monkeypatch, tmp_path):
+    monkeypatch.delenv(bench.TUTORIAL_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=r"06-fused-attention.py.*COURSE_KERNELS_TUTORIAL"):
+        bench.provider_fn("tutorial")
+    other = tmp_path / "other.py"
+    other.write_text("x = 1\n")
+    with pytest.raises(RuntimeError, match="defines no attention"):
+        bench.load_tutorial(str(other))
+
+
+def test_tutorial_provider_calls_attention_in_fp16_only(monkeypatch, tmp_path):
+    """A stand-in file with the tutorial's interface: attention(q, k, v, causal, sm_scale)."""
+    fake = tmp_path / "06-fused-attention.py"
+    fake.write_text("# source: a stand-in for the test\nimport torch.nn.functional as F\n"
+                    "def attention(q, k, v, causal, sm_scale):\n"
+                    "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal,"
+                    " scale=sm_scale)\n")
+    monkeypatch.setenv(bench.TUTORIAL_ENV, str(fake))
+    fn = bench.provider_fn("tutorial")
+    q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float16) for _ in range(3))
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert torch.allclose(fn(q, k, v, True).float(), want, atol=2e-3)
+    with pytest.raises(ValueError, match="float16 only"):
+        fn(q.float(), k.float(), v.float(), True)
+    prov = bench._tutorial_provenance()
+    assert len(prov["sha256"]) == 64 and prov["origin"] == "source: a stand-in for the test"
+
+
+def test_ratio_table_against_the_tutorial():
+    rows = [_row("flash", 400), _row("tutorial", 500), _row("sdpa-flash", 200)]
+    (r,) = bench.ratio_table(rows)
+    assert r["vs_tutorial"] == pytest.approx(0.8) and r["vs_sdpa_flash"] == pytest.approx(2.0)
