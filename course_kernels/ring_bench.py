@@ -372,24 +372,33 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
                 from torch.distributed.tensor.experimental import context_parallel
                 from torch.distributed.tensor.experimental._attention import (
                     context_parallel_unshard,
-                    set_rotate_method,
                 )
 
-                set_rotate_method("alltoall")  # a ring of K/V rotations, like ours
+                try:  # a ring of K/V rotations, like ours (the default all-gathers K/V)
+                    from torch.distributed.tensor.experimental._attention import (
+                        set_rotate_method,
+                    )
+
+                    set_rotate_method("alltoall")
+                    row["cp_rotate_method"] = "alltoall"
+                except ImportError:
+                    row["cp_rotate_method"] = "default (this torch has no set_rotate_method)"
                 mesh = init_device_mesh(device.type, (world,))
                 cq, ck, cv, cdo = (x.to(device, dt) for x in (q, k, v, do))
 
                 def cp_run(grad=True):
                     bufs = [cq.clone(), ck.clone(), cv.clone(), cdo.clone()]
                     with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2]):
-                        for b in bufs[:3]:
-                            b.requires_grad_(grad)
-                        out = F.scaled_dot_product_attention(*bufs[:3], is_causal=causal)
-                        if grad:
-                            out.backward(bufs[3])
-                        res = [out.detach()] + ([b.grad for b in bufs[:3]] if grad else [])
-                        for b in bufs[:3]:
-                            b.requires_grad_(False)
+                        try:  # the buffers are resized back on exit: only without grad
+                            for b in bufs[:3]:
+                                b.requires_grad_(grad)
+                            out = F.scaled_dot_product_attention(*bufs[:3], is_causal=causal)
+                            if grad:
+                                out.backward(bufs[3])
+                            res = [out.detach()] + ([b.grad for b in bufs[:3]] if grad else [])
+                        finally:
+                            for b in bufs[:3]:
+                                b.requires_grad_(False)
                     return context_parallel_unshard(mesh, res, [2] * len(res))
 
                 theirs = cp_run()
