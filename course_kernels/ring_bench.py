@@ -145,9 +145,9 @@ def _reference(q, k, v, do, causal, device):
             n = q.shape[2]
             s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
         o = torch.softmax(s, -1) @ vv
-    else:
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                             enable_gqa=True)
+    else:  # K/V heads repeated by hand: SDPA's fused kernels take no GQA in every version
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=causal)
     o.backward(do.to(device, dt))
     return [x.detach().cpu().double() for x in (o, q.grad, k.grad, v.grad)]
 
@@ -303,7 +303,6 @@ def benchmark(ns=(4096, 16384), B=1, Hq=16, Hkv=16, d=128, dtype="bfloat16",
                     "schedule_imbalance": ring_balance(world, layout, causal)["imbalance"],
                 }
                 row["busy_ms_by_rank"] = [sum(x) for x in row["fwd_compute_ms_by_rank"]]
-                del sh, dsh
                 if single and layout == layouts[0]:
                     fq, fk, fv = (x.to(device, dt).requires_grad_() for x in (q, k, v))
                     fdo = do.to(device, dt)
@@ -329,6 +328,29 @@ def benchmark(ns=(4096, 16384), B=1, Hq=16, Hkv=16, d=128, dtype="bfloat16",
     return rows
 
 
+def link_bandwidth(sizes_mib=(1, 16, 256, 1024), repeats=10) -> list[dict]:
+    """GB/s of one ring exchange (each rank sends ``size`` to the next and receives as much from
+    the previous, as the ring does), per size; the slowest rank's time (call on every rank)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = device_here()
+    ring = list(range(world))
+    rows = []
+    for mib in sizes_mib:
+        send = torch.ones(int(mib * 2**20), dtype=torch.uint8, device=device)
+        recv = torch.empty_like(send)
+
+        def exchange():
+            ops = [dist.P2POp(dist.isend, send, ring[(rank + 1) % world]),
+                   dist.P2POp(dist.irecv, recv, ring[(rank - 1) % world])]
+            for r in dist.batch_isend_irecv(ops):
+                r.wait()
+
+        exchange()
+        ms = max(_all(_time_ms(exchange, device, repeats)))
+        rows.append({"mib": mib, "ms": ms, "gb_per_s": send.numel() / (ms * 1e-3) / 1e9})
+    return rows
+
+
 def format_row(r) -> str:
     mib = [None if b is None else b / 2**20 for b in r["peak_bytes_by_rank"]]
     peak = "-" if mib[0] is None else "/".join(f"{m:.0f}" for m in mib) + " MiB"
@@ -339,7 +361,7 @@ def format_row(r) -> str:
     sent = r["bytes_sent_by_rank"][0]
     return (f"N={r['n']:6d} {'causal' if r['causal'] else 'full  '} {r['layout']:10s} "
             f"fwd {r['fwd_ms']:8.2f} ms fwd+bwd {r['fwd_bwd_ms']:8.2f} ms | busy/rank {busy} ms"
-            f" | sent/rank fwd {sent['fwd'] / 2**20:.1f} bwd {sent['bwd'] / 2**20:.1f} MiB"
+            f" | sent/rank fwd {sent['fwd'] / 2**20:.3g} bwd {sent['bwd'] / 2**20:.3g} MiB"
             f" | peak/rank {peak}{single}")
 
 
@@ -499,6 +521,7 @@ def main(argv=None) -> int:
                f"{world} -m course_kernels.ring_bench " + " ".join(argv or sys.argv[1:]))
     env = environment(command)
     os.makedirs(args.out, exist_ok=True)
+    extra = {}
     try:
         if args.step == "check":
             dtype = args.dtype or ("bfloat16" if gpu else "float32")
@@ -521,6 +544,12 @@ def main(argv=None) -> int:
             name, payload = "ring_check.json", rows
             failed = rank == 0 and not all(r["ok"] for r in rows)
         elif args.step == "bench":
+            link = link_bandwidth((1, 16, 256, 1024) if gpu else (1,))
+            if rank == 0:
+                for row in link:
+                    print(f"link: {row['mib']:5d} MiB per exchange, {row['ms']:.3f} ms, "
+                          f"{row['gb_per_s']:.1f} GB/s per direction per rank", flush=True)
+            extra["link"] = link
             rows = benchmark(ns=args.ns or ((4096, 16384, 65536) if gpu else (32, 64)),
                              Hq=args.heads or (16 if gpu else 2),
                              Hkv=args.kv_heads or (16 if gpu else 2),
@@ -540,7 +569,7 @@ def main(argv=None) -> int:
         if rank == 0:
             path = os.path.join(args.out, name)
             with open(path, "w") as f:
-                json.dump({**env, "rows": payload}, f, indent=1)
+                json.dump({**env, **extra, "rows": payload}, f, indent=1)
             print(f"wrote {path} ({len(payload)} rows)", flush=True)
     finally:
         dist.destroy_process_group()
