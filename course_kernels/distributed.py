@@ -58,6 +58,8 @@ __all__ = [
     "ring_attention",
     "ring_balance",
     "ring_bytes",
+    "ring_min_shard",
+    "ring_step_times",
     "ring_schedule",
     "shard_lengths",
     "shard_sequence",
@@ -244,6 +246,29 @@ def ring_bytes(batch: int, kv_heads: int, n: int, head_dim: int, world: int,
     if not backward:
         return (world - 1) * shard * element_bytes
     return (world - 1) * shard * element_bytes + world * shard * 4
+
+
+def ring_step_times(shard_len: int, heads: int, kv_heads: int, head_dim: int, flops: float,
+                    link_bandwidth: float, element_bytes: int = 2, batch: int = 1) -> dict:
+    """The overlap model of one forward ring step with a full (non-causal) block.
+
+    compute = 4 B H L^2 d / flops (two matmuls of an L x L block), transfer = 2 B Hkv L d bytes
+    / link_bandwidth (the next K and V shards). With the transfer posted before the compute, the
+    step takes max(compute, transfer): the transfer is hidden when compute >= transfer, that is
+    when the shard holds at least :func:`ring_min_shard` tokens. Returns seconds and ``hidden``.
+    """
+    compute = 4.0 * batch * heads * shard_len**2 * head_dim / flops
+    transfer = 2.0 * batch * kv_heads * shard_len * head_dim * element_bytes / link_bandwidth
+    return {"compute_s": compute, "transfer_s": transfer, "step_s": max(compute, transfer),
+            "hidden": compute >= transfer}
+
+
+def ring_min_shard(heads: int, kv_heads: int, flops: float, link_bandwidth: float,
+                   element_bytes: int = 2) -> float:
+    """Shard length L above which a step's compute hides its transfer:
+    4 H L^2 d / F >= 2 Hkv L d e / bw  <=>  L >= (Hkv / H) e F / (2 bw). Independent of d and B;
+    GQA (fewer K/V heads) lowers it."""
+    return kv_heads / heads * element_bytes * flops / (2.0 * link_bandwidth)
 
 
 def _local_calls(tasks, q_chunks, kv_chunks, bounds):

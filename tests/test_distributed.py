@@ -109,6 +109,26 @@ def test_distributed_ring_bytes_model():
     assert rd.ring_bytes(1, 2, 64, 16, 4, 2, backward=True) == (3 * 2 + 4 * 4) * 2 * 2 * 16 * 16
 
 
+def test_distributed_overlap_model():
+    from course_kernels.hardware import H200_MEASURED, LINKS
+
+    nvlink = LINKS["NVLink 4 (H200 SXM)"].per_direction
+    assert nvlink == 450e9 and LINKS["PCIe Gen5 x16"].per_direction == 64e9
+    F = H200_MEASURED.fp16_matmul_flops
+    L = rd.ring_min_shard(16, 16, F, nvlink)
+    assert L == pytest.approx(F / nvlink)  # fp16, no GQA: L* = F / bw
+    assert rd.ring_min_shard(16, 4, F, nvlink) == pytest.approx(L / 4)  # GQA: 4x less to send
+    below = rd.ring_step_times(int(L * 0.9), 16, 16, 128, F, nvlink)
+    above = rd.ring_step_times(int(L * 1.1), 16, 16, 128, F, nvlink)
+    assert not below["hidden"] and above["hidden"]
+    assert above["step_s"] == above["compute_s"] and below["step_s"] == below["transfer_s"]
+    # compute grows as L^2, transfer as L
+    t1, t2 = rd.ring_step_times(1000, 8, 8, 64, F, nvlink), rd.ring_step_times(2000, 8, 8, 64, F,
+                                                                                nvlink)
+    assert t2["compute_s"] == pytest.approx(4 * t1["compute_s"])
+    assert t2["transfer_s"] == pytest.approx(2 * t1["transfer_s"])
+
+
 # --------------------------------------------------------------------------- the merge
 
 
