@@ -58,6 +58,7 @@ __all__ = [
     "ring_attention",
     "ring_balance",
     "ring_bytes",
+    "ring_memory_bytes",
     "ring_min_shard",
     "ring_step_times",
     "ring_schedule",
@@ -269,6 +270,25 @@ def ring_min_shard(heads: int, kv_heads: int, flops: float, link_bandwidth: floa
     4 H L^2 d / F >= 2 Hkv L d e / bw  <=>  L >= (Hkv / H) e F / (2 bw). Independent of d and B;
     GQA (fewer K/V heads) lowers it."""
     return kv_heads / heads * element_bytes * flops / (2.0 * link_bandwidth)
+
+
+def ring_memory_bytes(n: int, world: int, batch: int, heads: int, kv_heads: int, head_dim: int,
+                      element_bytes: int = 2) -> dict:
+    """What one rank holds during forward + backward, term by term (N divisible by W, L = N/W).
+
+    Every term is O(L) = O(N / W): the inputs and dO, the saved O and logsumexp, the K/V shard
+    being used and the one arriving, and the float32 dQ and travelling dK/dV (this one and the
+    one arriving). One GPU running ``flash_attention`` holds the same terms with L = N.
+    """
+    L = n // world
+    q = batch * heads * L * head_dim  # elements of one (B, H, L, d) shard
+    kv = batch * kv_heads * L * head_dim
+    return {
+        "q, k, v, dO shards": (2 * q + 2 * kv) * element_bytes,
+        "saved O and logsumexp": q * element_bytes + batch * heads * L * 4,
+        "K/V in use and arriving": 2 * 2 * kv * element_bytes,
+        "fp32 dQ, dK/dV in use and arriving": q * 4 + 2 * 2 * kv * 4,
+    }
 
 
 def _local_calls(tasks, q_chunks, kv_chunks, bounds):

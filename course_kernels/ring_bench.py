@@ -204,6 +204,20 @@ def check_cases(cases) -> list | None:
     return rows if dist.get_rank() == 0 else None
 
 
+def demo(cases, n=24, heads=2, kv_heads=1, head_dim=16) -> dict:
+    """For the chapter, on simulated ranks: :func:`check_cases` (rows on rank 0) and one causal
+    zigzag forward+backward of N tokens with :class:`RingStats` (this rank's bytes and steps)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    q, k, v, do = _inputs(1, heads, kv_heads, n, head_dim, seed=1)
+    sh = [shard_sequence(x, world, rank, "zigzag").requires_grad_() for x in (q, k, v)]
+    stats = RingStats()
+    out = ring_attention(*sh, causal=True, layout="zigzag", stats=stats)
+    out.backward(shard_sequence(do, world, rank, "zigzag"))
+    return {"rows": check_cases(cases), "rank": rank, "tokens": sh[0].shape[2],
+            "bytes_sent": dict(stats.bytes_sent), "bytes_received": dict(stats.bytes_received),
+            "steps": stats.rows()}
+
+
 # --------------------------------------------------------------------------- measurement
 
 

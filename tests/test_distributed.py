@@ -129,6 +129,15 @@ def test_distributed_overlap_model():
     assert t2["transfer_s"] == pytest.approx(2 * t1["transfer_s"])
 
 
+def test_distributed_memory_model_scales_as_n_over_w():
+    one = rd.ring_memory_bytes(8192, 1, 1, 16, 4, 128)
+    two = rd.ring_memory_bytes(16384, 2, 1, 16, 4, 128)
+    assert one == two  # same tokens per rank, same bytes
+    assert sum(rd.ring_memory_bytes(16384, 4, 1, 16, 4, 128).values()) * 2 == sum(two.values())
+    # q, k, v, dO of 2048 tokens: (2 x 16 + 2 x 4) heads x 128 x 2 bytes
+    assert rd.ring_memory_bytes(8192, 4, 1, 16, 4, 128)["q, k, v, dO shards"] == 2048 * 40 * 256
+
+
 # --------------------------------------------------------------------------- the merge
 
 
