@@ -278,7 +278,8 @@ def ring_memory_bytes(n: int, world: int, batch: int, heads: int, kv_heads: int,
 
     Every term is O(L) = O(N / W): the inputs and dO, the saved O and logsumexp, the K/V shard
     being used and the one arriving, and the float32 dQ and travelling dK/dV (this one and the
-    one arriving). One GPU running ``flash_attention`` holds the same terms with L = N.
+    one arriving). ``world = 1`` gives the same tensors for the whole sequence on one GPU (plain
+    ``flash_attention`` holds a little less: no buffer in flight, no float32 accumulators).
     """
     L = n // world
     q = batch * heads * L * head_dim  # elements of one (B, H, L, d) shard
