@@ -397,7 +397,7 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device, dt = device_here(), DTYPES[dtype]
-    rows = []
+    rows, mesh = [], None
     for n in ns:
         for causal in causals:
             row = {"n": n, "B": B, "Hq": Hq, "Hkv": Hq, "d": d, "dtype": dtype, "causal": causal,
@@ -419,7 +419,8 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
                     row["cp_rotate_method"] = "alltoall"
                 except ImportError:
                     row["cp_rotate_method"] = "default (this torch has no set_rotate_method)"
-                mesh = init_device_mesh(device.type, (world,))
+                if mesh is None:  # one mesh (one process group) for every case
+                    mesh = init_device_mesh(device.type, (world,))
                 cq, ck, cv, cdo = (x.to(device, dt) for x in (q, k, v, do))
 
                 def cp_run(grad=True):
