@@ -241,8 +241,8 @@ def ring_balance(world: int, layout: str = "contiguous", causal: bool = False) -
 
 def ring_bytes(batch: int, kv_heads: int, n: int, head_dim: int, world: int,
                element_bytes: int = 2, backward: bool = False) -> int:
-    """Bytes one rank sends in one call (N divisible by W): W-1 K/V shards forward; backward
-    also W-1 K/V shards plus W dK/dV shards in float32 (4 bytes per element)."""
+    """Bytes one rank sends (N divisible by W). Forward: W-1 K/V shards. ``backward=True``:
+    the backward pass alone, W-1 K/V shards plus W dK/dV shards in float32 (4 bytes each)."""
     shard = 2 * batch * kv_heads * (n // world) * head_dim  # K and V elements
     if not backward:
         return (world - 1) * shard * element_bytes

@@ -4,7 +4,7 @@
 #   OUT=/some/dir scripts/gpu_ring.sh [check] [bench] [cp]        (default: all three)
 #
 #   check  ring_attention vs single-GPU flash_attention and an fp32 SDPA reference, forward and
-#          backward, both layouts, causal and not, N = 16384 and 17384 (uneven), GQA (16 query
+#          backward, both layouts, causal and not, N = 16384 and 17001 (uneven shards), GQA (16 query
 #          heads, 4 K/V heads), d = 128, bf16 and fp16                 -> $OUT/ring_check.json
 #   bench  the link's bandwidth (NCCL send/recv), then per N (4K, 16K, 64K): time per call and
 #          per ring step of each rank, bytes each rank sends, peak memory per rank, causal
