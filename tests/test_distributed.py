@@ -222,9 +222,37 @@ def rows_2(two_ranks):
     return two_ranks[0]["rows"]
 
 
+def _subgroup_worker():
+    """Two rings of 2 inside 4 ranks ({0, 1} and {2, 3}), each on its own sequence."""
+    from course_kernels.flash import flash_attention
+
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group, local = groups[rank // 2], rank % 2
+    g = torch.Generator().manual_seed(rank // 2)
+    q, k, v = (torch.randn(1, 2, 10, 16, generator=g) for _ in range(3))
+    sh = [rd.shard_sequence(x, 2, local, "zigzag") for x in (q, k, v)]
+    out = rd.ring_attention(*sh, causal=True, group=group, layout="zigzag")
+    full = rd.gather_sequence(out, "zigzag", group=group)
+    return (full - flash_attention(q, k, v, causal=True)).abs().max().item()
+
+
+def _four_rank_worker(cases):
+    return {"rows": check_cases(cases), "subgroups": _subgroup_worker()}
+
+
 @pytest.fixture(scope="module")
-def rows_4():
-    return spawn(check_cases, 4, (CASES_4,), timeout_s=TIMEOUT)[0]
+def four_ranks():
+    return spawn(_four_rank_worker, 4, (CASES_4,), timeout_s=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def rows_4(four_ranks):
+    return four_ranks[0]["rows"]
+
+
+def test_distributed_ring_on_subgroups(four_ranks):
+    assert all(r["subgroups"] < 1e-5 for r in four_ranks)
 
 
 def _assert_row(row):
