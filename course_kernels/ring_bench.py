@@ -420,26 +420,34 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
                     row["cp_rotate_method"] = "default (this torch has no set_rotate_method)"
                 if mesh is None:  # one mesh (one process group) for every case
                     mesh = init_device_mesh(device.type, (world,))
-                cq, ck, cv, cdo = (x.to(device, dt) for x in (q, k, v, do))
 
-                def cp_run(grad=True):
-                    bufs = [cq.clone(), ck.clone(), cv.clone(), cdo.clone()]
-                    with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2]):
-                        try:  # the buffers are resized back on exit: only without grad
-                            for b in bufs[:3]:
-                                b.requires_grad_(grad)
-                            out = F.scaled_dot_product_attention(*bufs[:3], is_causal=causal)
-                            if grad:
-                                out.backward(bufs[3])
-                            res = [out.detach()] + ([b.grad for b in bufs[:3]] if grad else [])
-                        finally:
-                            for b in bufs[:3]:
-                                b.requires_grad_(False)
-                    return context_parallel_unshard(mesh, res, [2] * len(res))
+                bufs = [x.to(device, dt) for x in (q, k, v, do)]
+                with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2]):
+                    # inside: bufs are this rank's shards and SDPA is PyTorch's ring
+                    try:  # the buffers are resized back on exit: only without grad
+                        for b in bufs[:3]:
+                            b.requires_grad_(True)
+                        out = F.scaled_dot_product_attention(*bufs[:3], is_causal=causal)
+                        out.backward(bufs[3])
+                        res = [out.detach()] + [b.grad.clone() for b in bufs[:3]]
 
-                theirs = cp_run()
-                row["cp_fwd_ms"] = max(_all(_time_ms(lambda: cp_run(False), device, repeats)))
-                row["cp_fwd_bwd_ms"] = max(_all(_time_ms(cp_run, device, repeats)))
+                        def cp_fwd():
+                            with torch.no_grad():
+                                F.scaled_dot_product_attention(*bufs[:3], is_causal=causal)
+
+                        def cp_fwd_bwd():
+                            F.scaled_dot_product_attention(*bufs[:3],
+                                                           is_causal=causal).backward(bufs[3])
+
+                        cp_ms = (_time_ms(cp_fwd, device, repeats),
+                                 _time_ms(cp_fwd_bwd, device, repeats))
+                    finally:
+                        for b in bufs[:3]:
+                            b.requires_grad_(False)
+                theirs = context_parallel_unshard(mesh, res, [2] * len(res))
+                row["cp_fwd_ms"] = max(_all(cp_ms[0]))
+                row["cp_fwd_bwd_ms"] = max(_all(cp_ms[1]))
+                res = None  # free the shards before our run
             except Exception as exc:  # noqa: BLE001 - record what this torch cannot do
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 rows.append(row)
@@ -450,18 +458,20 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
                   for x in (q, k, v)]
             dsh = shard_sequence(do, world, rank, "zigzag").to(device, dt)
 
-            def ours(grad=True):
-                out = ring_attention(*sh, causal=causal, layout="zigzag")
-                if grad:
-                    out.backward(dsh)
-                return out
+            def ours_fwd():
+                with torch.no_grad():
+                    ring_attention(*sh, causal=causal, layout="zigzag")
 
-            out = ours()
+            def ours_fwd_bwd():
+                ring_attention(*sh, causal=causal, layout="zigzag").backward(dsh)
+
+            out = ring_attention(*sh, causal=causal, layout="zigzag")
+            out.backward(dsh)
             mine = [gather_sequence(x, "zigzag") for x in [out.detach()] + [s.grad for s in sh]]
             for name, a, b in zip(("o", "dq", "dk", "dv"), mine, theirs):
                 row[f"{name}_max_diff"] = (a.float() - b.float()).abs().max().item()
-            row["ours_fwd_ms"] = max(_all(_time_ms(lambda: ours(False), device, repeats)))
-            row["ours_fwd_bwd_ms"] = max(_all(_time_ms(ours, device, repeats)))
+            row["ours_fwd_ms"] = max(_all(_time_ms(ours_fwd, device, repeats)))
+            row["ours_fwd_bwd_ms"] = max(_all(_time_ms(ours_fwd_bwd, device, repeats)))
             rows.append(row)
             if rank == 0:
                 log(f"torch CP vs ring (zigzag) N={n} causal={causal}: max |diff| o "
