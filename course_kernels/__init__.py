@@ -12,6 +12,7 @@ The ladder (one module per concept, one book chapter each):
 - ``blocks``          block sizes from the SRAM budget
 - ``iosim``           a two-level memory that counts HBM traffic
 - ``flash``           the Triton kernels behind ``flash_attention`` (torch and triton imported lazily)
+- ``distributed``     ring attention: one sequence over several GPUs (``torch.distributed``; import it)
 """
 
 from . import iosim
