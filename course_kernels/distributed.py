@@ -355,12 +355,16 @@ def merge_attention(o_a, lse_a, o_b, lse_b):
 
 
 class _Clock:
-    """Timestamps: CUDA events on a GPU (no host sync inside the ring), perf_counter on CPU."""
+    """Timestamps: CUDA events on a GPU (no host sync inside the ring), perf_counter on CPU.
+    Disabled (``now()`` is None) when nobody asked for statistics."""
 
-    def __init__(self, device):
+    def __init__(self, device, enabled=True):
         self.cuda = device.type == "cuda"
+        self.enabled = enabled
 
     def now(self):
+        if not self.enabled:
+            return None
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -501,7 +505,7 @@ def _ring_forward(q, k, v, causal, scale, ring: _Ring, stats):
     from . import flash
 
     B, Hkv, _, d = k.shape
-    clock = _Clock(q.device)
+    clock = _Clock(q.device, enabled=stats is not None)
     o = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # (B, Hq, L, d)
     lse = torch.full(q.shape[:3], -math.inf, device=q.device)  # (B, Hq, L) natural log
     kv = torch.stack([k, v])  # (2, B, Hkv, L_src, d): K and V travel as one message
@@ -533,7 +537,7 @@ def _ring_backward(do, q, k, v, o, lse2, causal, scale, ring: _Ring, stats):
     from . import flash
 
     B, Hkv, _, d = k.shape
-    clock = _Clock(q.device)
+    clock = _Clock(q.device, enabled=stats is not None)
     do = do.contiguous()
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # (B, Hq, L, d)
     kv = torch.stack([k, v])  # (2, B, Hkv, L_src, d)
