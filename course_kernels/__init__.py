@@ -14,6 +14,7 @@ The ladder (one module per concept, one book chapter each):
 - ``flash``           the Triton kernels behind ``flash_attention`` (torch and triton imported lazily)
 - ``split_kv``        split-KV decoding in NumPy (Flash-Decoding's algorithm); ``decode`` runs it in Triton
 - ``apps``            the Applications chapter's GPU runs (training, context length, decode steps)
+- ``distributed``     ring attention: one sequence over several GPUs (``torch.distributed``; import it)
 """
 
 from . import iosim

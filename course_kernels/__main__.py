@@ -1,6 +1,8 @@
 """Command line: ``python -m course_kernels <command>`` (GPU measurements; see ``bench.py``).
 
-    bench      TFLOP/s of this kernel vs SDPA's backends and naive attention (JSON, CSV, PNG)
+    bench      TFLOP/s of this kernel vs SDPA's backends and naive attention (JSON, CSV, PNG);
+               --providers ...,tutorial adds Triton's fused-attention tutorial, loaded from the
+               file named by $COURSE_KERNELS_TUTORIAL (see course_kernels.bench.load_tutorial)
     sweep      forward TFLOP/s of each block-size / warps / stages config (tuning chapter)
     memory     extra memory of one forward / forward+backward vs N
     dram run   the cases for ``ncu`` (DRAM bytes); ``dram parse`` turns ncu's CSV into data

@@ -42,6 +42,7 @@ from .triton_backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .triton_forward import _attn_fwd  # noqa: E402
 
 LN2 = math.log(2.0)  # natural lse = base-2 lse * ln 2
+LOG2E = 1.0 / LN2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
@@ -176,30 +177,35 @@ def _forward(q, k, v, causal: bool, scale: float):
     return o, lse2
 
 
-def _backward_one_key(do, q, k, v, lse2, scale):
-    """The backward when there is one key (Nk = 1), exactly.
+def _backward_one_key(do, q, k, v, o, lse2, scale):
+    """The backward when there is one key (Nk = 1), in closed form (PyTorch ops, O(N d)).
 
-    Every query row sees only key 0 (also with the causal mask), so P = 1 and
-    dS = P * (dP - D) with D = rowsum(dO * O) = rowsum(dO * V) = dP: dS is exactly 0, hence
-    dQ = dK = 0 and dV = sum over the group's query rows of dO. The kernels compute dP (a
-    tensor-core dot) and D (an elementwise sum) in different orders, which left ~1e-5 of
-    rounding noise in dQ and dK where the answer is exactly 0 (notes/kernel.md). Here D is dP
-    itself. NaN or inf in q, k, v or dO still propagate to the gradients they reach.
+    Every query row sees only key 0 (also with the causal mask): P = exp2(s * scale * log2 e -
+    lse2), dP = dO . v, D = rowsum(dO * O), dS = P (dP - D), dQ = dS k scale, dK = sum dS q scale,
+    dV = sum P dO. When o and lse2 are this call's own forward's, O = V exactly, so D and dP are
+    the same sum of the same numbers and dS is exactly 0: dQ = dK = 0 as in exact arithmetic.
+    The kernels compute dP with a tensor-core dot and D with an elementwise sum, in different
+    orders, which left ~1e-5 of rounding noise in dQ and dK there (notes/kernel.md). With another
+    o and lse2 (ring attention passes the global ones per block) this is the general formula.
+    NaN or inf in the inputs still propagate to the gradients they reach.
     """
     B, Hq, Nq, d = q.shape
     Hkv = k.shape[1]
     G = Hq // Hkv
     f = torch.float32
-    kf = k.to(f).view(B, Hkv, 1, 1, d)  # (B, Hkv, 1, Nk=1, d)
-    vf = v.to(f).view(B, Hkv, 1, 1, d)
-    dof = do.to(f).view(B, Hkv, G, Nq, d)
-    qf = q.to(f).view(B, Hkv, G, Nq, d)
-    p = torch.exp2(lse2 - lse2).view(B, Hkv, G, Nq, 1)  # 1, or NaN where the row is NaN
-    dp = (dof * vf).sum(-1, keepdim=True)  # (B, Hkv, G, Nq, 1)
-    ds = p * (dp - dp)  # exactly 0 (or NaN)
-    dq = (ds * kf * scale).view(B, Hq, Nq, d)
-    dk = (ds * qf).sum((2, 3)).view(B, Hkv, 1, d) * scale
-    dv = (p * dof).sum((2, 3)).view(B, Hkv, 1, d)
+    qf = q.to(f).reshape(B, Hkv, G, Nq, d)
+    kf = k.to(f).reshape(B, Hkv, 1, 1, d)
+    vf = v.to(f).reshape(B, Hkv, 1, 1, d)
+    dof = do.to(f).reshape(B, Hkv, G, Nq, d)
+    of = o.to(f).reshape(B, Hkv, G, Nq, d)
+    s2 = (qf * kf).sum(-1, keepdim=True) * (scale * LOG2E)  # (B, Hkv, G, Nq, 1), base 2
+    p = torch.exp2(s2 - lse2.reshape(B, Hkv, G, Nq, 1))
+    dp = (dof * vf).sum(-1, keepdim=True)
+    delta = (dof * of).sum(-1, keepdim=True)  # bitwise dp when o = v: same shapes, same order
+    ds = p * (dp - delta)
+    dq = (ds * kf * scale).reshape(B, Hq, Nq, d)
+    dk = (ds * qf).sum((2, 3)).reshape(B, Hkv, 1, d) * scale
+    dv = (p * dof).sum((2, 3)).reshape(B, Hkv, 1, d)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -209,12 +215,12 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
     Inputs as returned by / given to :func:`_forward` (any strides; made contiguous here).
     """
     if k.shape[2] == 1:
-        return _backward_one_key(do, q, k, v, lse2, scale)
+        return _backward_one_key(do, q, k, v, o, lse2, scale)
     if INTERPRET and q.dtype == torch.bfloat16:
         grads = _backward(do.float(), q.float(), k.float(), v.float(), o.float(), lse2, causal,
                           scale)
         return tuple(g.to(torch.bfloat16) for g in grads)
-    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
+    q, k, v, o, do, lse2 = (x.contiguous() for x in (q, k, v, o, do, lse2))
     B, Hq, Nq, d = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     dpad = _head_dim_padded(d)

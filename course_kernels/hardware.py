@@ -214,6 +214,42 @@ FA_PAPER_FIG2 = PaperMeasurement(
     "(seq. length 1024, head dim 64, 16 heads, batch size 64) on an A100",
 )
 
+
+@dataclass(frozen=True)
+class Link:
+    """A link between GPUs, as the vendor states it, and per direction (what one ring send gets).
+
+    Vendors quote NVLink and PCIe as the sum of both directions; a ring step sends one way to the
+    next GPU while receiving from the previous one, so the model uses half.
+    """
+
+    name: str
+    bidirectional_gbs: float  # 10^9 bytes/s, both directions together, as quoted
+    source: str
+
+    @property
+    def per_direction(self) -> float:
+        """Bytes per second one way."""
+        return self.bidirectional_gbs / 2 * 1e9
+
+
+# Chapter "Beyond one GPU" (book/part2/beyond_one_gpu.ipynb): what a ring step's transfer costs.
+LINKS: dict[str, Link] = {
+    "NVLink 4 (H200 SXM)": Link(
+        "NVLink 4, one H200 SXM to the NVSwitch fabric (18 links)", 900,
+        "NVIDIA H200 Tensor Core GPU datasheet: 'NVIDIA NVLink: 900GB/s' (SXM), "
+        "'PCIe Gen5: 128GB/s'"),
+    "PCIe Gen5 x16": Link(
+        "PCIe Gen5 x16", 128,
+        "NVIDIA H200 Tensor Core GPU datasheet: 'PCIe Gen5: 128GB/s' (both directions; 32 GT/s "
+        "x 16 lanes, PCI-SIG PCIe 5.0 specification)"),
+    "InfiniBand NDR (one 400 Gb/s NIC per GPU)": Link(
+        "InfiniBand NDR, one ConnectX-7 400 Gb/s port per GPU (between hosts)", 100,
+        "NVIDIA ConnectX-7 datasheet: 400 Gb/s per port = 50 GB/s each way (HGX H200 systems "
+        "pair each GPU with one such NIC)"),
+}
+
+
 # -- helpers ---------------------------------------------------------------------------------
 def transfer_time(data_bytes: float, bandwidth: float) -> float:
     """T = D / B: seconds to move ``data_bytes`` at ``bandwidth`` bytes/s."""

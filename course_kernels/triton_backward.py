@@ -51,6 +51,23 @@ def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
     return pick_configs(gpu, cpu_config, ieee)
 
 
+def _d128_configs(block_a: str, block_b: str, shapes):
+    return [triton.Config({block_a: a, block_b: b}, num_warps=w, num_stages=s)
+            for a, b, w, s in shapes]
+
+
+# Tried and not kept (notes/kernel.md, course_kernels/data/bench/h200_bwd_d128_ab.json): at d = 128 on the
+# H200 the first configs above spill registers (compiled metadata, course_kernels/data/bench/
+# h200_config_meta.json: dK/dV (32, 128, 4 warps) 192 spilled registers, dQ (128 rows, 32 keys,
+# 4 warps) 54). These smaller tiles do not spill, but with them in the list the autotuner still
+# chose (64, 128, 8 warps) for both kernels, at the same speed. scripts/hopper_levers.py bwd-ab
+# re-measures them.
+DKDV_D128_CONFIGS = _d128_configs("BLOCK_M1", "BLOCK_N1", [(32, 64, 4, 3), (64, 64, 4, 3),
+                                                           (32, 128, 8, 3)])
+DQ_D128_CONFIGS = _d128_configs("BLOCK_N2", "BLOCK_M2", [(32, 64, 4, 3), (64, 64, 4, 3),
+                                                         (32, 128, 8, 3)])
+
+
 # fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
 DKDV_IEEE_CONFIG = triton.Config({"BLOCK_M1": 32, "BLOCK_N1": 32}, num_warps=4, num_stages=1)
 DQ_IEEE_CONFIG = triton.Config({"BLOCK_N2": 32, "BLOCK_M2": 32}, num_warps=4, num_stages=1)

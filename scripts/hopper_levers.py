@@ -513,6 +513,58 @@ def cmd_overhead_bwd(args):
     return 0
 
 
+def cmd_bwd_ab(args):
+    """Backward at d = 128: the autotuner's old config lists vs the lists with the head-dim-128
+    configs that do not spill (same process, A then B at each shape); records the chosen
+    configs."""
+    from triton.testing import do_bench
+
+    from course_kernels import flash, triton_backward
+    from course_kernels.bench import attention_flops
+    from course_kernels.flash import flash_attention
+
+    env, rows = _env(), []
+    kernels = {"dkdv": triton_backward._attn_bwd_dkdv, "dq": triton_backward._attn_bwd_dq}
+    extra = {"dkdv": triton_backward.DKDV_D128_CONFIGS, "dq": triton_backward.DQ_D128_CONFIGS}
+    old = {name: list(k.configs) for name, k in kernels.items()}
+    full = {name: old[name] + list(extra[name]) for name in kernels}
+    names = {id(k): name for name, k in kernels.items()}
+    d, batch, heads = 128, 4, 16
+    for n in (int(x) for x in args.ns.split(",")):
+        for causal in (False, True):
+            torch.manual_seed(n)
+            q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
+                           for _ in range(4))
+            for x in (q, k, v):
+                x.requires_grad_()
+            out = flash_attention(q, k, v, causal=causal)
+            for variant, lists in (("old configs", old), ("with d=128 configs", full)):
+                for name, kern in kernels.items():
+                    kern.configs = lists[name]
+                    kern.cache.clear()
+                flash._TUNED.clear()
+                torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # tunes
+                chosen = {names[key[0]]: cfg for key, cfg in flash._TUNED.items()
+                          if key[0] in names}
+                ms = do_bench(lambda: torch.autograd.grad(out, (q, k, v), do,  # noqa: B023
+                                                          retain_graph=True),
+                              warmup=10, rep=50, return_mode="median")
+                row = {"d": d, "N": n, "causal": causal, "dtype": "float16", "batch": batch,
+                       "heads": heads, "variant": variant, "ms": ms,
+                       "tflops": attention_flops(batch, heads, n, d, causal, "bwd") / ms * 1e-9,
+                       "chosen": {k_: {kk: vv for kk, vv in v_.items()} for k_, v_ in chosen.items()}}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                with open(os.path.join(args.out, "bwd_d128_ab.json"), "w") as f:
+                    json.dump({"environment": env, "results": rows}, f, indent=1)
+            q = k = v = do = out = None
+    for name, kern in kernels.items():
+        kern.configs = old[name]
+        kern.cache.clear()
+    flash._TUNED.clear()
+    return 0
+
+
 def _nograd(fn, q, k, v):
     with torch.no_grad():
         return fn(q, k, v, causal=True)
@@ -559,30 +611,47 @@ def cmd_bench(args):
         mod = bench.load_tutorial()
         note["tutorial_configs_kept"] = trim_tutorial(mod)
     rows = bench.run_bench(args.out, dtypes=tuple(args.dtypes.split(",")),
+                           ds=tuple(int(x) for x in args.ds.split(",")),
                            ns=tuple(int(x) for x in args.ns.split(",")),
+                           modes=tuple(args.modes.split(",")),
                            providers=tuple(providers), check=not args.no_check)
     for r in rows:  # this tutorial version's backward always applies the causal mask
         if r["provider"] == "tutorial" and r.get("mode") == "bwd" and not r["causal"]:
             r.update(mode="error", error="not comparable: this tutorial version's backward "
                      "is causal-only (it masks as if causal=True)", bwd_ms_causal_only=r["ms"])
     env = json.load(open(os.path.join(args.out, "bench.json")))["environment"]
+    note["tuned_configs"] = _tuned_configs()
     bench._write_bench(args.out, {**env, **note}, rows)
     print(bench.format_ratio_table(rows))
     return 0
+
+
+def _tuned_configs():
+    """The config autotuning chose per kernel and shape key (flash._TUNED), JSON-friendly."""
+    from course_kernels import flash, triton_backward, triton_forward
+
+    names = {id(triton_forward._attn_fwd): "_attn_fwd",
+             id(triton_backward._attn_bwd_dkdv): "_attn_bwd_dkdv",
+             id(triton_backward._attn_bwd_dq): "_attn_bwd_dq"}
+    return [{"kernel": names.get(key[0], "?"), "key": [str(x) for x in key[2:]],
+             "config": {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
+                        for k, v in cfg.items()}}
+            for key, cfg in flash._TUNED.items()]
 
 
 def cmd_n1k(args):
     """N = 1024 only, ``--repeats`` separate runs of run_bench (flash, sdpa-flash, sdpa-cudnn)."""
     from course_kernels import bench
 
-    runs = []
+    runs, tuned = [], []
     for i in range(args.repeats):
         sub = os.path.join(args.out, f"n1k_run{i}")
         rows = bench.run_bench(sub, dtypes=tuple(args.dtypes.split(",")), ns=(1024,),
                                providers=("flash", "sdpa-flash", "sdpa-cudnn"), check=False)
         runs.append(rows)
+        tuned.append(_tuned_configs())
     with open(os.path.join(args.out, "n1024_repeats.json"), "w") as f:
-        json.dump({"environment": _env(), "runs": runs}, f, indent=1)
+        json.dump({"environment": _env(), "runs": runs, "tuned_configs": tuned}, f, indent=1)
     return 0
 
 
@@ -590,7 +659,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cmd", choices=["overhead", "overhead-bwd", "meta", "levers", "check",
-                                    "bench", "n1k"])
+                                    "bench", "n1k", "bwd-ab"])
     ap.add_argument("--out", default=".")
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--calls", type=int, default=300)
@@ -600,6 +669,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--ds", default="128,64")
+    ap.add_argument("--modes", default="fwd,bwd")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--configs", default="", help="levers: BM/BN/warps/stages,... ")
     ap.add_argument("--levers-file", default="levers.json")
@@ -607,7 +677,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     return {"overhead": cmd_overhead, "meta": cmd_meta, "levers": cmd_levers,
             "check": cmd_check, "bench": cmd_bench, "n1k": cmd_n1k,
-            "overhead-bwd": cmd_overhead_bwd}[args.cmd](args)
+            "overhead-bwd": cmd_overhead_bwd, "bwd-ab": cmd_bwd_ab}[args.cmd](args)
 
 
 if __name__ == "__main__":

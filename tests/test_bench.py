@@ -82,7 +82,7 @@ def test_forced_forward_config_is_the_one_launched_and_is_restored():
     with bench.forced_forward_config(16, 16, 4, 1):
         out = flash.flash_attention(q, k, v, causal=True)
         (launched,) = flash._TUNED.values()
-        assert (launched.kwargs["BLOCK_M"], launched.kwargs["BLOCK_N"]) == (16, 16)
+        assert (launched["BLOCK_M"], launched["BLOCK_N"]) == (16, 16)  # the config's kwargs
     assert triton_forward._attn_fwd.configs == before
     assert flash._TUNED == {}
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
