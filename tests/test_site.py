@@ -432,7 +432,7 @@ def test_site_mathjax_accessibility_components_load(site, browser):
     try:
         open_page(browser, page)
         spoken = 0
-        for _ in range(100):  # the speech rule engine loads after the first typesetting
+        for _ in range(300):  # the speech rule engine loads after the first typesetting (<= 30 s)
             spoken = browser.execute_script(
                 "return document.querySelectorAll('mjx-container [data-semantic-speech], "
                 "mjx-container[aria-label]').length")
