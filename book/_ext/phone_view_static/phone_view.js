@@ -10,7 +10,8 @@
  * Fix: a click on any later toggle is handed to the first one of its kind, which carries the
  * themes' handlers (the dialog on narrow screens, sphinx-book-theme's collapse on wide ones).
  * It runs in the capture phase and stops the event, so a theme that one day binds the visible
- * button itself does not open the dialog twice.
+ * button itself does not open the dialog twice. On wide screens this also brings back
+ * sphinx-book-theme's sidebar collapse, which is bound to the same (hidden) first button.
  */
 (function () {
   "use strict";
@@ -21,6 +22,9 @@
         event.preventDefault();
         event.stopImmediatePropagation();
         toggles[0].click();
+        // Wide screens collapse the sidebar instead of opening a dialog: drop the focus, or
+        // the button's tooltip stays up (what sphinx-book-theme does for the first button).
+        if (!document.querySelector("dialog[open]")) { event.currentTarget.blur(); }
       }, true);
     }
   }
