@@ -155,7 +155,7 @@ def test_correct_code_passes_in_process(name):
 def test_unmeasured_memory_fails_closed():
     """A 'really tiled' test whose memory measurement failed must not award the points."""
     from course_kernels.grading.numpy_exercises import Fail, structure_message
-    from course_kernels.grading.sandbox import CallOutcome
+    from course_kernels.grading.feedback import CallOutcome
 
     outcome = CallOutcome("ok")
     outcome.memory = None

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from course_kernels.grading import NOTEBOOKS, check, grade_notebook
+from course_grader import grade_notebook
+from course_kernels.grading import NOTEBOOKS, check
 from course_kernels.grading.runner import solution_cells
 
 ROOT = Path(__file__).resolve().parents[1]
