@@ -165,3 +165,22 @@ def test_without_bubblewrap_the_grader_refuses_unless_unsafe(tmp_path):
     r = subprocess.run(cmd + ["--unsafe"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "results.json").exists()
+
+
+def test_leftover_cgroups_are_found():
+    import os
+
+    import pytest
+
+    from course_grader.sandbox import Cgroup, leftovers
+
+    os.environ["COURSE_GRADING_TAG"] = "leftovertest"
+    try:
+        g = Cgroup.create(Limits())
+        if g is None:
+            pytest.skip("no writable cgroup here")
+        assert leftovers("leftovertest")["cgroups"]
+        g.remove()
+        assert leftovers("leftovertest")["cgroups"] == []
+    finally:
+        del os.environ["COURSE_GRADING_TAG"]
