@@ -19,7 +19,7 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sources import HOW, NOTEBOOKS, stub_from_solution  # noqa: E402
+from sources import HOW, NOTEBOOKS, hidden_json, stub_from_solution  # noqa: E402
 
 
 def repository_url() -> str:
@@ -54,7 +54,9 @@ def build(name: str, spec: dict, solved: bool):
     from course_kernels.grading.exercises import hidden_params
 
     nb_spec = SPECS[name]
-    hidden = {ex: sum(float(p.get("points", 1)) for p in ps)
+    from course_kernels.grading.exercises import EXERCISES
+
+    hidden = {ex: sum(c.points for c in EXERCISES[ex].cases(ps, hidden=True))
               for ex, ps in hidden_params(name).items()}
     total = sum(ex["points"] + hidden.get(ex["name"], 0) for ex in spec["exercises"])
     nb = nbformat.v4.new_notebook()
@@ -89,6 +91,10 @@ def main(argv=None):
     ap.add_argument("--no-exec", action="store_true")
     ap.add_argument("--only", nargs="*", help="notebook names to build")
     args = ap.parse_args(argv)
+    from course_kernels.grading.exercises import SPECS
+
+    for name, spec_module in SPECS.items():  # hidden tests of the spec modules, as JSON
+        (ROOT / "grading" / "hidden_tests" / f"{name}.json").write_text(hidden_json(spec_module))
     for name, spec in NOTEBOOKS.items():
         if args.only and name not in args.only:
             continue

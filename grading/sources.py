@@ -663,3 +663,40 @@ NOTEBOOKS["09_tuning"] = dict(
     ],
     practice=TUNING_PRACTICE,
 )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercises kept in one spec module each (course_kernels/grading/specs/): prose, points, the
+# solution as real code, visible and hidden tests, feedback. Only the notebook setup is added here.
+def _from_spec(spec, exercises):
+    def points(name):  # the visible tests' points, as the grader counts them
+        total = sum(c.points for c in exercises[name].cases())
+        return int(total) if total == int(total) else total
+
+    return dict(
+        setup=NUMPY_SETUP,
+        intro=spec.INTRO,
+        exercises=[dict(e, points=points(e["name"]),
+                        solution=spec.solution_source(e["name"]).rstrip("\n"))
+                   for e in spec.EXERCISES],
+    )
+
+
+def _add_specs():
+    from course_kernels.grading.exercises import EXERCISES, SPECS
+
+    for name, spec in SPECS.items():
+        NOTEBOOKS[name] = _from_spec(spec, EXERCISES)
+
+
+def hidden_json(spec) -> str:
+    """grading/hidden_tests/<notebook>.json of a spec module (written by build_notebooks.py)."""
+    import json
+
+    tests = [dict(p, exercise=ex) for ex, ps in spec.HIDDEN.items() for p in ps]
+    return json.dumps({"about": f"Hidden tests of exercises/{spec.NAME}.ipynb, generated from "
+                       f"course_kernels/grading/specs/ by grading/build_notebooks.py: edit the "
+                       "spec, not this file.", "tests": tests}, indent=1) + "\n"
+
+
+_add_specs()

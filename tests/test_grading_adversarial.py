@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from course_kernels.grading.__main__ import _write, feedback_text, gradescope
-from course_kernels.grading.runner import grade_notebook, replace_solution
-from course_kernels.grading.sandbox import Limits, isolation, leftovers
+from course_grader.cli import _write, feedback_text, gradescope
+from course_grader.grade import grade_notebook
+from course_kernels.grading.runner import replace_solution
+from course_grader.sandbox import Limits, isolation, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = sorted((Path(__file__).parent / "adversarial").glob("a*.py"))

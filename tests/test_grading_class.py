@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from course_kernels.grading.sandbox import isolation, leftovers
+from course_grader.sandbox import isolation, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
     tag = f"class{os.getpid()}"
     env = dict(os.environ, TMPDIR=str(tmpdir), COURSE_GRADING_TAG=tag)
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "course_kernels.grading", "grade", str(cls),
+    r = subprocess.run([sys.executable, "-m", "course_grader", "grade", str(cls),
                         "--out", str(out), "--workers", "2", "--call-seconds", "5",
                         "--no-progress"], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -18,7 +18,7 @@ def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
     shutil.copy(ROOT / "exercises/01_stable_softmax.ipynb", subs / "bob")
     (subs / "bob" / "04_block_sizes.ipynb").write_text("{ this is not a notebook")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "course_kernels.grading", "grade", str(subs),
+    r = subprocess.run([sys.executable, "-m", "course_grader", "grade", str(subs),
                         "--out", str(out), "--workers", "2", "--no-progress"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -38,7 +38,7 @@ def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
 
 
 def test_single_notebook_writes_results_json(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "course_kernels.grading", "grade",
+    r = subprocess.run([sys.executable, "-m", "course_grader", "grade",
                         str(ROOT / "solutions/04_block_sizes.ipynb"), "--out", str(tmp_path),
                         "--workers", "1", "--no-progress"], capture_output=True, text=True,
                        timeout=300)
@@ -51,7 +51,7 @@ def test_notebook_points_equal_gradebook_points():
     """Each exercise heading states visible + hidden points: what the gradebook's maximum is."""
     import re
 
-    from course_kernels.grading.__main__ import notebook_max
+    from course_grader.cli import notebook_max
     from course_kernels.grading.exercises import NOTEBOOKS, notebook_of
     from course_kernels.grading.runner import build_cases
 
@@ -69,7 +69,7 @@ def test_notebook_points_equal_gradebook_points():
 def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
     import zipfile
 
-    r = subprocess.run([sys.executable, "-m", "course_kernels.grading", "release", "--out",
+    r = subprocess.run([sys.executable, "-m", "course_grader", "release", "--out",
                         str(tmp_path / "student"), "--zip"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
@@ -94,7 +94,7 @@ def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
     roster = tmp_path / "roster.csv"
     roster.write_text("id,name\nalice,A\nbob,B\ncarol,C\neve,E\n")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "course_kernels.grading", "grade", str(cls),
+    r = subprocess.run([sys.executable, "-m", "course_grader", "grade", str(cls),
                         "--roster", str(roster), "--expect", "01,04", "--out", str(out),
                         "--workers", "2", "--no-progress"], capture_output=True, text=True,
                        timeout=300)

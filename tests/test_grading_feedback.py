@@ -155,7 +155,7 @@ def test_correct_code_passes_in_process(name):
 def test_unmeasured_memory_fails_closed():
     """A 'really tiled' test whose memory measurement failed must not award the points."""
     from course_kernels.grading.numpy_exercises import Fail, structure_message
-    from course_kernels.grading.sandbox import CallOutcome
+    from course_kernels.grading.feedback import CallOutcome
 
     outcome = CallOutcome("ok")
     outcome.memory = None
@@ -174,3 +174,20 @@ def test_unmeasured_memory_fails_closed():
     outcome.memory = (12 * 2**20, "cgroup")
     with pytest.raises(Fail, match="not tiled"):
         structure_message(outcome, q[:, :64], k, k, {"block_q": 64, "block_k": 64})
+
+
+def test_hidden_tests_fail_classic_wrong_answers():
+    """A logsumexp without the max overflows on the hidden test (x ~ 800 in float64)."""
+    from course_kernels.grading.exercises import NOTEBOOKS
+    from course_kernels.grading.runner import _call_in_process, build_cases, judge
+
+    def naive_logsumexp(x):
+        return np.log(np.exp(x).sum(-1))
+
+    hidden = [c for c in build_cases(NOTEBOOKS["01_stable_softmax"])
+              if c.hidden and c.exercise == "logsumexp"]
+    assert hidden
+    with np.errstate(all="ignore"):
+        verdicts = [judge(c, _call_in_process(naive_logsumexp, c)) for c in hidden]
+    assert not all(v.passed for v in verdicts)
+    assert any("overflow" in v.message for v in verdicts)

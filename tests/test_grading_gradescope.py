@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bundle(tmp_path, exercise):
-    r = subprocess.run([sys.executable, "-m", "course_kernels.grading", "gradescope", "--exercise",
+    r = subprocess.run([sys.executable, "-m", "course_grader", "gradescope", "--exercise",
                         exercise, "--out", str(tmp_path / "autograder.zip")], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from course_kernels.grading import NOTEBOOKS, check, grade_notebook
+from course_grader import grade_notebook
+from course_kernels.grading import NOTEBOOKS, check
 from course_kernels.grading.runner import solution_cells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +49,33 @@ def test_check_cell_on_a_stub_reports_not_implemented():
     with redirect_stdout(out):
         check("stable_softmax", stable_softmax)
     assert "not yet implemented" in out.getvalue()
+
+
+def _cell_function(source, name):
+    """Define ``name`` as a Jupyter cell would (ipykernel's file name, source in linecache)."""
+    import linecache
+
+    filename = "/tmp/ipykernel_0/123456.py"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    ns = {"np": __import__("numpy")}
+    exec(compile(source, filename, "exec"), ns)  # noqa: S102 - a student's cell, in a test
+    return ns[name]
+
+
+def test_check_cell_runs_the_graders_lint():
+    """What the grader refuses, the check cell refuses first; harmless sys constants pass."""
+    bad = _cell_function("import torch\n\ndef stable_softmax(x):\n"
+                         "    return torch.softmax(torch.from_numpy(x), -1).numpy()\n",
+                         "stable_softmax")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        check("stable_softmax", bad)
+    assert "will not grade" in out.getvalue() and "PyTorch" in out.getvalue()
+    good = _cell_function("import sys\n\ndef stable_softmax(x):\n"
+                          "    e = np.exp(x - x.max(-1, keepdims=True))\n"
+                          "    return e / np.maximum(e.sum(-1, keepdims=True), sys.float_info.min)\n",
+                          "stable_softmax")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        check("stable_softmax", good)
+    assert "all visible tests pass" in out.getvalue(), out.getvalue()

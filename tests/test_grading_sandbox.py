@@ -6,7 +6,8 @@ import struct
 
 import numpy as np
 
-from course_kernels.grading.sandbox import CallOutcome, Limits, _outcome, _take_frame, run_submission
+from course_grader.sandbox import Limits, _outcome, _take_frame, run_submission
+from course_kernels.grading.feedback import CallOutcome
 
 
 def frame(header, payload=b""):
@@ -68,7 +69,7 @@ def test_the_child_cannot_import_the_course_library():
 
 
 def test_npy_header_must_match_its_bytes():
-    from course_kernels.grading.sandbox import load_npy
+    from course_grader.sandbox import load_npy
 
     good = npy(np.arange(6.0).reshape(2, 3))
     assert load_npy(good).shape == (2, 3)
@@ -83,7 +84,7 @@ def test_npy_header_must_match_its_bytes():
 
 
 def test_deep_json_and_deep_tuples_are_refused_not_fatal():
-    from course_kernels.grading.sandbox import _decode
+    from course_grader.sandbox import _decode
 
     deep = b"[" * 100000 + b"]" * 100000
     buf = bytearray(struct.pack("<I", len(deep)) + deep + struct.pack("<Q", 0))
@@ -113,7 +114,7 @@ def test_a_fifo_or_a_huge_file_is_not_read_as_a_notebook(tmp_path):
     import os
     import threading
 
-    from course_kernels.grading.runner import grade_notebook
+    from course_grader.grade import grade_notebook
 
     fifo = tmp_path / "01_stable_softmax.ipynb"
     os.mkfifo(fifo)
@@ -131,7 +132,7 @@ def test_a_fifo_or_a_huge_file_is_not_read_as_a_notebook(tmp_path):
 def test_deep_folders_are_removed(tmp_path):
     import os
 
-    from course_kernels.grading.sandbox import remove_tree
+    from course_grader.sandbox import remove_tree
 
     top = tmp_path / "deep"
     top.mkdir()
@@ -155,7 +156,7 @@ def test_without_bubblewrap_the_grader_refuses_unless_unsafe(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, COURSE_GRADING_NO_SANDBOX="1")
-    cmd = [sys.executable, "-m", "course_kernels.grading", "grade",
+    cmd = [sys.executable, "-m", "course_grader", "grade",
            str(root / "solutions/04_block_sizes.ipynb"), "--out", str(tmp_path), "--workers", "1",
            "--no-progress"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
@@ -164,3 +165,22 @@ def test_without_bubblewrap_the_grader_refuses_unless_unsafe(tmp_path):
     r = subprocess.run(cmd + ["--unsafe"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "results.json").exists()
+
+
+def test_leftover_cgroups_are_found():
+    import os
+
+    import pytest
+
+    from course_grader.sandbox import Cgroup, leftovers
+
+    os.environ["COURSE_GRADING_TAG"] = "leftovertest"
+    try:
+        g = Cgroup.create(Limits())
+        if g is None:
+            pytest.skip("no writable cgroup here")
+        assert leftovers("leftovertest")["cgroups"]
+        g.remove()
+        assert leftovers("leftovertest")["cgroups"] == []
+    finally:
+        del os.environ["COURSE_GRADING_TAG"]

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import numpy_exercises, triton_exercises
+from .specs import ring_attention as _ring
 
-BUILDERS = {**numpy_exercises.BUILDERS, **triton_exercises.BUILDERS}
+SPECS = {_ring.NAME: _ring}  # exercises kept in one spec module each (grading/specs/)
+BUILDERS = {**numpy_exercises.BUILDERS, **triton_exercises.BUILDERS, **_ring.BUILDERS}
 
 NUMPY_PREAMBLE = "import math\nfrom typing import Optional, Tuple\n\nimport numpy as np\n"
 TRITON_PREAMBLE = NUMPY_PREAMBLE + (
@@ -139,6 +141,8 @@ NOTEBOOKS = {
                  ("smem_bytes", "configs_that_fit", "pick_fastest"),
                  note="The GPU measurement in this notebook is practice and is not graded; the "
                  "graded parts run on any machine."),
+        *(Notebook(spec.NAME, spec.TITLE, tuple(e["name"] for e in spec.EXERCISES),
+                   timeout=spec.TIMEOUT) for spec in SPECS.values()),
     )
 }
 
@@ -235,6 +239,9 @@ _V = {
     ],
     "pick_fastest": [dict(seed=80), dict(name="a tie", seed=81, tie=True)],
 }
+
+for _spec in SPECS.values():
+    _V.update(_spec.VISIBLE)
 
 EXERCISES = {
     name: Exercise(name, nb.name, _V[name], torch_rules=nb.triton)

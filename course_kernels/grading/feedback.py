@@ -169,3 +169,26 @@ def error_message(outcome, func: str) -> tuple[str, str]:
     if st in ("timeout", "crash", "not_run", "invalid"):
         return st, outcome.message
     return st, f"unexpected outcome {st}"
+
+
+MAX_STRING = 2000  # characters kept of any string from a submission
+
+
+def clean_text(s, limit=MAX_STRING) -> str:
+    """Any text from a submission, safe to print and to write as UTF-8 (lone surrogates escaped)."""
+    s = str(s)[:limit]
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@dataclass
+class CallOutcome:
+    status: str  # ok | error | not_implemented | timeout | crash | not_run | invalid
+    output: object = None  # decoded output: arrays, numbers, tuples
+    error: dict | None = None
+    seconds: float = 0.0
+    mutated: list = field(default_factory=list)
+    launches: int = 0
+    trace: list | None = None
+    message: str = ""  # sandbox-level explanation (timeout, crash, ...)
+    memory: object = None  # (extra bytes, limit, how) for tiling checks; set by the runner
+    peak: int | None = None  # peak memory (bytes) of the whole child that ran this call

@@ -46,17 +46,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from course_kernels.grading.feedback import CallOutcome, clean_text
 
 CHILD = Path(__file__).with_name("_child.py")
 MAX_HEADER = 1 << 20  # bytes per frame header
 MAX_RESULT_BYTES = 64 << 20  # everything a child may send back
 MAX_PRINT_BYTES = 1 << 20  # stdout + stderr (RLIMIT_FSIZE on the parent-opened file)
 MAX_DEPTH = 8  # nesting of returned tuples
-MAX_STRING = 2000  # characters kept of any string the child sends
 # Our own packages and libraries that do a NumPy exercise for the student: covered by an empty
 # tmpfs inside the sandbox (a wall, where the source lint is only a lint).
 HIDDEN_PACKAGES = ("course_kernels", "course_grader", "scipy", "flash_attn", "jax", "tensorflow")
@@ -81,20 +82,6 @@ class Limits:
 
 
 @dataclass
-class CallOutcome:
-    status: str  # ok | error | not_implemented | timeout | crash | not_run | invalid
-    output: object = None  # decoded output: arrays, numbers, tuples
-    error: dict | None = None
-    seconds: float = 0.0
-    mutated: list = field(default_factory=list)
-    launches: int = 0
-    trace: list | None = None
-    message: str = ""  # sandbox-level explanation (timeout, crash, ...)
-    memory: object = None  # (extra bytes, limit, how) for tiling checks; set by the runner
-    peak: int | None = None  # peak memory (bytes) of the whole child that ran this call
-
-
-@dataclass
 class SandboxReport:
     calls: dict  # call id -> CallOutcome
     cells: dict  # exercise -> {"ok": bool, "error": ...}
@@ -103,16 +90,10 @@ class SandboxReport:
     restarts: int = 0
 
 
-def clean_text(s, limit=MAX_STRING) -> str:
-    """Any text from a submission, safe to print and to write as UTF-8 (lone surrogates escaped)."""
-    s = str(s)[:limit]
-    return s.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 # -- what the sandbox can see -----------------------------------------------------------------
 def _site_paths() -> list[str]:
     """Where numpy/torch/triton live: site-packages, never the repository itself."""
-    repo = os.path.realpath(Path(__file__).resolve().parents[2])
+    repo = os.path.realpath(Path(__file__).resolve().parents[1])
     paths = []
     for p in site.getsitepackages() + [os.path.dirname(np.__path__[0])]:
         real = os.path.realpath(p)
