@@ -20,6 +20,7 @@ cores (triton-lang/triton#5066): the results are right but slow, and there is no
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -119,13 +120,57 @@ def pick_configs(gpu_configs: list, cpu_config, ieee_config) -> list:
     return list(gpu_configs) + [ieee_config]
 
 
-def prune_configs(ieee_config, small_config):
-    """An ``early_config_prune``: fp32 -> ``ieee_config``; head dim 256 -> ``small_config``;
-    otherwise the fp16/bf16 configs (only the first with COURSE_KERNELS_AUTOTUNE=0)."""
+def gpu_capability() -> tuple[int, int] | None:
+    """(major, minor) compute capability of the current CUDA device; None without a GPU."""
+    if not HAS_GPU:
+        return None
+    import torch
+
+    return _capability(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability(device_index))
+
+
+# Below sm_80 (Colab's T4, sm_75) a block may ask for at most 64 KiB of shared memory, and tl.dot
+# runs on FMA units with its operands staged in shared memory, so tiles cost more than on Ampere
+# or Hopper. Measured by compiling for sm_75 without a T4 (tests/test_sm75_compile.py,
+# notes/t4_sm75.md): the largest tiles that fit, per head dim (padded) and product precision.
+# A kernel has one entry per (max head dim, ieee); None: nothing fits (a clear error instead).
+SM75_SHARED_BYTES = 64 * 1024
+
+
+def sm75_config(table: dict, head_dim_padded: int, ieee: bool):
+    """The config a pre-Ampere GPU (a T4) uses for this head dim and precision, or None."""
+    for max_d, cfg in sorted((k[0], v) for k, v in table.items() if k[1] == ieee):
+        if head_dim_padded <= max_d:
+            return cfg
+    return None
+
+
+def prune_configs(ieee_config, small_config, sm75_table: dict | None = None):
+    """An ``early_config_prune``: a pre-Ampere GPU (T4) -> its table's config; fp32 ->
+    ``ieee_config``; head dim 256 -> ``small_config``; otherwise the fp16/bf16 configs (only the
+    first with COURSE_KERNELS_AUTOTUNE=0)."""
 
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        if args.get("DOT_PRECISION") == "ieee":
+        ieee = args.get("DOT_PRECISION") == "ieee"
+        cap = gpu_capability()
+        if sm75_table is not None and cap is not None and cap < (8, 0):
+            cfg = sm75_config(sm75_table, args.get("HEAD_DIM_PADDED", 0), ieee)
+            if cfg is None:
+                raise ValueError(
+                    f"no kernel config fits this GPU's 64 KiB of shared memory (sm_{cap[0]}{cap[1]}) "
+                    f"at head dim {args.get('HEAD_DIM')} with "
+                    f"{'fp32' if ieee else 'fp16'} inputs; use fp16 inputs or a head dim <= 128 "
+                    "(notes/t4_sm75.md)")
+            return [cfg]
+        if ieee:
             return [ieee_config]
         if args.get("HEAD_DIM_PADDED", 0) >= 256:
             return [small_config]

@@ -76,6 +76,30 @@ DKDV_SMALL_CONFIG = triton.Config({"BLOCK_M1": 16, "BLOCK_N1": 64}, num_warps=4,
 DQ_SMALL_CONFIG = triton.Config({"BLOCK_N2": 16, "BLOCK_M2": 64}, num_warps=4, num_stages=2)
 
 
+
+def _cfg(a_name, b_name, a, b, stages):
+    return triton.Config({a_name: a, b_name: b}, num_warps=4, num_stages=stages)
+
+
+# A T4 (sm_75): the largest tiles that fit 64 KiB, measured for sm_75 (notes/t4_sm75.md). fp32
+# dK/dV at head dim 256 fits nowhere (16 x 16 tiles already ask for 66,560 bytes): None.
+DKDV_SM75 = {
+    (64, False): DKDV_SMALL_CONFIG,
+    (128, False): _cfg("BLOCK_M1", "BLOCK_N1", 16, 32, 2),  # 40,960 bytes
+    (256, False): _cfg("BLOCK_M1", "BLOCK_N1", 16, 16, 1),  # 49,152
+    (64, True): DKDV_IEEE_CONFIG,
+    (128, True): _cfg("BLOCK_M1", "BLOCK_N1", 16, 32, 1),  # 51,200
+    (256, True): None,
+}
+DQ_SM75 = {
+    (64, False): DQ_SMALL_CONFIG,
+    (128, False): _cfg("BLOCK_N2", "BLOCK_M2", 16, 32, 2),  # 40,960
+    (256, False): _cfg("BLOCK_N2", "BLOCK_M2", 16, 16, 1),  # 49,152
+    (128, True): DQ_IEEE_CONFIG,
+    (256, True): _cfg("BLOCK_N2", "BLOCK_M2", 16, 16, 1),  # 65,536: exactly the limit
+}
+
+
 def dkdv_configs() -> list[triton.Config]:
     """(BLOCK_M1 query rows per step, BLOCK_N1 keys per program)."""
     return _configs("BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG)
@@ -141,7 +165,7 @@ def _attn_bwd_dkdv_inner(
 @triton.autotune(
     configs=dkdv_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "GROUP_SIZE", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG)},
+    prune_configs_by={"early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, DKDV_SM75)},
     **autotune_kwargs(),
 )
 @triton.jit
@@ -242,7 +266,7 @@ def _attn_bwd_dq_inner(
 @triton.autotune(
     configs=dq_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG)},
+    prune_configs_by={"early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, DQ_SM75)},
     **autotune_kwargs(),
 )
 @triton.jit

@@ -51,6 +51,15 @@ FWD_IEEE_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num
 FWD_SMALL_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 
 
+# A T4 (sm_75): the largest tiles that fit 64 KiB, measured for sm_75 (notes/t4_sm75.md).
+FWD_SM75 = {
+    (128, False): FWD_SMALL_CONFIG,  # 49,152 bytes at d = 128
+    (256, False): triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1),
+    (128, True): FWD_IEEE_CONFIG,
+    (256, True): triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
+}
+
+
 def fwd_configs() -> list[triton.Config]:
     """The autotuning space: a few configs known to do well on Hopper/Ampere, and a small one.
 
@@ -131,7 +140,7 @@ def _attn_fwd_inner(
 @triton.autotune(
     configs=fwd_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG)},
+    prune_configs_by={"early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)},
     **autotune_kwargs(),
 )
 @triton.jit

@@ -8,14 +8,12 @@ how much shared memory a launch asks for, and that decides whether it can run on
 block with the opt-in Triton requests (``hw.GPUS["T4"]``); above that, loading the kernel raises
 ``OutOfResources``.
 
-What a T4 runs (``course_kernels._triton_env.pick_configs`` / ``prune_configs``; nothing is
-special-cased for sm_75): fp16 inputs use the autotuner's list, whose configs that do not fit
-fail to load and are dropped by the autotuner (``OutOfResources`` -> infinite time), so the list
-must hold one that fits: the small config at its end. fp32 inputs use the IEEE config alone, so
-it must fit. Shared memory grows with the head dim, so head dim 128 (the largest below 256) is the
-worst case tested here. Measured with this file (notes/t4_sm75.md): the forward fits; the
-backward does not at head dim 128 (marked xfail, strict); nothing fits at head dim 256, nor the
-first config alone (``COURSE_KERNELS_AUTOTUNE=0``) at head dim 128.
+What a T4 runs: on a GPU below sm_80 each kernel's pruner (``_triton_env.prune_configs``) keeps
+one config from the kernel's sm_75 table (``FWD_SM75``, ``DKDV_SM75``, ``DQ_SM75``), chosen by
+head dim and product precision (``_triton_env.sm75_config``); a table entry of None (fp32 dK/dV at
+head dim 256: nothing fits) makes the launch raise a clear error. This file compiles every entry
+for sm_75 and checks it asks for at most 64 KiB. Before those tables (measured with this file,
+notes/t4_sm75.md) the backward did not fit at head dim 128 and nothing fit at head dim 256.
 
 The compilation runs in a subprocess with a fresh ``TRITON_CACHE_DIR`` (nothing is cached across
 runs): this pytest session runs the kernels in Triton's CPU interpreter (``TRITON_INTERPRET=1`` is
@@ -40,7 +38,7 @@ if importlib.util.find_spec("triton") is None:  # like the other kernel tests (i
 
 ROOT = Path(__file__).resolve().parents[1]
 T4_SHARED_BYTES = 64 * 1024
-HEAD_DIMS = (64, 128)  # 128: the worst case below 256 (smaller head dims need less)
+HEAD_DIMS = (64, 128, 256)
 
 # Pointer arguments of the three autotuned kernels; LSE and Delta are float32 whatever the input.
 POINTERS = {"Q", "K", "V", "DO", "Out", "DK", "DV", "DQ"}
@@ -92,12 +90,18 @@ def _source(autotuner, dtype: str, d: int, config, backend):
     return ASTSource(fn, signature, constexprs, attrs)
 
 
-def _t4_config(autotuner, dtype: str, d: int):
-    """The config of the T4 path that must fit: the last one the kernel's own pruner keeps
-    (the small config for fp16, the only one for fp32)."""
-    named = dict(HEAD_DIM=d, HEAD_DIM_PADDED=max(16, 1 << (d - 1).bit_length()),
-                 DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
-    return autotuner.early_config_prune(autotuner.configs, named)[-1]
+def _tables():
+    from course_kernels import triton_backward, triton_forward
+
+    return {"fwd": triton_forward.FWD_SM75, "dkdv": triton_backward.DKDV_SM75,
+            "dq": triton_backward.DQ_SM75}
+
+
+def _t4_config(kernel: str, dtype: str, d: int):
+    """The config a T4 runs for this kernel, dtype and head dim (None: nothing fits)."""
+    from course_kernels._triton_env import sm75_config
+
+    return sm75_config(_tables()[kernel], max(16, 1 << (d - 1).bit_length()), dtype == "fp32")
 
 
 def compile_cases(cases: list[dict]) -> None:
@@ -114,7 +118,7 @@ def compile_cases(cases: list[dict]) -> None:
         target = GPUTarget("cuda", case["arch"], 32)
         backend = make_backend(target)
         kernel = kernels[case["kernel"]]
-        config = _t4_config(kernel, case["dtype"], case["d"])
+        config = _t4_config(case["kernel"], case["dtype"], case["d"])
         start = time.perf_counter()
         compiled = triton.compile(_source(kernel, case["dtype"], case["d"], config, backend),
                                   target=target, options=dict(num_warps=config.num_warps,
@@ -140,20 +144,16 @@ def _compile(cases: list[dict], tmp_path) -> list[dict]:
     return results
 
 
-# The backward's configs do not fit a T4 at head dim 128 (measured with this test: dK/dV 72 KiB
-# in fp16 and 68 KiB in fp32, dQ 72 KiB in fp16; notes/t4_sm75.md lists configs that do fit).
-# strict: once the kernels get configs that fit, this marker must go and the test guards them.
-BACKWARD_TOO_BIG = pytest.mark.xfail(
-    strict=True, reason="the backward needs more than a T4's 64 KiB of shared memory at head "
-    "dim 128 with the current configs (notes/t4_sm75.md)")
+# fp32 dK/dV at head dim 256: even 16 x 16 tiles ask for 66,560 bytes (notes/t4_sm75.md).
+NOTHING_FITS = {("dkdv", "fp32", 256)}
 
 
-@pytest.mark.parametrize("kernel", ["fwd", pytest.param("dkdv", marks=BACKWARD_TOO_BIG),
-                                    pytest.param("dq", marks=BACKWARD_TOO_BIG)])
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq"])
 def test_sm75_the_t4_path_fits_64_kib(kernel, tmp_path):
-    """fp16 and fp32, head dims 64 and 128: the config of the T4 path compiles for sm_75 (PTX
-    assembled to a cubin) and asks for at most 64 KiB of shared memory."""
-    cases = [dict(kernel=kernel, dtype=t, d=d, arch=75) for t in ("fp16", "fp32") for d in HEAD_DIMS]
+    """fp16 and fp32, head dims 64, 128 and 256: the config of the T4 path compiles for sm_75
+    (PTX assembled to a cubin) and asks for at most 64 KiB of shared memory."""
+    cases = [dict(kernel=kernel, dtype=t, d=d, arch=75) for t in ("fp16", "fp32") for d in HEAD_DIMS
+             if (kernel, t, d) not in NOTHING_FITS]
     results = _compile(cases, tmp_path)
     for r in results:
         assert r["ptx_target"] == "sm_75" and r["cubin_bytes"] > 0, r
@@ -162,6 +162,33 @@ def test_sm75_the_t4_path_fits_64_kib(kernel, tmp_path):
     assert not too_big, "these would fail to launch on a T4 (more than 64 KiB of shared " \
         "memory):\n" + "\n".join(f"{r['kernel']} {r['dtype']} d={r['d']} {r['config']}: "
                                  f"{r['shared']} bytes" for r in too_big)
+
+
+def test_sm75_pruner_uses_the_table_below_sm80(monkeypatch):
+    """On a GPU below sm_80 each kernel's pruner keeps exactly its sm_75 table's config, and a
+    shape that fits nowhere is a clear error (not a launch failure deep in Triton)."""
+    from course_kernels import _triton_env, triton_backward, triton_forward
+
+    kernels = {"fwd": triton_forward._attn_fwd, "dkdv": triton_backward._attn_bwd_dkdv,
+               "dq": triton_backward._attn_bwd_dq}
+    monkeypatch.setattr(_triton_env, "gpu_capability", lambda: (7, 5))
+    for name, autotuner in kernels.items():
+        for dtype in ("fp16", "fp32"):
+            for d in HEAD_DIMS:
+                named = dict(HEAD_DIM=d, HEAD_DIM_PADDED=d,
+                             DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+                if (name, dtype, d) in NOTHING_FITS:
+                    with pytest.raises(ValueError, match="64 KiB"):
+                        autotuner.early_config_prune(autotuner.configs, named)
+                    continue
+                kept = autotuner.early_config_prune(autotuner.configs, named)
+                assert kept == [_t4_config(name, dtype, d)], (name, dtype, d)
+    monkeypatch.setattr(_triton_env, "gpu_capability", lambda: (9, 0))  # Hopper: unchanged
+    named = dict(HEAD_DIM=64, HEAD_DIM_PADDED=64, DOT_PRECISION="tf32")
+    configs = triton_forward._attn_fwd.configs
+    kept = triton_forward._attn_fwd.early_config_prune(configs, named)
+    fast = [c for c in configs if c is not triton_forward.FWD_IEEE_CONFIG]
+    assert kept == (fast if _triton_env.AUTOTUNE else fast[:1])
 
 
 def test_sm75_dot_runs_on_fma_units_not_tensor_cores(tmp_path):
