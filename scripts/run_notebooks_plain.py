@@ -66,9 +66,9 @@ print("NOTEBOOK OK", flush=True)
 '''
 
 
-def run(path: Path, limit_s: float, root: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep), "MPLBACKEND": "Agg"}
+def run(path: Path, limit_s: float, root: Path | None) -> dict:
+    paths = ([str(root)] if root is not None else []) + [os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths).strip(os.pathsep), "MPLBACKEND": "Agg"}
     t0 = time.time()
     try:
         proc = subprocess.run([sys.executable, "-c", CHILD, path.name], cwd=path.parent, env=env,
@@ -89,16 +89,20 @@ def main(argv=None) -> int:
     ap.add_argument("notebooks", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True, help="JSON record to write")
     ap.add_argument("--limit-s", type=float, default=120.0, help="time limit per notebook")
+    ap.add_argument("--installed", action="store_true",
+                    help="use the installed course_kernels (a wheel): the repository is not put "
+                         "on the notebooks' path")
     args = ap.parse_args(argv)
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
+    root = None if args.installed else Path(__file__).resolve().parents[1]
+    if root is not None:
+        sys.path.insert(0, str(root))
     from course_kernels.bench import environment
 
     try:
         env = environment()
     except Exception as exc:  # no torch / no GPU: still record what ran
         env = {"error": repr(exc)}
-    env["command"] = "python scripts/run_notebooks_plain.py " + " ".join(
+    env["command"] = "python scripts/run_notebooks_plain.py " + ("--installed " if args.installed else "") + " ".join(
         str(p) for p in args.notebooks)
     results = []
     for path in args.notebooks:
