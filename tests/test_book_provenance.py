@@ -50,6 +50,9 @@ QUOTED: dict[str, dict[str, str]] = {
         "30": "the prediction recorded before the measurement (notes/decode.md)",
         "60": "the prediction recorded before the measurement (notes/decode.md)",
     },
+    "part2/hopper.ipynb": {
+        "10": "the TMA lever's prediction, recorded before the measurement (notes/kernel.md, Levers 1)",
+    },
     "part2/tuning.ipynb": {
         "35": "FlashAttention-3 paper (Shah et al. 2024), abstract: FA2's share of H100 peak",
         "75": "FlashAttention-3 paper (Shah et al. 2024), abstract: FA3's share of H100 peak",
