@@ -93,8 +93,17 @@ def check_copy_against_site(source_cells, copy_cells, site: list[str]) -> list[s
     return others
 
 
+SMART_QUOTES = (("\u2019", "'"), ("\u2018", "'"), ("\u201c", '"'), ("\u201d", '"'))
+
+
+def _straight_quotes(text: str) -> str:
+    for curly, straight in SMART_QUOTES:
+        text = text.replace(curly, straight)  # Sphinx's smart quotes (the copy keeps the value)
+    return text
+
+
 def site_values(page: Path) -> list[str]:
-    return [htmllib.unescape(re.sub(r"<[^>]+>", "", s))
+    return [_straight_quotes(htmllib.unescape(re.sub(r"<[^>]+>", "", s)))
             for s in re.findall(r'<span class="pasted-text">(.*?)</span>', page.read_text(encoding="utf-8"), re.S)]
 
 
@@ -102,9 +111,7 @@ def visible_text(page: Path) -> str:
     body = re.sub(r"<script.*?</script>|<style.*?</style>", "", page.read_text(encoding="utf-8"), flags=re.S)
     text = htmllib.unescape(re.sub(r"<[^>]+>", "", body))
     text = text.replace("\\(", "").replace("\\)", "").replace("$", "")  # inline math, typeset or not
-    for curly, straight in (("\u2019", "'"), ("\u2018", "'"), ("\u201c", '"'), ("\u201d", '"')):
-        text = text.replace(curly, straight)  # Sphinx's smart quotes
-    return re.sub(r"\s+", " ", text)
+    return re.sub(r"\s+", " ", _straight_quotes(text))
 
 
 @pytest.mark.parametrize("doc", DOCS)
