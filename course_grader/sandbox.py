@@ -64,8 +64,10 @@ HIDDEN_PACKAGES = ("course_kernels", "course_grader", "scipy", "flash_attn", "ja
 NUMPY_ONLY_HIDDEN = ("torch", "triton", "functorch", "torchgen")
 
 
-BLOCKED = ('raise ImportError(f"{__name__} is not available while grading this exercise: write '
-           'the algorithm yourself")\n')
+BLOCKED = (
+    'raise ImportError(f"{__name__} is not available while grading this exercise: write '
+    'the algorithm yourself")\n'
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -127,8 +129,11 @@ def _bwrap_args(bwrap, req_dir, limits, triton, userns, size=True) -> list[str]:
     # (and nothing else of the host's /tmp is seen)
     for d in ("/tmp", "/box"):
         a += (["--size", str(limits.tmpfs_bytes)] if size else []) + ["--tmpfs", d]
-    py_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-                os.path.dirname(os.path.dirname(_python()))}
+    py_roots = {
+        os.path.realpath(sys.base_prefix),
+        os.path.realpath(sys.prefix),
+        os.path.dirname(os.path.dirname(_python())),
+    }
     sites = _site_paths()
     for p in sorted(py_roots) + sites:
         if os.path.isdir(p) and not p.startswith("/usr/"):
@@ -138,8 +143,15 @@ def _bwrap_args(bwrap, req_dir, limits, triton, userns, size=True) -> list[str]:
         for name in hidden:
             target = os.path.join(sp, name)
             if os.path.isdir(target):  # an empty folder would import as a namespace package
-                a += ["--tmpfs", target, "--ro-bind", os.path.join(req_dir, "_blocked.py"),
-                      os.path.join(target, "__init__.py"), "--remount-ro", target]
+                a += [
+                    "--tmpfs",
+                    target,
+                    "--ro-bind",
+                    os.path.join(req_dir, "_blocked.py"),
+                    os.path.join(target, "__init__.py"),
+                    "--remount-ro",
+                    target,
+                ]
     a += ["--proc", "/proc", "--dev", "/dev"]
     if _gpu_mode():
         for dev in sorted(os.listdir("/dev")):
@@ -163,8 +175,14 @@ def isolation() -> dict:
 
 
 def _probe() -> dict:
-    out = {"sandbox": False, "userns": False, "size": True, "cgroup": Cgroup.kind(), "why": "",
-           "bwrap": shutil.which("bwrap")}
+    out = {
+        "sandbox": False,
+        "userns": False,
+        "size": True,
+        "cgroup": Cgroup.kind(),
+        "why": "",
+        "bwrap": shutil.which("bwrap"),
+    }
     if os.environ.get("COURSE_GRADING_NO_SANDBOX") == "1":
         out["why"] = "COURSE_GRADING_NO_SANDBOX=1 is set"
         return out
@@ -179,10 +197,16 @@ def _probe() -> dict:
             if not userns and os.geteuid() != 0:
                 continue  # without a user namespace, only root may create the others
             cmd = _bwrap_args(out["bwrap"], req, Limits(), False, userns, size) + [
-                _python(), "-I", "-S", "-c", "import os; print(os.getuid())"]
+                _python(),
+                "-I",
+                "-S",
+                "-c",
+                "import os; print(os.getuid())",
+            ]
             try:
-                r = subprocess.run(cmd, capture_output=True, timeout=60, text=True,
-                                   env=_child_env(False))
+                r = subprocess.run(
+                    cmd, capture_output=True, timeout=60, text=True, env=_child_env(False)
+                )
             except (OSError, subprocess.TimeoutExpired) as e:
                 errors.append(str(e))
                 continue
@@ -203,7 +227,8 @@ def require_sandbox(unsafe: bool) -> None:
             "bubblewrap (and allow user namespaces, or run as root), or pass --unsafe to run "
             "submissions as ordinary processes of your user: they could then read and change "
             "anything you can (other submissions, the hidden tests, the grader, the gradebook), "
-            "signal your processes and use the network. Use --unsafe only for code you trust.")
+            "signal your processes and use the network. Use --unsafe only for code you trust."
+        )
 
 
 # -- cgroups ------------------------------------------------------------------------------------
@@ -298,8 +323,9 @@ class Cgroup:
                 g = cls("v1", dirs)
                 try:
                     g._write("memory", "memory.limit_in_bytes", limits.memory_bytes)
-                    g._write("memory", "memory.memsw.limit_in_bytes", limits.memory_bytes,
-                             optional=True)
+                    g._write(
+                        "memory", "memory.memsw.limit_in_bytes", limits.memory_bytes, optional=True
+                    )
                     g._write("pids", "pids.max", limits.nproc)
                     if "cpu" in dirs:
                         g._write("cpu", "cpu.cfs_quota_us", 100000, optional=True)
@@ -326,8 +352,9 @@ class Cgroup:
         return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
 
     def peak(self) -> int | None:
-        fname = ("v2", "memory.peak") if self.kind_ == "v2" else ("memory",
-                                                                  "memory.max_usage_in_bytes")
+        fname = (
+            ("v2", "memory.peak") if self.kind_ == "v2" else ("memory", "memory.max_usage_in_bytes")
+        )
         try:
             with open(os.path.join(self.dirs[fname[0]], fname[1])) as f:
                 return int(f.read().strip())
@@ -483,8 +510,10 @@ def leftovers(tag: str) -> dict:
                         procs.append(int(pid))
             except OSError:
                 pass
-    return {"processes": procs,
-            "cgroups": [c for c in leftover_cgroups() if f"course-grading-{tag}-" in c]}
+    return {
+        "processes": procs,
+        "cgroups": [c for c in leftover_cgroups() if f"course-grading-{tag}-" in c],
+    }
 
 
 def _child_env(triton: bool, home="/box") -> dict:
@@ -505,8 +534,13 @@ def _child_env(triton: bool, home="/box") -> dict:
     if triton and not _gpu_mode():
         env["TRITON_INTERPRET"] = "1"
     if _gpu_mode():
-        env.update({k: v for k, v in os.environ.items()
-                    if k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith("NVIDIA_")})
+        env.update(
+            {
+                k: v
+                for k, v in os.environ.items()
+                if k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith("NVIDIA_")
+            }
+        )
     return env
 
 
@@ -516,9 +550,13 @@ def remove_tree(path: str) -> None:
     if not os.path.lexists(path):
         return
     try:
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], timeout=120,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", path],
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         pass
     if os.path.lexists(path):
@@ -543,8 +581,13 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         req_dir = os.path.join(work, "req")
         os.mkdir(req_dir, 0o755)
         os.chmod(work, 0o711 if boxed else 0o700)
-        req = {"sys_path": _site_paths(), "preamble": preamble, "cells": cells, "calls": calls,
-               "triton": triton}
+        req = {
+            "sys_path": _site_paths(),
+            "preamble": preamble,
+            "cells": cells,
+            "calls": calls,
+            "triton": triton,
+        }
         shutil.copy(CHILD, os.path.join(req_dir, "_child.py"))
         with open(os.path.join(req_dir, "_blocked.py"), "w") as f:
             f.write(BLOCKED)
@@ -571,14 +614,27 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
             cmd = []
             env = _child_env(triton, home=box)
         cmd += [_python(), "-I", "-S", os.path.join(where, "_child.py"), where, str(wfd)]
-        cfg = {"parent": os.getpid(), "cgroups": cgroup.procs_files() if cgroup else [],
-               "cpu": int(limits.total_seconds) + 5, "memory": limits.memory_bytes,
-               "memrl": "DATA" if _gpu_mode() else "AS", "fsize": MAX_PRINT_BYTES,
-               "nproc": limits.nproc, "rss_fd": rss_w}
+        cfg = {
+            "parent": os.getpid(),
+            "cgroups": cgroup.procs_files() if cgroup else [],
+            "cpu": int(limits.total_seconds) + 5,
+            "memory": limits.memory_bytes,
+            "memrl": "DATA" if _gpu_mode() else "AS",
+            "fsize": MAX_PRINT_BYTES,
+            "nproc": limits.nproc,
+            "rss_fd": rss_w,
+        }
         proc = subprocess.Popen(
             [_python(), "-I", "-S", "-c", LAUNCHER, json.dumps(cfg)] + cmd,
-            stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, cwd=box or "/",
-            env=env, pass_fds=(wfd, rss_w), close_fds=True, start_new_session=True)
+            stdin=subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=out_fd,
+            cwd=box or "/",
+            env=env,
+            pass_fds=(wfd, rss_w),
+            close_fds=True,
+            start_new_session=True,
+        )
         for fd in (wfd, rss_w):
             os.close(fd)
             fds.remove(fd)
@@ -647,9 +703,19 @@ def _read_small(fd) -> int:
 
 
 def _new_state():
-    return {"cells": {}, "results": {}, "in_cell": None, "in_call": None, "done": False,
-            "problem": None, "frames": 0, "returncode": None, "stdout": "",
-            "printed_too_much": False, "peak_bytes": None}
+    return {
+        "cells": {},
+        "results": {},
+        "in_cell": None,
+        "in_call": None,
+        "done": False,
+        "problem": None,
+        "frames": 0,
+        "returncode": None,
+        "stdout": "",
+        "printed_too_much": False,
+        "peak_bytes": None,
+    }
 
 
 def _pump(rfd, state, calls, limits, start):
@@ -697,8 +763,11 @@ def _frames(buf, state, timeouts, limits):
         elif kind == "cell":
             ex = _key(header.get("exercise"))
             err = header.get("error")
-            err = ({k: clean_text(err.get(k, ""), 1500) for k in ("type", "message", "traceback")}
-                   if isinstance(err, dict) else None)
+            err = (
+                {k: clean_text(err.get(k, ""), 1500) for k in ("type", "message", "traceback")}
+                if isinstance(err, dict)
+                else None
+            )
             state["cells"][ex] = {"ok": header.get("ok") is True, "error": err}
             state["in_cell"], d["cell"] = None, None
         elif kind == "start":
@@ -753,8 +822,12 @@ def load_npy(raw: bytes) -> np.ndarray:
     if reader is None:
         raise ValueError(f"unsupported .npy version {version}")
     shape, fortran, dtype = reader(fp, max_header_size=2000)
-    if dtype.kind not in "fiub" or dtype.fields is not None or dtype.subdtype is not None or \
-            dtype.hasobject:
+    if (
+        dtype.kind not in "fiub"
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.hasobject
+    ):
         raise ValueError("not a numeric array")
     if len(shape) > 8 or any(not isinstance(s, int) or s < 0 for s in shape):
         raise ValueError("bad array shape")
@@ -803,21 +876,39 @@ def _outcome(header: dict, payload: bytes) -> CallOutcome:
         seconds = float(header.get("seconds", 0.0))
         trace = header.get("trace")
         if header.get("ok") is True:
-            return CallOutcome("ok", _decode(header.get("output", {}), blobs), None, seconds,
-                               mutated, launches, trace if isinstance(trace, list) else None)
+            return CallOutcome(
+                "ok",
+                _decode(header.get("output", {}), blobs),
+                None,
+                seconds,
+                mutated,
+                launches,
+                trace if isinstance(trace, list) else None,
+            )
         err = header.get("error")
         err = err if isinstance(err, dict) else {}
         err = {k: clean_text(err.get(k, ""), 1500) for k in ("type", "message", "traceback")}
         status = "not_implemented" if err["type"] == "NotImplementedError" else "error"
         return CallOutcome(status, None, err, seconds, mutated, launches)
-    except (ValueError, TypeError, StopIteration, KeyError, OSError, RecursionError,
-            OverflowError, MemoryError, EOFError) as e:
-        return CallOutcome("invalid", message="the result could not be read as data "
-                           f"({clean_text(e, 200)})")
+    except (
+        ValueError,
+        TypeError,
+        StopIteration,
+        KeyError,
+        OSError,
+        RecursionError,
+        OverflowError,
+        MemoryError,
+        EOFError,
+    ) as e:
+        return CallOutcome(
+            "invalid", message=f"the result could not be read as data ({clean_text(e, 200)})"
+        )
 
 
-def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None, triton=False,
-                   unsafe=False):
+def run_submission(
+    preamble, cells, calls, arrays, limits: Limits | None = None, triton=False, unsafe=False
+):
     """Run every call, restarting the child after a crash or timeout (that exercise's remaining
     calls are marked not run). The whole notebook stays within ``limits.total_seconds``. Never
     raises for anything the student's code does (``SandboxUnavailable`` when there is no sandbox
@@ -844,10 +935,12 @@ def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None,
         if remaining < 1:
             for c in run_calls:
                 outcomes[c["id"]] = CallOutcome(
-                    "timeout", message="the notebook's total time limit ran out before this test")
+                    "timeout", message="the notebook's total time limit ran out before this test"
+                )
             break
-        lim = Limits(limits.call_seconds, remaining, limits.memory_bytes, limits.nproc,
-                     limits.tmpfs_bytes)
+        lim = Limits(
+            limits.call_seconds, remaining, limits.memory_bytes, limits.nproc, limits.tmpfs_bytes
+        )
         st = run_once(preamble, run_cells, run_calls, arrays, lim, triton, unsafe)
         peaks.append(st["peak_bytes"])
         printed.append(st["stdout"])
@@ -869,9 +962,13 @@ def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None,
             bad_exercises[ex] = f"not run: an earlier test of this exercise failed ({why})"
         elif st["in_cell"] is not None and any(c["exercise"] == st["in_cell"] for c in run_cells):
             ex = st["in_cell"]
-            cell_status[ex] = {"ok": False, "error": {"type": "Crash",
-                                                      "message": f"while your code cell ran: {why}"}}
-            bad_exercises[ex] = f"your code cell for this exercise stopped the grader's process ({why})"
+            cell_status[ex] = {
+                "ok": False,
+                "error": {"type": "Crash", "message": f"while your code cell ran: {why}"},
+            }
+            bad_exercises[ex] = (
+                f"your code cell for this exercise stopped the grader's process ({why})"
+            )
         else:  # died outside any call (e.g. while starting, or garbage on the pipe)
             for c in run_calls:
                 if c["id"] not in outcomes:
@@ -881,18 +978,27 @@ def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None,
         pending_cells = [c for c in run_cells if c["exercise"] not in bad_exercises]
         pending = [c for c in run_calls if c["id"] not in outcomes]
     known = [p for p in peaks if p is not None]
-    return SandboxReport(outcomes, cell_status, "".join(printed)[:4000],
-                         max(known) if known and len(known) == len(peaks) else None, restarts)
+    return SandboxReport(
+        outcomes,
+        cell_status,
+        "".join(printed)[:4000],
+        max(known) if known and len(known) == len(peaks) else None,
+        restarts,
+    )
 
 
 def _explain(st, lim: Limits) -> str:
     rc = st["returncode"]
     if st["frames"] == 0 and st["problem"] is None:
-        return ("the grader's sandbox failed to start (a grader problem, not yours; tell the "
-                f"instructor): exit code {rc}, {st['stdout'][-300:]!r}")
+        return (
+            "the grader's sandbox failed to start (a grader problem, not yours; tell the "
+            f"instructor): exit code {rc}, {st['stdout'][-300:]!r}"
+        )
     if st["problem"] == "timeout":
-        return (f"time limit exceeded ({lim.call_seconds:g} s per test): an infinite loop, or far "
-                "too slow")
+        return (
+            f"time limit exceeded ({lim.call_seconds:g} s per test): an infinite loop, or far "
+            "too slow"
+        )
     if st["problem"] == "too_much_output":
         return "sent back more data than any test needs"
     if st["problem"] and st["problem"].startswith("malformed"):
@@ -910,5 +1016,7 @@ def _explain(st, lim: Limits) -> str:
         return f"the Python process crashed ({sig})"
     if "MemoryError" in st["stdout"]:
         return "ran out of memory (the limit is a few GB)"
-    return (f"the process exited early (exit code {rc}): sys.exit() or os._exit() in your code "
-            "ends the grader's run, not just the test")
+    return (
+        f"the process exited early (exit code {rc}): sys.exit() or os._exit() in your code "
+        "ends the grader's run, not just the test"
+    )

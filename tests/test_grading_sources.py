@@ -1,5 +1,6 @@
-"""The exercise and solution notebooks are generated from grading/sources.py: the committed
-notebooks must be exactly what the generator writes (sources and notebooks never drift)."""
+"""The exercise and solution notebooks are generated from the spec modules
+(course_kernels/grading/specs/, gathered by grading/sources.py): the committed notebooks must be
+exactly what the generator writes, cell ids included (specs and notebooks never drift)."""
 
 import sys
 from pathlib import Path
@@ -13,12 +14,10 @@ sys.path.insert(0, str(ROOT / "grading"))
 import build_notebooks  # noqa: E402
 from sources import NOTEBOOKS, stub_from_solution  # noqa: E402
 
-# build() drops cell ids on purpose (stable diffs); nbformat warns about that while normalizing.
-pytestmark = pytest.mark.filterwarnings("ignore::nbformat.warnings.MissingIDFieldWarning")
 
 
 def _sources(nb):
-    return [(c.cell_type, c.source) for c in nb.cells]
+    return [(c.cell_type, c.get("id"), c.source) for c in nb.cells]
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
@@ -36,7 +35,9 @@ def test_solution_notebook_matches_sources(name):
 
 
 def test_stub_keeps_signature_and_docstring_and_drops_the_body():
-    solution = 'def f(x: int) -> int:\n    """Double x.\n\n    Args: x.\n    """\n    return 2 * x\n'
+    solution = (
+        'def f(x: int) -> int:\n    """Double x.\n\n    Args: x.\n    """\n    return 2 * x\n'
+    )
     stub = stub_from_solution(solution)
     assert stub.startswith('def f(x: int) -> int:\n    """Double x.')
     assert "return 2 * x" not in stub
