@@ -10,6 +10,7 @@ Protocol (read by ``sandbox._read_frames``): each frame on RESULT_FD is
 concatenation of ``.npy`` files (``np.save(..., allow_pickle=False)``). Never pickle.
 """
 
+import contextlib
 import hashlib
 import io
 import json
@@ -269,17 +270,17 @@ def main(request_dir):
         after = [
             _digest(_to_numpy(a)) for a in args if isinstance(a, np.ndarray) or hasattr(a, "detach")
         ]
-        header["mutated"] = [i for i, (x, y) in enumerate(zip(before, after)) if x != y]
+        header["mutated"] = [
+            i for i, (x, y) in enumerate(zip(before, after, strict=False)) if x != y
+        ]
         header["launches"] = launches[0]
         send(header, out_arrays)
     send({"type": "done"})
 
 
 def serve(request_dir: str, result_fd: int) -> None:
-    try:  # a session (and process group) of its own
+    with contextlib.suppress(OSError):  # a session (and process group) of its own
         os.setsid()
-    except OSError:
-        pass
     setup(request_dir, result_fd)
     main(request_dir)
     # End now: a student's non-daemon thread or atexit hook must not keep the process (and its

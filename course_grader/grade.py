@@ -137,6 +137,58 @@ def expected_notebook(path, exercise=None) -> Notebook | None:
     return None
 
 
+def _identify(path, nb_json, exercise, notes):
+    """The exercise a submission is graded as (``exercise``, else the file name, else the
+    notebook's own metadata), or None; what disagrees goes into ``notes``."""
+    meta = nb_json.get("metadata", {})
+    meta = meta.get("course_kernels", {}) if isinstance(meta, dict) else {}
+    claimed = meta.get("notebook") if isinstance(meta, dict) else None
+    try:
+        nb = expected_notebook(path, exercise)
+        if nb is None and isinstance(claimed, str):
+            nb = notebook_of(claimed)
+            notes.append(
+                f"graded as {nb.name}: the file name names no exercise, the "
+                "notebook's metadata does (pass --exercise to be explicit)"
+            )
+    except KeyError as e:
+        notes.append(clean_text(e))
+        return None
+    if nb is None:
+        notes.append("no exercise matches this file's name; pass --exercise NN")
+        return None
+    if isinstance(claimed, str) and claimed != nb.name:
+        notes.append(
+            clean_text(
+                f"this file is graded as {nb.name}, but the notebook inside "
+                f"says it is {claimed!r}: was the wrong notebook submitted?"
+            )
+        )
+    return nb
+
+
+def _with_cell(case, outcome, cells, cell_reports):
+    """(outcome, cell_error) of a case given its solution cell: missing, failed or fine."""
+    if case.exercise not in cells:
+        return CallOutcome(
+            "error",
+            error={
+                "type": "NameError",
+                "message": f"name {case.func!r} is not defined in your "
+                "solution cells: the cell marked YOUR CODE is missing",
+            },
+        ), None
+    cell = cell_reports.get(case.exercise)
+    if cell is not None and not cell.get("ok", True):
+        err = cell.get("error") or {}
+        return outcome, (
+            err.get("message")
+            if err.get("type") == "Crash"
+            else f"{err.get('type')}: {err.get('message')}"
+        )
+    return outcome, None
+
+
 def grade_notebook(
     path,
     hidden_dir=None,
@@ -156,30 +208,9 @@ def grade_notebook(
     except ValueError as e:
         res.notes.append(f"could not read the notebook: {e}")
         return res
-    meta = nb_json.get("metadata", {})
-    meta = meta.get("course_kernels", {}) if isinstance(meta, dict) else {}
-    claimed = meta.get("notebook") if isinstance(meta, dict) else None
-    try:
-        nb = expected_notebook(path, exercise)
-        if nb is None and isinstance(claimed, str):
-            nb = notebook_of(claimed)
-            res.notes.append(
-                f"graded as {nb.name}: the file name names no exercise, the "
-                "notebook's metadata does (pass --exercise to be explicit)"
-            )
-    except KeyError as e:
-        res.notes.append(clean_text(e))
-        return res
+    nb = _identify(path, nb_json, exercise, res.notes)
     if nb is None:
-        res.notes.append("no exercise matches this file's name; pass --exercise NN")
         return res
-    if isinstance(claimed, str) and claimed != nb.name:
-        res.notes.append(
-            clean_text(
-                f"this file is graded as {nb.name}, but the notebook inside "
-                f"says it is {claimed!r}: was the wrong notebook submitted?"
-            )
-        )
     res.notebook = nb.name
     if nb.note:
         res.notes.append(nb.note)
@@ -209,26 +240,9 @@ def grade_notebook(
                 o.memory = None if base is None or o.peak is None else (max(0, o.peak - base), how)
     for cid, case in enumerate(cases):
         outcome = outcomes.get(cid) or CallOutcome("crash", message="no result came back")
-        cell = report.cells.get(case.exercise)
         cell_error = None
-        if case.exercise in flagged:
-            pass
-        elif case.exercise not in cells:
-            outcome = CallOutcome(
-                "error",
-                error={
-                    "type": "NameError",
-                    "message": f"name {case.func!r} is not defined in your "
-                    "solution cells: the cell marked YOUR CODE is missing",
-                },
-            )
-        elif cell is not None and not cell.get("ok", True):
-            err = cell.get("error") or {}
-            cell_error = (
-                err.get("message")
-                if err.get("type") == "Crash"
-                else f"{err.get('type')}: {err.get('message')}"
-            )
+        if case.exercise not in flagged:
+            outcome, cell_error = _with_cell(case, outcome, cells, report.cells)
         v = judge(case, outcome, cell_error)
         if case.exercise in flagged:
             v.points, v.status = 0.0, "flagged"

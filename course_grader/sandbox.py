@@ -32,6 +32,7 @@ process of the grader's user. See notes/grading.md and the README for the exact 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -282,7 +283,7 @@ class Cgroup:
         return cls._kind
 
     @classmethod
-    def create(cls, limits: Limits) -> "Cgroup | None":
+    def create(cls, limits: Limits) -> Cgroup | None:
         if os.geteuid() != 0 or os.environ.get("COURSE_GRADING_NO_CGROUP") == "1":
             return None
         mounts = _mountpoints()
@@ -334,10 +335,8 @@ class Cgroup:
                     g.remove()
             except OSError:
                 for d in dirs.values():
-                    try:
+                    with contextlib.suppress(OSError):
                         os.rmdir(d)
-                    except OSError:
-                        pass
         return None
 
     def _write(self, role, fname, value, optional=False):
@@ -377,10 +376,8 @@ class Cgroup:
             if not pids:
                 return
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
             time.sleep(0.005)
 
     def remove(self) -> None:
@@ -549,7 +546,7 @@ def remove_tree(path: str) -> None:
     shutil.rmtree in Python 3.11 recurses). Never follows symlinks."""
     if not os.path.lexists(path):
         return
-    try:
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
         subprocess.run(
             ["rm", "-rf", "--one-file-system", "--", path],
             timeout=120,
@@ -557,8 +554,6 @@ def remove_tree(path: str) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    except (OSError, subprocess.TimeoutExpired):
-        pass
     if os.path.lexists(path):
         shutil.rmtree(path, ignore_errors=True)
 
@@ -581,21 +576,7 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         req_dir = os.path.join(work, "req")
         os.mkdir(req_dir, 0o755)
         os.chmod(work, 0o711 if boxed else 0o700)
-        req = {
-            "sys_path": _site_paths(),
-            "preamble": preamble,
-            "cells": cells,
-            "calls": calls,
-            "triton": triton,
-        }
-        shutil.copy(CHILD, os.path.join(req_dir, "_child.py"))
-        with open(os.path.join(req_dir, "_blocked.py"), "w") as f:
-            f.write(BLOCKED)
-        with open(os.path.join(req_dir, "request.json"), "w") as f:
-            json.dump(req, f)
-        np.savez(os.path.join(req_dir, "arrays.npz"), **arrays)
-        for name in os.listdir(req_dir):
-            os.chmod(os.path.join(req_dir, name), 0o644)
+        _write_request(req_dir, preamble, cells, calls, arrays, triton)
         out_fd = os.open(os.path.join(work, "stdout"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         fds.append(out_fd)
         rfd, wfd = os.pipe()
@@ -639,25 +620,7 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
             os.close(fd)
             fds.remove(fd)
         _pump(rfd, state, calls, limits, start)
-        # A child that finished exits by itself at once (_child.serve ends with os._exit): let it,
-        # so that every process of the tree is reaped by its parent and the launcher's
-        # RUSAGE_CHILDREN covers them (killing bwrap first would lose the numbers). Then stop
-        # whatever is left and collect the launcher's report.
-        returncode = None
-        if state["done"] and state["problem"] is None:
-            try:
-                returncode = proc.wait(timeout=REAP_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                state["unmeasured"] = True  # the tree had to be killed: no RSS fallback
-        if returncode is None:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except OSError:
-                pass
-            try:
-                returncode = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                returncode = None
+        returncode = _wait_for(proc, state)
         maxrss_kb = _read_small(rss_r)
         peak = cgroup.peak() if cgroup else None
         if peak is None and maxrss_kb and not state.get("unmeasured"):
@@ -670,26 +633,61 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         state["printed_too_much"] = size >= MAX_PRINT_BYTES
     finally:
         if proc is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
         if cgroup is not None:
             cgroup.remove()
         for fd in fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         remove_tree(work)
         state["seconds"] = time.monotonic() - start
     return state
 
 
 REAP_GRACE_SECONDS = 3.0
+
+
+def _write_request(req_dir, preamble, cells, calls, arrays, triton) -> None:
+    """The child's read-only request folder: its code, the request and the input arrays."""
+    req = {
+        "sys_path": _site_paths(),
+        "preamble": preamble,
+        "cells": cells,
+        "calls": calls,
+        "triton": triton,
+    }
+    shutil.copy(CHILD, os.path.join(req_dir, "_child.py"))
+    with open(os.path.join(req_dir, "_blocked.py"), "w") as f:
+        f.write(BLOCKED)
+    with open(os.path.join(req_dir, "request.json"), "w") as f:
+        json.dump(req, f)
+    np.savez(os.path.join(req_dir, "arrays.npz"), **arrays)
+    for name in os.listdir(req_dir):
+        os.chmod(os.path.join(req_dir, name), 0o644)
+
+
+def _wait_for(proc, state):
+    """The launcher's exit code, or None when it had to be killed.
+
+    A child that finished exits by itself at once (_child.serve ends with os._exit): let it, so
+    that every process of the tree is reaped by its parent and the launcher's RUSAGE_CHILDREN
+    covers them (killing bwrap first would lose the numbers). Then stop whatever is left.
+    """
+    if state["done"] and state["problem"] is None:
+        try:
+            return proc.wait(timeout=REAP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            state["unmeasured"] = True  # the tree had to be killed: no RSS fallback
+    with contextlib.suppress(OSError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _read_small(fd) -> int:

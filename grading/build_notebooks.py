@@ -131,6 +131,8 @@ def main(argv=None):
                 ).execute()
                 if env_before is None:
                     os.environ.pop("TRITON_INTERPRET", None)
+                for cell in nb.cells:  # run timestamps change at every build: not kept
+                    cell.metadata.pop("execution", None)
             folder.mkdir(exist_ok=True)
             nbformat.write(nb, folder / f"{name}.ipynb")
             print("wrote", folder / f"{name}.ipynb")

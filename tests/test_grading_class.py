@@ -56,7 +56,8 @@ def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
         timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = {row["submission"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+    with open(out / "gradebook.csv") as f:
+        rows = {row["submission"]: row for row in csv.DictReader(f)}
     assert set(rows) == set(answers)
     wrong = []
     for sid, kind in answers.items():

@@ -36,7 +36,8 @@ def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    rows = {row["submission"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+    with open(out / "gradebook.csv") as f:
+        rows = {row["submission"]: row for row in csv.DictReader(f)}
     assert set(rows) == {"alice/01_stable_softmax", "bob/01_stable_softmax", "bob/04_block_sizes"}
     assert (
         float(rows["alice/01_stable_softmax"]["score"])
@@ -160,7 +161,8 @@ def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    rows = {row["id"]: row for row in csv.DictReader(open(out / "roster.csv"))}
+    with open(out / "roster.csv") as f:
+        rows = {row["id"]: row for row in csv.DictReader(f)}
     assert list(rows) == ["alice", "bob", "carol", "eve"]
     assert float(rows["alice"]["total"]) == float(rows["alice"]["max_total"]) > 0
     assert rows["alice"]["missing"] == ""

@@ -125,7 +125,7 @@ def test_not_tiled_is_caught_by_memory():
 
 
 def test_block_size_rounded_up():
-    msg = messages("block_size", lambda M, d: -(-M // (4 * d)) if M >= 4 * d else 1 // 0)
+    msg = messages("block_size", lambda M, d: -(-M // (4 * d)) if M >= 4 * d else 1 // 0)  # noqa: SIM300
     assert "rounded up" in msg
 
 

@@ -15,7 +15,6 @@ import build_notebooks  # noqa: E402
 from sources import NOTEBOOKS, stub_from_solution  # noqa: E402
 
 
-
 def _sources(nb):
     return [(c.cell_type, c.get("id"), c.source) for c in nb.cells]
 

@@ -11,7 +11,7 @@ answer can be *named* ("the accumulator is not rescaled") rather than just repor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -108,6 +108,24 @@ def forbidden_use(source: str, torch_rules: bool) -> str | None:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None  # reported when it runs
+    jit_lines, allowed_sys = _jit_lines_and_harmless_sys(tree)
+    for node in ast.walk(tree):
+        names, why = _names_used(node, torch_rules, allowed_sys, jit_lines)
+        if why:
+            return why
+        for n in names:
+            if n in FORBIDDEN_ALWAYS:
+                return f"{FORBIDDEN_ALWAYS[n]} (`{n}`, line {node.lineno})"
+            if not torch_rules and n in FORBIDDEN_NUMPY:
+                return f"{FORBIDDEN_NUMPY[n]} (`{n}`, line {node.lineno})"
+            if torch_rules and n in FORBIDDEN_TORCH and node.lineno not in jit_lines:
+                return f"{FORBIDDEN_TORCH[n]} (`{n}`, line {node.lineno})"
+    return None
+
+
+def _jit_lines_and_harmless_sys(tree):
+    """The lines inside ``@...jit`` functions, and the ids of the ``sys`` names used only as
+    ``sys.<allowed attribute>`` (e.g. ``sys.float_info``)."""
     jit_lines = set()
     allowed_sys = set()
     for node in ast.walk(tree):
@@ -122,36 +140,37 @@ def forbidden_use(source: str, torch_rules: bool) -> str | None:
             and node.attr in SYS_ALLOWED
         ):
             allowed_sys.add(id(node.value))
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Name):
-            if id(node) not in allowed_sys:
-                names = [node.id]
-        elif isinstance(node, ast.Attribute):
-            names = [node.attr]
-            if not torch_rules and node.attr in FORBIDDEN_NUMPY_ATTRS:
-                return f"{FORBIDDEN_NUMPY_ATTRS[node.attr]} (`.{node.attr}`, line {node.lineno})"
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == "sys" and alias.asname in (None, "sys"):
-                    continue  # `import sys` alone is harmless; its uses are checked
-                names += alias.name.split(".")
-        elif isinstance(node, ast.ImportFrom):
-            names = (node.module or "").split(".")
-            if node.module == "sys" and all(a.name in SYS_ALLOWED for a in node.names):
-                names = []
-            names += [a.name for a in node.names if node.module != "sys"]
-        elif torch_rules and isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-            if node.lineno not in jit_lines:
-                return "multiplies matrices with @ outside a Triton kernel (line %d)" % node.lineno
-        for n in names:
-            if n in FORBIDDEN_ALWAYS:
-                return f"{FORBIDDEN_ALWAYS[n]} (`{n}`, line {node.lineno})"
-            if not torch_rules and n in FORBIDDEN_NUMPY:
-                return f"{FORBIDDEN_NUMPY[n]} (`{n}`, line {node.lineno})"
-            if torch_rules and n in FORBIDDEN_TORCH and node.lineno not in jit_lines:
-                return f"{FORBIDDEN_TORCH[n]} (`{n}`, line {node.lineno})"
-    return None
+    return jit_lines, allowed_sys
+
+
+def _names_used(node, torch_rules, allowed_sys, jit_lines):
+    """(names this node uses, or a reason to refuse it outright)."""
+    names = []
+    if isinstance(node, ast.Name):
+        if id(node) not in allowed_sys:
+            names = [node.id]
+    elif isinstance(node, ast.Attribute):
+        names = [node.attr]
+        if not torch_rules and node.attr in FORBIDDEN_NUMPY_ATTRS:
+            return names, f"{FORBIDDEN_NUMPY_ATTRS[node.attr]} (`.{node.attr}`, line {node.lineno})"
+    elif isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name == "sys" and alias.asname in (None, "sys"):
+                continue  # `import sys` alone is harmless; its uses are checked
+            names += alias.name.split(".")
+    elif isinstance(node, ast.ImportFrom):
+        names = (node.module or "").split(".")
+        if node.module == "sys" and all(a.name in SYS_ALLOWED for a in node.names):
+            names = []
+        names += [a.name for a in node.names if node.module != "sys"]
+    elif (
+        torch_rules
+        and isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.MatMult)
+        and node.lineno not in jit_lines
+    ):
+        return names, f"multiplies matrices with @ outside a Triton kernel (line {node.lineno})"
+    return names, None
 
 
 # -- grading in the sandbox -------------------------------------------------------------------
@@ -345,7 +364,7 @@ def _call_in_process(fn, case):
     after = [a.numpy() if hasattr(a, "numpy") else a for a in args if hasattr(a, "shape")]
     outcome.mutated = [
         i
-        for i, (x, y) in enumerate(zip(before, after))
+        for i, (x, y) in enumerate(zip(before, after, strict=False))
         if x.shape != y.shape or not np.array_equal(x, y, equal_nan=True)
     ]
     return outcome

@@ -9,6 +9,8 @@ test builders (inputs from a seed, float64 references) and the mistakes the feed
 
 # The solutions use the typing names the notebook's setup cell imports (Optional, Tuple).
 # ruff: noqa: UP006, UP035, UP045
+# M is the SRAM size (the paper's name), not a constant: `M < 4 * d` is not a Yoda condition.
+# ruff: noqa: SIM300
 
 from __future__ import annotations
 

@@ -185,7 +185,9 @@ def build_flash_backward(params) -> Case:
         naive = naive_backward(q, k, v, dout, kw["causal"], kw.get("scale"))
         variants = tiled_variants(q, k, v, **kw, dout=dout)
         msgs = []
-        for i, (g, what, x) in enumerate(zip((dq, dk, dv), ("dq", "dk", "dv"), (q, k, v))):
+        for i, (g, what, x) in enumerate(
+            zip((dq, dk, dv), ("dq", "dk", "dv"), (q, k, v), strict=True)
+        ):
             g = as_array(g, what, x.shape)
             msgs.append(
                 compare(
