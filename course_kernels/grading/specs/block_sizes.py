@@ -28,7 +28,13 @@ TITLE = "Block sizes and the SRAM budget"
 TIMEOUT = 20.0
 TRITON = False
 
-INTRO = "The SRAM holds M elements. The article's rule: the Q, K, V and O blocks of B rows (d columns each) must fit, 4 B d <= M, and it says to round B = M / 4d *up*. Rounding an upper bound up breaks it: M = 100000, d = 64 gives 391 rows and 4 x 391 x 64 = 100096 > M. The paper also has to fit the Br x Bc score tile S, which is why it sets Bc = M/4d and Br = min(Bc, d) (FlashAttention Alg. 1 line 1, with floor)."
+INTRO = (
+    "The SRAM holds M elements. The article's rule: the Q, K, V and O blocks of B rows (d "
+    "columns each) must fit, 4 B d <= M, and it says to round B = M / 4d *up*. Rounding an upper "
+    "bound up breaks it: M = 100000, d = 64 gives 391 rows and 4 x 391 x 64 = 100096 > M. The "
+    "paper also has to fit the Br x Bc score tile S, which is why it sets Bc = M/4d and Br = "
+    "min(Bc, d) (FlashAttention Alg. 1 line 1, with floor)."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -72,7 +78,10 @@ EXERCISES = [
     {"name": "tile_sizes", "text": "The paper's tiles: Bc = floor(M / 4d), Br = min(Bc, d)."},
     {
         "name": "fits_in_sram",
-        "text": "Do Q_i and O_i (Br x d), K_j and V_j (Bc x d) *and* the score tile S_ij (Br x Bc) fit in M elements?",
+        "text": (
+            "Do Q_i and O_i (Br x d), K_j and V_j (Bc x d) *and* the score tile S_ij (Br x Bc) "
+            "fit in M elements?"
+        ),
     },
 ]
 

@@ -24,7 +24,16 @@ TITLE = "Counting your algorithm's HBM traffic"
 TIMEOUT = 20.0
 TRITON = False
 
-INTRO = "`course_kernels.iosim.TwoLevelMemory` is a two-level memory that counts traffic: HBM holds the arrays `Q, K, V, O, L`; `mem.load(name, slice(i0, i1))` copies rows on chip (and counts the elements read), `mem.store(name, rows, tile)` writes rows back (counted), `mem.alloc(shape)` reserves an on-chip accumulator, and `mem.free(*tiles)` releases SRAM. A load or alloc beyond M elements raises `SRAMOverflowError`. In this model the score tile S, and the per-row m and l, live in registers: keep them as plain NumPy arrays. FlashAttention-2 reads Q once and K, V once per query block: N d + ceil(N/Br) N 2d elements (d = dv)."
+INTRO = (
+    "`course_kernels.iosim.TwoLevelMemory` is a two-level memory that counts traffic: HBM holds "
+    "the arrays `Q, K, V, O, L`; `mem.load(name, slice(i0, i1))` copies rows on chip (and counts "
+    "the elements read), `mem.store(name, rows, tile)` writes rows back (counted), "
+    "`mem.alloc(shape)` reserves an on-chip accumulator, and `mem.free(*tiles)` releases SRAM. A "
+    "load or alloc beyond M elements raises `SRAMOverflowError`. In this model the score tile S, "
+    "and the per-row m and l, live in registers: keep them as plain NumPy arrays. "
+    "FlashAttention-2 reads Q once and K, V once per query block: N d + ceil(N/Br) N 2d elements "
+    "(d = dv)."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -77,7 +86,12 @@ SOLUTIONS = [fa2_forward_io, fa2_reads]
 EXERCISES = [
     {
         "name": "fa2_forward_io",
-        "text": "Write the FA2 forward against the memory: for each query block load Q_i, alloc O_i, stream K_j, V_j (free them after use), update acc **in place** (`acc *= ...; acc += ...`, so that `mem.free(acc)` frees the tile you allocated), then store O_i and L_i. SRAM is exactly 2 Br d + 2 Bc d elements. Non-causal, 2-D inputs.",
+        "text": (
+            "Write the FA2 forward against the memory: for each query block load Q_i, alloc O_i, "
+            "stream K_j, V_j (free them after use), update acc **in place** (`acc *= ...; acc += "
+            "...`, so that `mem.free(acc)` frees the tile you allocated), then store O_i and "
+            "L_i. SRAM is exactly 2 Br d + 2 Bc d elements. Non-causal, 2-D inputs."
+        ),
     },
     {"name": "fa2_reads", "text": "Predict the elements your function reads, for N = Nk, dv = d."},
 ]
@@ -134,7 +148,17 @@ HIDDEN = {
     "fa2_reads": [{"name": "hidden: N=8191", "n": 8191, "d": 128, "block_q": 64, "points": 1}],
 }
 
-PRACTICE = '# Not graded: count your own traffic with the simulator, and compare with your formula.\nfrom course_kernels.iosim import count_io\n\nrng = np.random.default_rng(0)\nq, k, v = (rng.standard_normal((64, 8)) for _ in range(3))\ntry:\n    io, O, L = count_io(fa2_forward_io, q, k, v, sram_elements=4 * 16 * 8, block_q=16, block_k=16)\n    print(f"reads {io.reads}, writes {io.writes}, peak SRAM {io.peak_sram} elements")\n    print("your formula:", fa2_reads(64, 8, 16))\nexcept NotImplementedError:\n    print("fill in fa2_forward_io and fa2_reads first")'
+PRACTICE = """# Not graded: count your own traffic with the simulator, and compare with your formula.
+from course_kernels.iosim import count_io
+
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((64, 8)) for _ in range(3))
+try:
+    io, O, L = count_io(fa2_forward_io, q, k, v, sram_elements=4 * 16 * 8, block_q=16, block_k=16)
+    print(f"reads {io.reads}, writes {io.writes}, peak SRAM {io.peak_sram} elements")
+    print("your formula:", fa2_reads(64, 8, 16))
+except NotImplementedError:
+    print("fill in fa2_forward_io and fa2_reads first")"""
 
 
 # -- tests: builders and the mistakes they name ------------------------------------------------

@@ -25,7 +25,14 @@ TITLE = "Online softmax: the update and the merge"
 TIMEOUT = 20.0
 TRITON = False
 
-INTRO = "Online softmax (Milakov & Gimelshein 2018) reads the scores block by block and keeps, per row, the running max m and the running sum l = sum exp(s - m). FlashAttention adds an unnormalised output accumulator acc = sum exp(s - m) v. When a block raises the max from m_old to m_new, everything accumulated so far is rescaled by alpha = exp(m_old - m_new) (FlashAttention-2, Alg. 1 lines 8-10). A row that has seen only masked scores has m = -inf, and exp(-inf - (-inf)) is NaN: guard it."
+INTRO = (
+    "Online softmax (Milakov & Gimelshein 2018) reads the scores block by block and keeps, per "
+    "row, the running max m and the running sum l = sum exp(s - m). FlashAttention adds an "
+    "unnormalised output accumulator acc = sum exp(s - m) v. When a block raises the max from "
+    "m_old to m_new, everything accumulated so far is rescaled by alpha = exp(m_old - m_new) "
+    "(FlashAttention-2, Alg. 1 lines 8-10). A row that has seen only masked scores has m = -inf, "
+    "and exp(-inf - (-inf)) is NaN: guard it."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -83,11 +90,18 @@ SOLUTIONS = [online_update, merge_partials]
 EXERCISES = [
     {
         "name": "online_update",
-        "text": "Absorb one block of scores `s` and values `v` into the running state. A fresh state is m = -inf, l = 0, acc = 0. Rows of `s` may be entirely `-inf`.",
+        "text": (
+            "Absorb one block of scores `s` and values `v` into the running state. A fresh state "
+            "is m = -inf, l = 0, acc = 0. Rows of `s` may be entirely `-inf`."
+        ),
     },
     {
         "name": "merge_partials",
-        "text": "Two partial results over disjoint sets of keys, (m_a, l_a, acc_a) and (m_b, l_b, acc_b), combine exactly: bring both to the common max. This is what split-KV decoding (Flash-Decoding) does. A side may have seen no key (m = -inf).",
+        "text": (
+            "Two partial results over disjoint sets of keys, (m_a, l_a, acc_a) and (m_b, l_b, "
+            "acc_b), combine exactly: bring both to the common max. This is what split-KV "
+            "decoding (Flash-Decoding) does. A side may have seen no key (m = -inf)."
+        ),
     },
 ]
 

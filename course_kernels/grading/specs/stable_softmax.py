@@ -22,7 +22,12 @@ TITLE = "Stable softmax and logsumexp"
 TIMEOUT = 20.0
 TRITON = False
 
-INTRO = "Softmax turns a row of scores into probabilities. Computed naively, `exp` overflows at scores above ~88 in float32 (~709 in float64). The fix is the identity softmax(x) = softmax(x - c) for any constant c: with c = max(x) every exponent is <= 0. The logsumexp L = log sum exp(x) is the number FlashAttention saves for its backward pass."
+INTRO = (
+    "Softmax turns a row of scores into probabilities. Computed naively, `exp` overflows at "
+    "scores above ~88 in float32 (~709 in float64). The fix is the identity softmax(x) = "
+    "softmax(x - c) for any constant c: with c = max(x) every exponent is <= 0. The logsumexp L "
+    "= log sum exp(x) is the number FlashAttention saves for its backward pass."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -62,11 +67,17 @@ SOLUTIONS = [stable_softmax, logsumexp]
 EXERCISES = [
     {
         "name": "stable_softmax",
-        "text": "Write a softmax along the last axis that never overflows. Rows may contain `-inf` (masked scores, probability 0) but always at least one finite score.",
+        "text": (
+            "Write a softmax along the last axis that never overflows. Rows may contain `-inf` "
+            "(masked scores, probability 0) but always at least one finite score."
+        ),
     },
     {
         "name": "logsumexp",
-        "text": "Write the row logsumexp L = log sum_j exp(x_j), stable for large scores: L = m + log sum_j exp(x_j - m) with m the row max.",
+        "text": (
+            "Write the row logsumexp L = log sum_j exp(x_j), stable for large scores: L = m + "
+            "log sum_j exp(x_j - m) with m the row max."
+        ),
     },
 ]
 

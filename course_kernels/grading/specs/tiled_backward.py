@@ -29,7 +29,13 @@ TITLE = "The tiled backward pass"
 TIMEOUT = 60.0
 TRITON = False
 
-INTRO = "The backward pass recomputes the score tiles instead of storing P (FlashAttention Alg. 4; FlashAttention-2 Alg. 2). With the saved L = m + log l, P_ij = exp(S_ij - L_i) exactly. Per tile: dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P * (dP - D_i) with D = rowsum(dO * O), dQ_i += scale dS K_j, dK_j += scale dS^T Q_i. Loop over key blocks outside (dK_j, dV_j stay on chip) and query blocks inside."
+INTRO = (
+    "The backward pass recomputes the score tiles instead of storing P (FlashAttention Alg. 4; "
+    "FlashAttention-2 Alg. 2). With the saved L = m + log l, P_ij = exp(S_ij - L_i) exactly. Per "
+    "tile: dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P * (dP - D_i) with D = rowsum(dO * O), dQ_i "
+    "+= scale dS K_j, dK_j += scale dS^T Q_i. Loop over key blocks outside (dK_j, dV_j stay on "
+    "chip) and query blocks inside."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -84,7 +90,10 @@ SOLUTIONS = [flash_backward]
 EXERCISES = [
     {
         "name": "flash_backward",
-        "text": "Write the tiled backward. Causal as in the forward (query i sees keys j <= i). Never form an Nq x Nk matrix.",
+        "text": (
+            "Write the tiled backward. Causal as in the forward (query i sees keys j <= i). "
+            "Never form an Nq x Nk matrix."
+        ),
     }
 ]
 

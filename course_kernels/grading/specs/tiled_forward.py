@@ -28,7 +28,16 @@ TITLE = "The tiled forward pass in NumPy"
 TIMEOUT = 30.0
 TRITON = False
 
-INTRO = "The article's NumPy demo, fixed. Flash Attention never forms the Nq x Nk score matrix: it walks over (block_q x block_k) tiles, keeps m, l and an output accumulator per query block, and divides by l once at the end (FlashAttention-2, Alg. 1). The demo this replaces took the key length from Q (cross-attention broke), forgot the 1/sqrt(d) scale and never tested uneven blocks. Your version must handle any Nq, Nk, dv, block sizes that do not divide N, causal masking (PyTorch's is_causal: query i sees keys j <= i), and return the logsumexp L = m + log(l) that the backward pass needs. The grader also measures memory: an implementation that forms the full N x N matrix fails the 'really tiled' test."
+INTRO = (
+    "The article's NumPy demo, fixed. Flash Attention never forms the Nq x Nk score matrix: it "
+    "walks over (block_q x block_k) tiles, keeps m, l and an output accumulator per query block, "
+    "and divides by l once at the end (FlashAttention-2, Alg. 1). The demo this replaces took "
+    "the key length from Q (cross-attention broke), forgot the 1/sqrt(d) scale and never tested "
+    "uneven blocks. Your version must handle any Nq, Nk, dv, block sizes that do not divide N, "
+    "causal masking (PyTorch's is_causal: query i sees keys j <= i), and return the logsumexp L "
+    "= m + log(l) that the backward pass needs. The grader also measures memory: an "
+    "implementation that forms the full N x N matrix fails the 'really tiled' test."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -89,7 +98,11 @@ SOLUTIONS = [flash_forward]
 EXERCISES = [
     {
         "name": "flash_forward",
-        "text": "Write the tiled forward pass (outer loop over query blocks, inner loop over key blocks). Causal masks use `j <= i`; key blocks entirely above the diagonal can be skipped.",
+        "text": (
+            "Write the tiled forward pass (outer loop over query blocks, inner loop over key "
+            "blocks). Causal masks use `j <= i`; key blocks entirely above the diagonal can be "
+            "skipped."
+        ),
     }
 ]
 

@@ -20,7 +20,13 @@ TITLE = "Kernel features: causal masking and GQA"
 TIMEOUT = 30.0
 TRITON = True
 
-INTRO = "Two features of real kernels. **Causal**: query i sees keys j <= i; key blocks entirely above the diagonal are skipped, the diagonal block is masked with `offs_m[:, None] >= offs_n[None, :]`. **GQA** (grouped-query attention): H query heads share H_kv < H key/value heads; query head h reads kv head h // (H / H_kv). The kernel never copies K and V per query head."
+INTRO = (
+    "Two features of real kernels. **Causal**: query i sees keys j <= i; key blocks entirely "
+    "above the diagonal are skipped, the diagonal block is masked with `offs_m[:, None] >= "
+    "offs_n[None, :]`. **GQA** (grouped-query attention): H query heads share H_kv < H key/value "
+    "heads; query head h reads kv head h // (H / H_kv). The kernel never copies K and V per "
+    "query head."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -109,7 +115,26 @@ def solution_source(name: str) -> str:
 
 
 # The stub keeps the kernel's signature: the student completes a skeleton.
-STUB = '@triton.jit\ndef _attn_fwd_gqa(Q, K, V, O, N, scale, H, H_KV,\n                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,\n                  CAUSAL: tl.constexpr):\n    # YOUR CODE: like _attn_fwd, plus the kv head of query head h, plus the causal mask\n    pass\n\n\ndef attention_triton_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,\n                         causal: bool = False) -> torch.Tensor:\n    """Attention forward with grouped-query heads and an optional causal mask.\n\n    Args:\n        q: (batch, H, N, d); k, v: (batch, H_kv, N, d) with H % H_kv == 0; float32.\n        causal: query i sees keys j <= i.\n    Returns:\n        out: (batch, H, N, d) float32.\n    """\n    # YOUR CODE\n    raise NotImplementedError'
+STUB = '''@triton.jit
+def _attn_fwd_gqa(Q, K, V, O, N, scale, H, H_KV,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr):
+    # YOUR CODE: like _attn_fwd, plus the kv head of query head h, plus the causal mask
+    pass
+
+
+def attention_triton_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         causal: bool = False) -> torch.Tensor:
+    """Attention forward with grouped-query heads and an optional causal mask.
+
+    Args:
+        q: (batch, H, N, d); k, v: (batch, H_kv, N, d) with H % H_kv == 0; float32.
+        causal: query i sees keys j <= i.
+    Returns:
+        out: (batch, H, N, d) float32.
+    """
+    # YOUR CODE
+    raise NotImplementedError'''
 
 EXERCISES = [
     {"name": "attention_triton_gqa", "text": "Write the kernel and its wrapper.", "stub": STUB}

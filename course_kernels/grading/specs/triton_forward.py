@@ -26,7 +26,15 @@ TITLE = "A Flash Attention forward kernel in Triton"
 TIMEOUT = 30.0
 TRITON = True
 
-INTRO = "Now the tiled forward as a Triton kernel: one program per (query block, batch x head), the running `m_i`, `l_i`, `acc` in registers, a loop over key blocks. Without a GPU the kernel runs in Triton's interpreter (set up above), which is exact in fp32. On a GPU, `tl.dot` rounds fp32 inputs to TF32 unless you pass `input_precision=\"ieee\"`: compare a TF32 kernel with an exact reference and it fails at ~1e-3. Masks: N need not be a multiple of the block; loads past N must be masked and their scores set to -inf. Use `tl.dot` for the products: torch's matmul/softmax/attention outside the kernel is not accepted."
+INTRO = (
+    "Now the tiled forward as a Triton kernel: one program per (query block, batch x head), the "
+    "running `m_i`, `l_i`, `acc` in registers, a loop over key blocks. Without a GPU the kernel "
+    "runs in Triton's interpreter (set up above), which is exact in fp32. On a GPU, `tl.dot` "
+    'rounds fp32 inputs to TF32 unless you pass `input_precision="ieee"`: compare a TF32 kernel '
+    "with an exact reference and it fails at ~1e-3. Masks: N need not be a multiple of the "
+    "block; loads past N must be masked and their scores set to -inf. Use `tl.dot` for the "
+    "products: torch's matmul/softmax/attention outside the kernel is not accepted."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -103,7 +111,25 @@ def solution_source(name: str) -> str:
 
 
 # The stub keeps the kernel's signature: the student completes a skeleton.
-STUB = '@triton.jit\ndef _attn_fwd(Q, K, V, O, L, N, scale,\n              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):\n    # YOUR CODE: one program per (query block, batch*head); online softmax over key blocks\n    pass\n\n\ndef attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,\n                     scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:\n    """Non-causal attention forward with your Triton kernel.\n\n    Args:\n        q, k, v: (batch, heads, N, d) float32 tensors (any device), d a power of two >= 16.\n        scale: None means 1/sqrt(d).\n    Returns:\n        out: (batch, heads, N, d) float32;  lse: (batch, heads, N) natural-log logsumexp.\n    """\n    # YOUR CODE: allocate out and lse, launch _attn_fwd[grid](...), return (out, lse)\n    raise NotImplementedError'
+STUB = '''@triton.jit
+def _attn_fwd(Q, K, V, O, L, N, scale,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # YOUR CODE: one program per (query block, batch*head); online softmax over key blocks
+    pass
+
+
+def attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Non-causal attention forward with your Triton kernel.
+
+    Args:
+        q, k, v: (batch, heads, N, d) float32 tensors (any device), d a power of two >= 16.
+        scale: None means 1/sqrt(d).
+    Returns:
+        out: (batch, heads, N, d) float32;  lse: (batch, heads, N) natural-log logsumexp.
+    """
+    # YOUR CODE: allocate out and lse, launch _attn_fwd[grid](...), return (out, lse)
+    raise NotImplementedError'''
 
 EXERCISES = [
     {"name": "attention_triton", "text": "Write `_attn_fwd` and its wrapper.", "stub": STUB}

@@ -20,9 +20,19 @@ TITLE = "Tuning block sizes for a GPU"
 TIMEOUT = 20.0
 TRITON = False  # graded as a NumPy exercise: pure functions
 SETUP = "triton"  # the notebook's setup imports Triton for the (ungraded) measurement
-NOTE = "The GPU measurement in this notebook is practice and is not graded; the graded parts run on any machine."
+NOTE = (
+    "The GPU measurement in this notebook is practice and is not graded; the graded parts run on "
+    "any machine."
+)
 
-INTRO = "A kernel's block sizes and pipeline depth (`num_stages`) decide how much shared memory it asks for; a config that asks too much fails to launch ('out of resource: shared memory'). Colab's T4 allows 48 KB per block (64 KB opt-in), an A100 163 KB, an H100/H200 227 KB. In this exercise's model a config holds the Q tile once and the K and V tiles once per stage: (BLOCK_M d + num_stages 2 BLOCK_N d) x bytes per element. The graded functions run anywhere; the measurement at the end needs a GPU and is not graded (without one it says so)."
+INTRO = (
+    "A kernel's block sizes and pipeline depth (`num_stages`) decide how much shared memory it "
+    "asks for; a config that asks too much fails to launch ('out of resource: shared memory'). "
+    "Colab's T4 allows 48 KB per block (64 KB opt-in), an A100 163 KB, an H100/H200 227 KB. In "
+    "this exercise's model a config holds the Q tile once and the K and V tiles once per stage: "
+    "(BLOCK_M d + num_stages 2 BLOCK_N d) x bytes per element. The graded functions run "
+    "anywhere; the measurement at the end needs a GPU and is not graded (without one it says so)."
+)
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
@@ -57,7 +67,10 @@ EXERCISES = [
     {"name": "smem_bytes", "text": "Shared memory of one config, in bytes."},
     {
         "name": "configs_that_fit",
-        "text": "Every (BLOCK_M, BLOCK_N, num_stages) with blocks in (32, 64, 128) and stages in (1, 2, 3) whose fp16 footprint is <= the limit.",
+        "text": (
+            "Every (BLOCK_M, BLOCK_N, num_stages) with blocks in (32, 64, 128) and stages in (1, "
+            "2, 3) whose fp16 footprint is <= the limit."
+        ),
     },
     {
         "name": "pick_fastest",
@@ -96,7 +109,45 @@ HIDDEN = {
     "pick_fastest": [{"name": "hidden: fastest last", "seed": 171, "k": 27, "points": 1}],
 }
 
-PRACTICE = '# Not graded: measure on a GPU. Without one, this cell only says so.\n@triton.jit\ndef _scores_rowmax(Q, K, M, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,\n                   BLOCK_N: tl.constexpr):\n    """A tiled kernel to tune: the row max of Q K^T, streamed over key blocks."""\n    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n    offs_d = tl.arange(0, HEAD_DIM)\n    q = tl.load(Q + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < N,\n                other=0.0)\n    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)\n    for start_n in range(0, N, BLOCK_N):\n        cols = start_n + tl.arange(0, BLOCK_N)\n        k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=cols[:, None] < N,\n                    other=0.0)\n        s = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)), float("-inf"))\n        m_i = tl.maximum(m_i, tl.max(s, 1))\n    tl.store(M + offs_m, m_i, mask=offs_m < N)\n\n\nif not torch.cuda.is_available():\n    print("No CUDA GPU here: the timing below needs one (on Colab: Runtime > Change runtime type "\n          "> T4 GPU). Nothing in this cell is graded; the graded functions above run anywhere.")\nelse:\n    try:\n        n, d = 8192, 64\n        q = torch.randn(n, d, device="cuda", dtype=torch.float16)\n        k = torch.randn(n, d, device="cuda", dtype=torch.float16)\n        m = torch.empty(n, device="cuda", dtype=torch.float32)\n        limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin\n        configs = configs_that_fit(d, limit)\n        times = []\n        for bm, bn, stages in configs:\n            run = lambda: _scores_rowmax[(triton.cdiv(n, bm),)](  # noqa: E731\n                q, k, m, n, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, num_stages=stages)\n            times.append(triton.testing.do_bench(run))\n        best = pick_fastest(configs, times)\n        print(f"{len(configs)} configs fit in {limit} bytes; fastest {best}: {min(times):.3f} ms")\n    except NotImplementedError:\n        print("fill in configs_that_fit and pick_fastest first")'
+PRACTICE = '''# Not graded: measure on a GPU. Without one, this cell only says so.
+@triton.jit
+def _scores_rowmax(Q, K, M, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """A tiled kernel to tune: the row max of Q K^T, streamed over key blocks."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < N,
+                other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(K + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=cols[:, None] < N,
+                    other=0.0)
+        s = tl.where(cols[None, :] < N, tl.dot(q, tl.trans(k)), float("-inf"))
+        m_i = tl.maximum(m_i, tl.max(s, 1))
+    tl.store(M + offs_m, m_i, mask=offs_m < N)
+
+
+if not torch.cuda.is_available():
+    print("No CUDA GPU here: the timing below needs one (on Colab: Runtime > Change runtime type "
+          "> T4 GPU). Nothing in this cell is graded; the graded functions above run anywhere.")
+else:
+    try:
+        n, d = 8192, 64
+        q = torch.randn(n, d, device="cuda", dtype=torch.float16)
+        k = torch.randn(n, d, device="cuda", dtype=torch.float16)
+        m = torch.empty(n, device="cuda", dtype=torch.float32)
+        limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+        configs = configs_that_fit(d, limit)
+        times = []
+        for bm, bn, stages in configs:
+            run = lambda: _scores_rowmax[(triton.cdiv(n, bm),)](  # noqa: E731
+                q, k, m, n, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, num_stages=stages)
+            times.append(triton.testing.do_bench(run))
+        best = pick_fastest(configs, times)
+        print(f"{len(configs)} configs fit in {limit} bytes; fastest {best}: {min(times):.3f} ms")
+    except NotImplementedError:
+        print("fill in configs_that_fit and pick_fastest first")'''
 
 
 # -- tests: builders and the mistakes they name ------------------------------------------------
