@@ -1,8 +1,9 @@
-"""The course's exercises: which notebook holds which function, its points, its visible tests.
+"""The tables the grader and the check cell read, built from the spec modules (``specs/``, one
+per exercise): which notebook holds which function, its visible tests and builders, its points.
 
-Hidden tests are *not* here: they are JSON files read only by the instructor's grader
-(``grading/hidden_tests/<notebook>.json`` by default, or ``--hidden DIR``). Both kinds of test are
-parameter dicts given to the same builders, so a hidden test is just another size or seed.
+The grader reads hidden tests from JSON (``grading/hidden_tests/<notebook>.json``, written from
+the specs' ``HIDDEN`` by ``grading/build_notebooks.py``, or ``--hidden DIR``). Both kinds of test
+are parameter dicts given to the same builders, so a hidden test is just another size or seed.
 """
 
 from __future__ import annotations
