@@ -152,9 +152,13 @@ else:
 
 # -- tests: builders and the mistakes they name ------------------------------------------------
 BLOCKS = (32, 64, 128)
-
-
 STAGES = (1, 2, 3)
+
+
+def model_bytes(block_m, block_n, head_dim, num_stages, dtype_bytes=2):
+    """The judges' own copy of the model (independent of the solution above): the Q tile once,
+    the K and V tiles once per pipeline stage."""
+    return (block_m * head_dim + num_stages * 2 * block_n * head_dim) * dtype_bytes
 
 
 def build_smem_bytes(params) -> Case:
@@ -164,10 +168,10 @@ def build_smem_bytes(params) -> Case:
 
     def judge(out, outcome):
         out = as_int(out, "smem_bytes")
-        want = smem_bytes(*args)
+        want = model_bytes(*args)
         if out == want:
             return f"{want} bytes"
-        if out == smem_bytes(*args[:3], 1, args[4]):
+        if out == model_bytes(*args[:3], 1, args[4]):
             raise Fail(
                 "every pipeline stage holds its own K and V tiles: multiply them by num_stages"
             )
@@ -200,14 +204,14 @@ def build_configs_that_fit(params) -> Case:
             for m in BLOCKS
             for n in BLOCKS
             for s in STAGES
-            if smem_bytes(m, n, d, s) <= limit
+            if model_bytes(m, n, d, s) <= limit
         )
         if got == want:
             return f"{len(want)} configs fit in {limit} bytes"
-        over = [c for c in got if smem_bytes(*c[:2], d, c[2]) > limit]
+        over = [c for c in got if model_bytes(*c[:2], d, c[2]) > limit]
         if over:
             raise Fail(
-                f"{over[0]} needs {smem_bytes(*over[0][:2], d, over[0][2])} bytes > "
+                f"{over[0]} needs {model_bytes(*over[0][:2], d, over[0][2])} bytes > "
                 f"{limit}: a launch with it fails ('out of resource: shared memory')"
             )
         raise Fail(f"{len(set(want) - set(got))} configs that fit are missing (<= is allowed)")
