@@ -10,6 +10,7 @@ Protocol (read by ``sandbox._read_frames``): each frame on RESULT_FD is
 concatenation of ``.npy`` files (``np.save(..., allow_pickle=False)``). Never pickle.
 """
 
+import contextlib
 import hashlib
 import io
 import json
@@ -24,6 +25,7 @@ REQUEST: dict = {}
 np = None  # numpy, imported by setup() once the request's sys.path is in place
 _write = None
 _dumps = json.dumps
+
 
 def setup(request_dir: str, result_fd: int) -> None:
     """Read the request, give up privileges, block the course library, open the result channel."""
@@ -50,7 +52,9 @@ def send(header, arrays=()):
         pieces += [buf.getvalue(), memoryview(a.reshape(-1)).cast("B") if a.size else b""]
     header["blob_sizes"] = [len(pieces[i]) + len(pieces[i + 1]) for i in range(0, len(pieces), 2)]
     h = _dumps(header).encode()
-    for p in [struct.pack("<I", len(h)) + h + struct.pack("<Q", sum(header["blob_sizes"]))] + pieces:
+    for p in [
+        struct.pack("<I", len(h)) + h + struct.pack("<Q", sum(header["blob_sizes"]))
+    ] + pieces:
         view = memoryview(p)
         while len(view):
             n = _write(view)
@@ -70,7 +74,9 @@ class _BlockFinder:
     @staticmethod
     def find_spec(name, path=None, target=None):
         if name == "course_kernels" or name.startswith("course_kernels."):
-            raise ImportError(f"{name} cannot be imported while grading: write the algorithm yourself")
+            raise ImportError(
+                f"{name} cannot be imported while grading: write the algorithm yourself"
+            )
         return None
 
 
@@ -183,6 +189,7 @@ def main(request_dir):
         import triton.runtime.jit as _jit
 
         for cls in (_interp.InterpretedFunction, _jit.JITFunction):
+
             def _counting(self, *a, _orig=cls.run, **kw):
                 launches[0] += 1
                 return _orig(self, *a, **kw)
@@ -195,22 +202,39 @@ def main(request_dir):
         try:
             filename = f"<cell {cell['exercise']}>"
             # Triton's @jit reads a kernel's source through linecache, as from a Jupyter cell
-            linecache.cache[filename] = (len(cell["source"]), None,
-                                         cell["source"].splitlines(True), filename)
+            linecache.cache[filename] = (
+                len(cell["source"]),
+                None,
+                cell["source"].splitlines(True),
+                filename,
+            )
             exec(compile(cell["source"], filename, "exec"), namespace)
             send({"type": "cell", "exercise": cell["exercise"], "ok": True})
         except BaseException as e:  # noqa: BLE001 - SystemExit from the cell included
-            send({"type": "cell", "exercise": cell["exercise"], "ok": False,
-                  "error": {"type": type(e).__name__, "message": str(e)[:500],
-                            "traceback": traceback.format_exc(limit=-3)[-1500:]}})
+            send(
+                {
+                    "type": "cell",
+                    "exercise": cell["exercise"],
+                    "ok": False,
+                    "error": {
+                        "type": type(e).__name__,
+                        "message": str(e)[:500],
+                        "traceback": traceback.format_exc(limit=-3)[-1500:],
+                    },
+                }
+            )
     for call in REQUEST["calls"]:
         send({"type": "start", "call": call["id"]})
         args = [arrays[a["array"]] if "array" in a else a["value"] for a in call["args"]]
-        kwargs = {k: (arrays[a["array"]] if "array" in a else a["value"])
-                  for k, a in call["kwargs"].items()}
+        kwargs = {
+            k: (arrays[a["array"]] if "array" in a else a["value"])
+            for k, a in call["kwargs"].items()
+        }
         if call.get("torch"):
             args = [torch.from_numpy(a.copy()) if isinstance(a, np.ndarray) else a for a in args]
-        before = [_digest(_to_numpy(a)) for a in args if isinstance(a, np.ndarray) or hasattr(a, "detach")]
+        before = [
+            _digest(_to_numpy(a)) for a in args if isinstance(a, np.ndarray) or hasattr(a, "detach")
+        ]
         launches[0] = 0
         header = {"type": "result", "call": call["id"]}
         out_arrays = []
@@ -220,9 +244,14 @@ def main(request_dir):
             if fn is None:
                 raise NameError(f"name {call['func']!r} is not defined in your solution cells")
             if call.get("io_sram") is not None:
-                mem = TraceMemory(call["io_sram"], Q=args[0], K=args[1], V=args[2],
-                                  O=np.zeros((*args[0].shape[:-1], args[2].shape[-1]), args[0].dtype),
-                                  L=np.full(args[0].shape[:-1], -np.inf, args[0].dtype))
+                mem = TraceMemory(
+                    call["io_sram"],
+                    Q=args[0],
+                    K=args[1],
+                    V=args[2],
+                    O=np.zeros((*args[0].shape[:-1], args[2].shape[-1]), args[0].dtype),
+                    L=np.full(args[0].shape[:-1], -np.inf, args[0].dtype),
+                )
                 fn(mem, **kwargs)
                 result = (mem.hbm["O"], mem.hbm["L"])
                 header["trace"] = mem.log[:200000]
@@ -233,20 +262,25 @@ def main(request_dir):
             header["ok"] = True
         except BaseException as e:  # noqa: BLE001
             header["ok"] = False
-            header["error"] = {"type": type(e).__name__, "message": str(e)[:500],
-                               "traceback": traceback.format_exc(limit=-3)[-1500:]}
-        after = [_digest(_to_numpy(a)) for a in args if isinstance(a, np.ndarray) or hasattr(a, "detach")]
-        header["mutated"] = [i for i, (x, y) in enumerate(zip(before, after)) if x != y]
+            header["error"] = {
+                "type": type(e).__name__,
+                "message": str(e)[:500],
+                "traceback": traceback.format_exc(limit=-3)[-1500:],
+            }
+        after = [
+            _digest(_to_numpy(a)) for a in args if isinstance(a, np.ndarray) or hasattr(a, "detach")
+        ]
+        header["mutated"] = [
+            i for i, (x, y) in enumerate(zip(before, after, strict=False)) if x != y
+        ]
         header["launches"] = launches[0]
         send(header, out_arrays)
     send({"type": "done"})
 
 
 def serve(request_dir: str, result_fd: int) -> None:
-    try:  # a session (and process group) of its own
+    with contextlib.suppress(OSError):  # a session (and process group) of its own
         os.setsid()
-    except OSError:
-        pass
     setup(request_dir, result_fd)
     main(request_dir)
     # End now: a student's non-daemon thread or atexit hook must not keep the process (and its

@@ -72,23 +72,25 @@ def _grade_one(sid, path, hidden, exercise=None, unsafe=False, call_seconds=None
         limits = None
         if call_seconds:
             nb = expected_notebook(path, exercise) or notebook_of("01")
-            limits = Limits(call_seconds=min(call_seconds, nb.timeout),
-                            total_seconds=max(240.0, 4 * nb.timeout))
-        res = grade_notebook(path, hidden_dir=hidden, exercise=exercise, unsafe=unsafe,
-                             limits=limits)
+            limits = Limits(
+                call_seconds=min(call_seconds, nb.timeout), total_seconds=max(240.0, 4 * nb.timeout)
+            )
+        res = grade_notebook(
+            path, hidden_dir=hidden, exercise=exercise, unsafe=unsafe, limits=limits
+        )
     except SandboxUnavailable:
         raise
     except BaseException as e:  # noqa: BLE001 - one broken submission must not stop a class
         if isinstance(e, KeyboardInterrupt):
             raise
         res = NotebookResult(clean_text(path), "?")
-        res.notes.append(clean_text(f"the grader failed on this notebook: {type(e).__name__}: "
-                                    f"{e}"))
+        res.notes.append(clean_text(f"the grader failed on this notebook: {type(e).__name__}: {e}"))
     return sid, res
 
 
-def _grade_in_pool(subs, hidden, workers, results, bar, exercise=None, unsafe=False,
-                   call_seconds=None):
+def _grade_in_pool(
+    subs, hidden, workers, results, bar, exercise=None, unsafe=False, call_seconds=None
+):
     """Grade in worker processes. A worker that dies (possible only where the sandbox has no PID
     namespace) breaks the pool; the submissions it left unfinished are graded again one per pool,
     and the one that breaks its own pool scores zero with a message."""
@@ -97,8 +99,13 @@ def _grade_in_pool(subs, hidden, workers, results, bar, exercise=None, unsafe=Fa
     def run(batch, n):
         broken = []
         with ProcessPoolExecutor(max_workers=n) as pool:
-            futs = {pool.submit(_grade_one, sid, path, hidden, exercise, unsafe, call_seconds):
-                    (sid, path) for sid, path in batch}
+            futs = {
+                pool.submit(_grade_one, sid, path, hidden, exercise, unsafe, call_seconds): (
+                    sid,
+                    path,
+                )
+                for sid, path in batch
+            }
             for fut in as_completed(futs):
                 try:
                     sid, res = fut.result()
@@ -116,17 +123,22 @@ def _grade_in_pool(subs, hidden, workers, results, bar, exercise=None, unsafe=Fa
     for sid, path in run(subs, workers):
         if run([(sid, path)], 1):
             res = NotebookResult(str(path), "?")
-            res.notes.append("grading this notebook killed the grader's worker process; it "
-                             "scores zero")
+            res.notes.append(
+                "grading this notebook killed the grader's worker process; it scores zero"
+            )
             results[sid] = res
             bar.update()
 
 
 def gradescope(res) -> dict:
     tests = [
-        {"name": f"{v.exercise}: {v.name}" + (" (hidden)" if v.hidden else ""),
-         "score": round(v.points, 4), "max_score": v.max_points, "output": v.message,
-         "visibility": "after_published" if v.hidden else "visible"}
+        {
+            "name": f"{v.exercise}: {v.name}" + (" (hidden)" if v.hidden else ""),
+            "score": round(v.points, 4),
+            "max_score": v.max_points,
+            "output": v.message,
+            "visibility": "after_published" if v.hidden else "visible",
+        }
         for v in res.verdicts
     ]
     out = {"score": round(res.score, 4), "tests": tests}
@@ -140,8 +152,10 @@ def feedback_text(sid, res) -> str:
     lines += [f"  note: {n}" for n in res.notes]
     for v in res.verdicts:
         mark = "PASS" if v.passed else "FAIL"
-        lines.append(f"  [{mark}] {v.exercise} / {v.name}{' (hidden)' if v.hidden else ''} "
-                     f"({v.points:g}/{v.max_points:g}): {v.message}")
+        lines.append(
+            f"  [{mark}] {v.exercise} / {v.name}{' (hidden)' if v.hidden else ''} "
+            f"({v.points:g}/{v.max_points:g}): {v.message}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -160,8 +174,18 @@ def _write(path: Path, text: str) -> None:
         print(f"could not write {path!s}: {e}", file=sys.stderr)
 
 
-def grade(paths, out_dir, workers=1, hidden=None, progress=True, exercise=None, unsafe=False,
-          roster=None, expect=None, call_seconds=None) -> list:
+def grade(
+    paths,
+    out_dir,
+    workers=1,
+    hidden=None,
+    progress=True,
+    exercise=None,
+    unsafe=False,
+    roster=None,
+    expect=None,
+    call_seconds=None,
+) -> list:
     from .sandbox import require_sandbox
 
     require_sandbox(unsafe)  # refuse before anything runs, with the reason
@@ -182,10 +206,21 @@ def grade(paths, out_dir, workers=1, hidden=None, progress=True, exercise=None, 
     rows = []
     for sid, _ in subs:
         res = results[sid]
-        per_ex = {ex: sum(v.points for v in res.verdicts if v.exercise == ex) for ex in exercises
-                  if any(v.exercise == ex for v in res.verdicts)}
-        rows.append({"submission": sid, "notebook": res.notebook, "score": round(res.score, 4),
-                     "max_score": res.max_score, "seconds": round(res.seconds, 2), **per_ex})
+        per_ex = {
+            ex: sum(v.points for v in res.verdicts if v.exercise == ex)
+            for ex in exercises
+            if any(v.exercise == ex for v in res.verdicts)
+        }
+        rows.append(
+            {
+                "submission": sid,
+                "notebook": res.notebook,
+                "score": round(res.score, 4),
+                "max_score": res.max_score,
+                "seconds": round(res.seconds, 2),
+                **per_ex,
+            }
+        )
         rel = _safe_rel(sid)
         for folder, suffix, text in (
             ("results", ".json", json.dumps(gradescope(res), indent=1)),
@@ -195,9 +230,11 @@ def grade(paths, out_dir, workers=1, hidden=None, progress=True, exercise=None, 
     if len(subs) == 1:
         _write(out_dir / "results.json", json.dumps(gradescope(results[subs[0][0]]), indent=1))
     fields = ["submission", "notebook", "score", "max_score", "seconds"] + [
-        ex for ex in exercises if any(ex in r for r in rows)]
-    with open(out_dir / "gradebook.csv", "w", newline="", encoding="utf-8",
-              errors="backslashreplace") as f:
+        ex for ex in exercises if any(ex in r for r in rows)
+    ]
+    with open(
+        out_dir / "gradebook.csv", "w", newline="", encoding="utf-8", errors="backslashreplace"
+    ) as f:
         w = csv.DictWriter(f, fieldnames=fields, restval="")
         w.writeheader()
         w.writerows(rows)
@@ -244,15 +281,18 @@ def write_roster(roster, subs, results, target: Path, expect=None, hidden=None) 
         row["missing"] = " ".join(nb for nb in expect if nb not in got)
         rows.append(row)
     unknown = sorted({sid.split("/", 1)[0] for sid, _ in subs} - ids)
-    fields = list(people[0].keys() if people else ["id"]) + expect + ["total", "max_total",
-                                                                       "missing"]
+    fields = (
+        list(people[0].keys() if people else ["id"]) + expect + ["total", "max_total", "missing"]
+    )
     with open(target, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         w = csv.DictWriter(f, fieldnames=fields, restval="", extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     if unknown:
-        print(f"submissions from folders not on the roster (not in roster.csv): "
-              f"{', '.join(unknown)}", file=sys.stderr)
+        print(
+            f"submissions from folders not on the roster (not in roster.csv): {', '.join(unknown)}",
+            file=sys.stderr,
+        )
     return rows
 
 
@@ -271,8 +311,11 @@ def release(out: str, as_zip: bool = False) -> Path:
     solved = {}
     for p in sorted((repo / "solutions").glob("[0-9][0-9]_*.ipynb")):
         nb = json.loads(p.read_text())
-        solved[p.name] = [c for c in nb["cells"] if c.get("metadata", {}).get(
-            "course_kernels", {}).get("role") == "solution"]
+        solved[p.name] = [
+            c
+            for c in nb["cells"]
+            if c.get("metadata", {}).get("course_kernels", {}).get("role") == "solution"
+        ]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "exercises"
         folder.mkdir()
@@ -283,15 +326,26 @@ def release(out: str, as_zip: bool = False) -> Path:
                     cell["outputs"], cell["execution_count"] = [], None
                 meta = cell.get("metadata", {}).get("course_kernels", {})
                 if meta.get("role") == "solution":
-                    body = "".join(cell["source"]) if isinstance(cell["source"], list) \
+                    body = (
+                        "".join(cell["source"])
+                        if isinstance(cell["source"], list)
                         else cell["source"]
+                    )
                     for sol in solved.get(p.name, []):
-                        ssrc = "".join(sol["source"]) if isinstance(sol["source"], list) \
+                        ssrc = (
+                            "".join(sol["source"])
+                            if isinstance(sol["source"], list)
                             else sol["source"]
-                        if sol["metadata"]["course_kernels"].get("exercise") == meta.get(
-                                "exercise") and ssrc.strip() == body.strip():
-                            raise SystemExit(f"{p.name}: the exercise cell of "
-                                             f"{meta.get('exercise')} holds the solution")
+                        )
+                        if (
+                            sol["metadata"]["course_kernels"].get("exercise")
+                            == meta.get("exercise")
+                            and ssrc.strip() == body.strip()
+                        ):
+                            raise SystemExit(
+                                f"{p.name}: the exercise cell of "
+                                f"{meta.get('exercise')} holds the solution"
+                            )
             (folder / p.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         out_path = Path(out)
         if as_zip:
@@ -333,8 +387,11 @@ def gradescope_bundle(exercise: str, out: str, hidden=None) -> Path:
             shutil.copy(hidden_dir / f"{nb.name}.json", src / "hidden_tests")
         course = src / "course"
         for package in ("course_kernels", "course_grader"):
-            shutil.copytree(repo / package, course / package,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                repo / package,
+                course / package,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            )
         for name in ("pyproject.toml", "README.md", "requirements/constraints.txt"):
             (course / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(repo / name, course / name)
@@ -345,37 +402,58 @@ def gradescope_bundle(exercise: str, out: str, hidden=None) -> Path:
             for p in sorted(src.rglob("*")):
                 if p.is_file():
                     info = zipfile.ZipInfo(p.relative_to(src).as_posix())
-                    info.external_attr = (0o755 if p.name in ("setup.sh", "run_autograder")
-                                          else 0o644) << 16
+                    info.external_attr = (
+                        0o755 if p.name in ("setup.sh", "run_autograder") else 0o644
+                    ) << 16
                     info.compress_type = zipfile.ZIP_DEFLATED
                     z.writestr(info, p.read_bytes())
     return target
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m course_grader",
-                                 description="Grade exercise notebooks in a sandbox.")
+    ap = argparse.ArgumentParser(
+        prog="python -m course_grader", description="Grade exercise notebooks in a sandbox."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("grade", help="grade notebooks or folders of notebooks")
     g.add_argument("paths", nargs="+")
     g.add_argument("--out", default="grading-output", help="output folder")
     g.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    g.add_argument("--hidden", default=None,
-                   help="folder of hidden-test JSON files (default: grading/hidden_tests)")
+    g.add_argument(
+        "--hidden",
+        default=None,
+        help="folder of hidden-test JSON files (default: grading/hidden_tests)",
+    )
     g.add_argument("--no-progress", action="store_true")
-    g.add_argument("--exercise", default=None,
-                   help="grade every notebook as this exercise (e.g. 03 or 03_tiled_forward); "
-                   "default: each file's name")
-    g.add_argument("--roster", default=None,
-                   help="CSV with a column 'id': PATH holds one folder per student; writes "
-                   "roster.csv with one row per student")
-    g.add_argument("--expect", default=None,
-                   help="comma-separated notebooks every student must submit (default: all)")
-    g.add_argument("--call-seconds", type=float, default=None,
-                   help="cap the time limit of every test at this many seconds (default: each "
-                   "notebook's own limit, 20-60 s)")
-    g.add_argument("--unsafe", action="store_true",
-                   help="run student code without the bubblewrap sandbox (trusted code only)")
+    g.add_argument(
+        "--exercise",
+        default=None,
+        help="grade every notebook as this exercise (e.g. 03 or 03_tiled_forward); "
+        "default: each file's name",
+    )
+    g.add_argument(
+        "--roster",
+        default=None,
+        help="CSV with a column 'id': PATH holds one folder per student; writes "
+        "roster.csv with one row per student",
+    )
+    g.add_argument(
+        "--expect",
+        default=None,
+        help="comma-separated notebooks every student must submit (default: all)",
+    )
+    g.add_argument(
+        "--call-seconds",
+        type=float,
+        default=None,
+        help="cap the time limit of every test at this many seconds (default: each "
+        "notebook's own limit, 20-60 s)",
+    )
+    g.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="run student code without the bubblewrap sandbox (trusted code only)",
+    )
     gs = sub.add_parser("gradescope", help="write a Gradescope autograder zip for one exercise")
     gs.add_argument("--exercise", required=True, help="e.g. 03 or 03_tiled_forward")
     gs.add_argument("--out", required=True, help="the .zip to write")
@@ -401,15 +479,27 @@ def main(argv=None) -> int:
         notebook_of(args.exercise)  # a clear error now rather than per notebook
     t0 = time.monotonic()
     try:
-        rows = grade(args.paths, args.out, args.workers, args.hidden, not args.no_progress,
-                     args.exercise, args.unsafe, args.roster, expect, args.call_seconds)
+        rows = grade(
+            args.paths,
+            args.out,
+            args.workers,
+            args.hidden,
+            not args.no_progress,
+            args.exercise,
+            args.unsafe,
+            args.roster,
+            expect,
+            args.call_seconds,
+        )
     except SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     total = sum(r["score"] for r in rows)
-    print(f"graded {len(rows)} submission(s) in {time.monotonic() - t0:.1f} s "
-          f"(mean score {total / max(len(rows), 1):.2f}); wrote {args.out}/gradebook.csv",
-          file=sys.stderr)
+    print(
+        f"graded {len(rows)} submission(s) in {time.monotonic() - t0:.1f} s "
+        f"(mean score {total / max(len(rows), 1):.2f}); wrote {args.out}/gradebook.csv",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -51,16 +51,25 @@ def _encode_args(case, cid, arrays):
             return {"array": f"c{cid}_{tag}"}
         return {"value": x}
 
-    return ([enc(a, f"a{i}") for i, a in enumerate(case.args)],
-            {k: enc(v, f"k{k}") for k, v in case.kwargs.items()})
+    return (
+        [enc(a, f"a{i}") for i, a in enumerate(case.args)],
+        {k: enc(v, f"k{k}") for k, v in case.kwargs.items()},
+    )
 
 
 def _call_spec(case, cid, arrays, limits):
     args, kwargs = _encode_args(case, cid, arrays)
     timeout = min(case.timeout or limits.call_seconds, limits.call_seconds)
-    return {"id": cid, "exercise": case.exercise, "func": case.func, "args": args,
-            "kwargs": kwargs, "torch": case.torch, "io_sram": case.io_sram,
-            "timeout": timeout}
+    return {
+        "id": cid,
+        "exercise": case.exercise,
+        "func": case.func,
+        "args": args,
+        "kwargs": kwargs,
+        "torch": case.torch,
+        "io_sram": case.io_sram,
+        "timeout": timeout,
+    }
 
 
 _BASELINES: dict = {}
@@ -69,11 +78,18 @@ _BASELINES: dict = {}
 def _baseline_peak(nb, cases, calls, arrays, limits, unsafe):
     """Peak memory of a child running the same calls on stubs that return None: what the
     interpreter, NumPy and the inputs cost. Cached per notebook and input sizes."""
-    key = (nb.name, tuple((c.exercise, tuple(tuple(getattr(a, "shape", ())) for a in c.args))
-                          for c in cases))
+    key = (
+        nb.name,
+        tuple((c.exercise, tuple(tuple(getattr(a, "shape", ())) for a in c.args)) for c in cases),
+    )
     if key not in _BASELINES:
-        stubs = [{"exercise": ex, "source": BASELINE_STUBS.get(
-            ex, f"def {ex}(*args, **kwargs):\n    return None\n")} for ex in nb.exercises]
+        stubs = [
+            {
+                "exercise": ex,
+                "source": BASELINE_STUBS.get(ex, f"def {ex}(*args, **kwargs):\n    return None\n"),
+            }
+            for ex in nb.exercises
+        ]
         peaks = []
         for _ in range(2):
             rep = run_submission(preamble(nb), stubs, calls, arrays, limits, nb.triton, unsafe)
@@ -121,8 +137,66 @@ def expected_notebook(path, exercise=None) -> Notebook | None:
     return None
 
 
-def grade_notebook(path, hidden_dir=None, limits: Limits | None = None, include_hidden=True,
-                   exercise=None, unsafe=False) -> NotebookResult:
+def _identify(path, nb_json, exercise, notes):
+    """The exercise a submission is graded as (``exercise``, else the file name, else the
+    notebook's own metadata), or None; what disagrees goes into ``notes``."""
+    meta = nb_json.get("metadata", {})
+    meta = meta.get("course_kernels", {}) if isinstance(meta, dict) else {}
+    claimed = meta.get("notebook") if isinstance(meta, dict) else None
+    try:
+        nb = expected_notebook(path, exercise)
+        if nb is None and isinstance(claimed, str):
+            nb = notebook_of(claimed)
+            notes.append(
+                f"graded as {nb.name}: the file name names no exercise, the "
+                "notebook's metadata does (pass --exercise to be explicit)"
+            )
+    except KeyError as e:
+        notes.append(clean_text(e))
+        return None
+    if nb is None:
+        notes.append("no exercise matches this file's name; pass --exercise NN")
+        return None
+    if isinstance(claimed, str) and claimed != nb.name:
+        notes.append(
+            clean_text(
+                f"this file is graded as {nb.name}, but the notebook inside "
+                f"says it is {claimed!r}: was the wrong notebook submitted?"
+            )
+        )
+    return nb
+
+
+def _with_cell(case, outcome, cells, cell_reports):
+    """(outcome, cell_error) of a case given its solution cell: missing, failed or fine."""
+    if case.exercise not in cells:
+        return CallOutcome(
+            "error",
+            error={
+                "type": "NameError",
+                "message": f"name {case.func!r} is not defined in your "
+                "solution cells: the cell marked YOUR CODE is missing",
+            },
+        ), None
+    cell = cell_reports.get(case.exercise)
+    if cell is not None and not cell.get("ok", True):
+        err = cell.get("error") or {}
+        return outcome, (
+            err.get("message")
+            if err.get("type") == "Crash"
+            else f"{err.get('type')}: {err.get('message')}"
+        )
+    return outcome, None
+
+
+def grade_notebook(
+    path,
+    hidden_dir=None,
+    limits: Limits | None = None,
+    include_hidden=True,
+    exercise=None,
+    unsafe=False,
+) -> NotebookResult:
     """Grade one submitted notebook. Never raises for anything inside the notebook
     (``SandboxUnavailable`` without bubblewrap unless ``unsafe``)."""
     require_sandbox(unsafe)
@@ -134,24 +208,9 @@ def grade_notebook(path, hidden_dir=None, limits: Limits | None = None, include_
     except ValueError as e:
         res.notes.append(f"could not read the notebook: {e}")
         return res
-    meta = nb_json.get("metadata", {})
-    meta = meta.get("course_kernels", {}) if isinstance(meta, dict) else {}
-    claimed = meta.get("notebook") if isinstance(meta, dict) else None
-    try:
-        nb = expected_notebook(path, exercise)
-        if nb is None and isinstance(claimed, str):
-            nb = notebook_of(claimed)
-            res.notes.append(f"graded as {nb.name}: the file name names no exercise, the "
-                             "notebook's metadata does (pass --exercise to be explicit)")
-    except KeyError as e:
-        res.notes.append(clean_text(e))
-        return res
+    nb = _identify(path, nb_json, exercise, res.notes)
     if nb is None:
-        res.notes.append("no exercise matches this file's name; pass --exercise NN")
         return res
-    if isinstance(claimed, str) and claimed != nb.name:
-        res.notes.append(clean_text(f"this file is graded as {nb.name}, but the notebook inside "
-                                    f"says it is {claimed!r}: was the wrong notebook submitted?"))
     res.notebook = nb.name
     if nb.note:
         res.notes.append(nb.note)
@@ -170,37 +229,30 @@ def grade_notebook(path, hidden_dir=None, limits: Limits | None = None, include_
     outcomes = dict(report.calls)
     if any(c.probe == "memory" for c in cases):
         base = _baseline_peak(nb, cases, calls, arrays, limits, unsafe)
-        how = ("as the peak memory of the whole process tree (cgroup)" if isolation()["cgroup"]
-               else "as the largest peak RSS of any process of the run")
+        how = (
+            "as the peak memory of the whole process tree (cgroup)"
+            if isolation()["cgroup"]
+            else "as the largest peak RSS of any process of the run"
+        )
         for cid, case in enumerate(cases):
             o = outcomes.get(cid)
             if case.probe == "memory" and o is not None and o.status == "ok":
-                o.memory = (None if base is None or o.peak is None
-                            else (max(0, o.peak - base), how))
+                o.memory = None if base is None or o.peak is None else (max(0, o.peak - base), how)
     for cid, case in enumerate(cases):
         outcome = outcomes.get(cid) or CallOutcome("crash", message="no result came back")
-        cell = report.cells.get(case.exercise)
         cell_error = None
-        if case.exercise in flagged:
-            pass
-        elif case.exercise not in cells:
-            outcome = CallOutcome("error", error={
-                "type": "NameError", "message": f"name {case.func!r} is not defined in your "
-                "solution cells: the cell marked YOUR CODE is missing"})
-        elif cell is not None and not cell.get("ok", True):
-            err = cell.get("error") or {}
-            cell_error = (err.get("message") if err.get("type") == "Crash"
-                          else f"{err.get('type')}: {err.get('message')}")
+        if case.exercise not in flagged:
+            outcome, cell_error = _with_cell(case, outcome, cells, report.cells)
         v = judge(case, outcome, cell_error)
         if case.exercise in flagged:
             v.points, v.status = 0.0, "flagged"
-            v.message = clean_text(f"not graded: your code {flagged[case.exercise]}, which a "
-                                   "submission may not do. Write the algorithm with NumPy/Triton "
-                                   "only")
+            v.message = clean_text(
+                f"not graded: your code {flagged[case.exercise]}, which a "
+                "submission may not do. Write the algorithm with NumPy/Triton "
+                "only"
+            )
         res.verdicts.append(v)
     if report.restarts:
         res.notes.append(f"the sandbox restarted {report.restarts} time(s) after a crash/timeout")
     res.seconds = time.monotonic() - t0
     return res
-
-

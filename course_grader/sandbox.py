@@ -32,6 +32,7 @@ process of the grader's user. See notes/grading.md and the README for the exact 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -64,8 +65,10 @@ HIDDEN_PACKAGES = ("course_kernels", "course_grader", "scipy", "flash_attn", "ja
 NUMPY_ONLY_HIDDEN = ("torch", "triton", "functorch", "torchgen")
 
 
-BLOCKED = ('raise ImportError(f"{__name__} is not available while grading this exercise: write '
-           'the algorithm yourself")\n')
+BLOCKED = (
+    'raise ImportError(f"{__name__} is not available while grading this exercise: write '
+    'the algorithm yourself")\n'
+)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -127,8 +130,11 @@ def _bwrap_args(bwrap, req_dir, limits, triton, userns, size=True) -> list[str]:
     # (and nothing else of the host's /tmp is seen)
     for d in ("/tmp", "/box"):
         a += (["--size", str(limits.tmpfs_bytes)] if size else []) + ["--tmpfs", d]
-    py_roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-                os.path.dirname(os.path.dirname(_python()))}
+    py_roots = {
+        os.path.realpath(sys.base_prefix),
+        os.path.realpath(sys.prefix),
+        os.path.dirname(os.path.dirname(_python())),
+    }
     sites = _site_paths()
     for p in sorted(py_roots) + sites:
         if os.path.isdir(p) and not p.startswith("/usr/"):
@@ -138,8 +144,15 @@ def _bwrap_args(bwrap, req_dir, limits, triton, userns, size=True) -> list[str]:
         for name in hidden:
             target = os.path.join(sp, name)
             if os.path.isdir(target):  # an empty folder would import as a namespace package
-                a += ["--tmpfs", target, "--ro-bind", os.path.join(req_dir, "_blocked.py"),
-                      os.path.join(target, "__init__.py"), "--remount-ro", target]
+                a += [
+                    "--tmpfs",
+                    target,
+                    "--ro-bind",
+                    os.path.join(req_dir, "_blocked.py"),
+                    os.path.join(target, "__init__.py"),
+                    "--remount-ro",
+                    target,
+                ]
     a += ["--proc", "/proc", "--dev", "/dev"]
     if _gpu_mode():
         for dev in sorted(os.listdir("/dev")):
@@ -163,8 +176,14 @@ def isolation() -> dict:
 
 
 def _probe() -> dict:
-    out = {"sandbox": False, "userns": False, "size": True, "cgroup": Cgroup.kind(), "why": "",
-           "bwrap": shutil.which("bwrap")}
+    out = {
+        "sandbox": False,
+        "userns": False,
+        "size": True,
+        "cgroup": Cgroup.kind(),
+        "why": "",
+        "bwrap": shutil.which("bwrap"),
+    }
     if os.environ.get("COURSE_GRADING_NO_SANDBOX") == "1":
         out["why"] = "COURSE_GRADING_NO_SANDBOX=1 is set"
         return out
@@ -179,10 +198,16 @@ def _probe() -> dict:
             if not userns and os.geteuid() != 0:
                 continue  # without a user namespace, only root may create the others
             cmd = _bwrap_args(out["bwrap"], req, Limits(), False, userns, size) + [
-                _python(), "-I", "-S", "-c", "import os; print(os.getuid())"]
+                _python(),
+                "-I",
+                "-S",
+                "-c",
+                "import os; print(os.getuid())",
+            ]
             try:
-                r = subprocess.run(cmd, capture_output=True, timeout=60, text=True,
-                                   env=_child_env(False))
+                r = subprocess.run(
+                    cmd, capture_output=True, timeout=60, text=True, env=_child_env(False)
+                )
             except (OSError, subprocess.TimeoutExpired) as e:
                 errors.append(str(e))
                 continue
@@ -203,7 +228,8 @@ def require_sandbox(unsafe: bool) -> None:
             "bubblewrap (and allow user namespaces, or run as root), or pass --unsafe to run "
             "submissions as ordinary processes of your user: they could then read and change "
             "anything you can (other submissions, the hidden tests, the grader, the gradebook), "
-            "signal your processes and use the network. Use --unsafe only for code you trust.")
+            "signal your processes and use the network. Use --unsafe only for code you trust."
+        )
 
 
 # -- cgroups ------------------------------------------------------------------------------------
@@ -257,7 +283,7 @@ class Cgroup:
         return cls._kind
 
     @classmethod
-    def create(cls, limits: Limits) -> "Cgroup | None":
+    def create(cls, limits: Limits) -> Cgroup | None:
         if os.geteuid() != 0 or os.environ.get("COURSE_GRADING_NO_CGROUP") == "1":
             return None
         mounts = _mountpoints()
@@ -298,8 +324,9 @@ class Cgroup:
                 g = cls("v1", dirs)
                 try:
                     g._write("memory", "memory.limit_in_bytes", limits.memory_bytes)
-                    g._write("memory", "memory.memsw.limit_in_bytes", limits.memory_bytes,
-                             optional=True)
+                    g._write(
+                        "memory", "memory.memsw.limit_in_bytes", limits.memory_bytes, optional=True
+                    )
                     g._write("pids", "pids.max", limits.nproc)
                     if "cpu" in dirs:
                         g._write("cpu", "cpu.cfs_quota_us", 100000, optional=True)
@@ -308,10 +335,8 @@ class Cgroup:
                     g.remove()
             except OSError:
                 for d in dirs.values():
-                    try:
+                    with contextlib.suppress(OSError):
                         os.rmdir(d)
-                    except OSError:
-                        pass
         return None
 
     def _write(self, role, fname, value, optional=False):
@@ -326,8 +351,9 @@ class Cgroup:
         return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
 
     def peak(self) -> int | None:
-        fname = ("v2", "memory.peak") if self.kind_ == "v2" else ("memory",
-                                                                  "memory.max_usage_in_bytes")
+        fname = (
+            ("v2", "memory.peak") if self.kind_ == "v2" else ("memory", "memory.max_usage_in_bytes")
+        )
         try:
             with open(os.path.join(self.dirs[fname[0]], fname[1])) as f:
                 return int(f.read().strip())
@@ -350,10 +376,8 @@ class Cgroup:
             if not pids:
                 return
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
             time.sleep(0.005)
 
     def remove(self) -> None:
@@ -483,8 +507,10 @@ def leftovers(tag: str) -> dict:
                         procs.append(int(pid))
             except OSError:
                 pass
-    return {"processes": procs,
-            "cgroups": [c for c in leftover_cgroups() if f"course-grading-{tag}-" in c]}
+    return {
+        "processes": procs,
+        "cgroups": [c for c in leftover_cgroups() if f"course-grading-{tag}-" in c],
+    }
 
 
 def _child_env(triton: bool, home="/box") -> dict:
@@ -505,8 +531,13 @@ def _child_env(triton: bool, home="/box") -> dict:
     if triton and not _gpu_mode():
         env["TRITON_INTERPRET"] = "1"
     if _gpu_mode():
-        env.update({k: v for k, v in os.environ.items()
-                    if k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith("NVIDIA_")})
+        env.update(
+            {
+                k: v
+                for k, v in os.environ.items()
+                if k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith("NVIDIA_")
+            }
+        )
     return env
 
 
@@ -515,12 +546,14 @@ def remove_tree(path: str) -> None:
     shutil.rmtree in Python 3.11 recurses). Never follows symlinks."""
     if not os.path.lexists(path):
         return
-    try:
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], timeout=120,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", path],
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     if os.path.lexists(path):
         shutil.rmtree(path, ignore_errors=True)
 
@@ -543,16 +576,7 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         req_dir = os.path.join(work, "req")
         os.mkdir(req_dir, 0o755)
         os.chmod(work, 0o711 if boxed else 0o700)
-        req = {"sys_path": _site_paths(), "preamble": preamble, "cells": cells, "calls": calls,
-               "triton": triton}
-        shutil.copy(CHILD, os.path.join(req_dir, "_child.py"))
-        with open(os.path.join(req_dir, "_blocked.py"), "w") as f:
-            f.write(BLOCKED)
-        with open(os.path.join(req_dir, "request.json"), "w") as f:
-            json.dump(req, f)
-        np.savez(os.path.join(req_dir, "arrays.npz"), **arrays)
-        for name in os.listdir(req_dir):
-            os.chmod(os.path.join(req_dir, name), 0o644)
+        _write_request(req_dir, preamble, cells, calls, arrays, triton)
         out_fd = os.open(os.path.join(work, "stdout"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         fds.append(out_fd)
         rfd, wfd = os.pipe()
@@ -571,37 +595,32 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
             cmd = []
             env = _child_env(triton, home=box)
         cmd += [_python(), "-I", "-S", os.path.join(where, "_child.py"), where, str(wfd)]
-        cfg = {"parent": os.getpid(), "cgroups": cgroup.procs_files() if cgroup else [],
-               "cpu": int(limits.total_seconds) + 5, "memory": limits.memory_bytes,
-               "memrl": "DATA" if _gpu_mode() else "AS", "fsize": MAX_PRINT_BYTES,
-               "nproc": limits.nproc, "rss_fd": rss_w}
+        cfg = {
+            "parent": os.getpid(),
+            "cgroups": cgroup.procs_files() if cgroup else [],
+            "cpu": int(limits.total_seconds) + 5,
+            "memory": limits.memory_bytes,
+            "memrl": "DATA" if _gpu_mode() else "AS",
+            "fsize": MAX_PRINT_BYTES,
+            "nproc": limits.nproc,
+            "rss_fd": rss_w,
+        }
         proc = subprocess.Popen(
             [_python(), "-I", "-S", "-c", LAUNCHER, json.dumps(cfg)] + cmd,
-            stdin=subprocess.DEVNULL, stdout=out_fd, stderr=out_fd, cwd=box or "/",
-            env=env, pass_fds=(wfd, rss_w), close_fds=True, start_new_session=True)
+            stdin=subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=out_fd,
+            cwd=box or "/",
+            env=env,
+            pass_fds=(wfd, rss_w),
+            close_fds=True,
+            start_new_session=True,
+        )
         for fd in (wfd, rss_w):
             os.close(fd)
             fds.remove(fd)
         _pump(rfd, state, calls, limits, start)
-        # A child that finished exits by itself at once (_child.serve ends with os._exit): let it,
-        # so that every process of the tree is reaped by its parent and the launcher's
-        # RUSAGE_CHILDREN covers them (killing bwrap first would lose the numbers). Then stop
-        # whatever is left and collect the launcher's report.
-        returncode = None
-        if state["done"] and state["problem"] is None:
-            try:
-                returncode = proc.wait(timeout=REAP_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                state["unmeasured"] = True  # the tree had to be killed: no RSS fallback
-        if returncode is None:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except OSError:
-                pass
-            try:
-                returncode = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                returncode = None
+        returncode = _wait_for(proc, state)
         maxrss_kb = _read_small(rss_r)
         peak = cgroup.peak() if cgroup else None
         if peak is None and maxrss_kb and not state.get("unmeasured"):
@@ -614,26 +633,61 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         state["printed_too_much"] = size >= MAX_PRINT_BYTES
     finally:
         if proc is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
         if cgroup is not None:
             cgroup.remove()
         for fd in fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         remove_tree(work)
         state["seconds"] = time.monotonic() - start
     return state
 
 
 REAP_GRACE_SECONDS = 3.0
+
+
+def _write_request(req_dir, preamble, cells, calls, arrays, triton) -> None:
+    """The child's read-only request folder: its code, the request and the input arrays."""
+    req = {
+        "sys_path": _site_paths(),
+        "preamble": preamble,
+        "cells": cells,
+        "calls": calls,
+        "triton": triton,
+    }
+    shutil.copy(CHILD, os.path.join(req_dir, "_child.py"))
+    with open(os.path.join(req_dir, "_blocked.py"), "w") as f:
+        f.write(BLOCKED)
+    with open(os.path.join(req_dir, "request.json"), "w") as f:
+        json.dump(req, f)
+    np.savez(os.path.join(req_dir, "arrays.npz"), **arrays)
+    for name in os.listdir(req_dir):
+        os.chmod(os.path.join(req_dir, name), 0o644)
+
+
+def _wait_for(proc, state):
+    """The launcher's exit code, or None when it had to be killed.
+
+    A child that finished exits by itself at once (_child.serve ends with os._exit): let it, so
+    that every process of the tree is reaped by its parent and the launcher's RUSAGE_CHILDREN
+    covers them (killing bwrap first would lose the numbers). Then stop whatever is left.
+    """
+    if state["done"] and state["problem"] is None:
+        try:
+            return proc.wait(timeout=REAP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            state["unmeasured"] = True  # the tree had to be killed: no RSS fallback
+    with contextlib.suppress(OSError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _read_small(fd) -> int:
@@ -647,9 +701,19 @@ def _read_small(fd) -> int:
 
 
 def _new_state():
-    return {"cells": {}, "results": {}, "in_cell": None, "in_call": None, "done": False,
-            "problem": None, "frames": 0, "returncode": None, "stdout": "",
-            "printed_too_much": False, "peak_bytes": None}
+    return {
+        "cells": {},
+        "results": {},
+        "in_cell": None,
+        "in_call": None,
+        "done": False,
+        "problem": None,
+        "frames": 0,
+        "returncode": None,
+        "stdout": "",
+        "printed_too_much": False,
+        "peak_bytes": None,
+    }
 
 
 def _pump(rfd, state, calls, limits, start):
@@ -697,8 +761,11 @@ def _frames(buf, state, timeouts, limits):
         elif kind == "cell":
             ex = _key(header.get("exercise"))
             err = header.get("error")
-            err = ({k: clean_text(err.get(k, ""), 1500) for k in ("type", "message", "traceback")}
-                   if isinstance(err, dict) else None)
+            err = (
+                {k: clean_text(err.get(k, ""), 1500) for k in ("type", "message", "traceback")}
+                if isinstance(err, dict)
+                else None
+            )
             state["cells"][ex] = {"ok": header.get("ok") is True, "error": err}
             state["in_cell"], d["cell"] = None, None
         elif kind == "start":
@@ -753,8 +820,12 @@ def load_npy(raw: bytes) -> np.ndarray:
     if reader is None:
         raise ValueError(f"unsupported .npy version {version}")
     shape, fortran, dtype = reader(fp, max_header_size=2000)
-    if dtype.kind not in "fiub" or dtype.fields is not None or dtype.subdtype is not None or \
-            dtype.hasobject:
+    if (
+        dtype.kind not in "fiub"
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.hasobject
+    ):
         raise ValueError("not a numeric array")
     if len(shape) > 8 or any(not isinstance(s, int) or s < 0 for s in shape):
         raise ValueError("bad array shape")
@@ -803,21 +874,39 @@ def _outcome(header: dict, payload: bytes) -> CallOutcome:
         seconds = float(header.get("seconds", 0.0))
         trace = header.get("trace")
         if header.get("ok") is True:
-            return CallOutcome("ok", _decode(header.get("output", {}), blobs), None, seconds,
-                               mutated, launches, trace if isinstance(trace, list) else None)
+            return CallOutcome(
+                "ok",
+                _decode(header.get("output", {}), blobs),
+                None,
+                seconds,
+                mutated,
+                launches,
+                trace if isinstance(trace, list) else None,
+            )
         err = header.get("error")
         err = err if isinstance(err, dict) else {}
         err = {k: clean_text(err.get(k, ""), 1500) for k in ("type", "message", "traceback")}
         status = "not_implemented" if err["type"] == "NotImplementedError" else "error"
         return CallOutcome(status, None, err, seconds, mutated, launches)
-    except (ValueError, TypeError, StopIteration, KeyError, OSError, RecursionError,
-            OverflowError, MemoryError, EOFError) as e:
-        return CallOutcome("invalid", message="the result could not be read as data "
-                           f"({clean_text(e, 200)})")
+    except (
+        ValueError,
+        TypeError,
+        StopIteration,
+        KeyError,
+        OSError,
+        RecursionError,
+        OverflowError,
+        MemoryError,
+        EOFError,
+    ) as e:
+        return CallOutcome(
+            "invalid", message=f"the result could not be read as data ({clean_text(e, 200)})"
+        )
 
 
-def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None, triton=False,
-                   unsafe=False):
+def run_submission(
+    preamble, cells, calls, arrays, limits: Limits | None = None, triton=False, unsafe=False
+):
     """Run every call, restarting the child after a crash or timeout (that exercise's remaining
     calls are marked not run). The whole notebook stays within ``limits.total_seconds``. Never
     raises for anything the student's code does (``SandboxUnavailable`` when there is no sandbox
@@ -844,10 +933,12 @@ def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None,
         if remaining < 1:
             for c in run_calls:
                 outcomes[c["id"]] = CallOutcome(
-                    "timeout", message="the notebook's total time limit ran out before this test")
+                    "timeout", message="the notebook's total time limit ran out before this test"
+                )
             break
-        lim = Limits(limits.call_seconds, remaining, limits.memory_bytes, limits.nproc,
-                     limits.tmpfs_bytes)
+        lim = Limits(
+            limits.call_seconds, remaining, limits.memory_bytes, limits.nproc, limits.tmpfs_bytes
+        )
         st = run_once(preamble, run_cells, run_calls, arrays, lim, triton, unsafe)
         peaks.append(st["peak_bytes"])
         printed.append(st["stdout"])
@@ -869,9 +960,13 @@ def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None,
             bad_exercises[ex] = f"not run: an earlier test of this exercise failed ({why})"
         elif st["in_cell"] is not None and any(c["exercise"] == st["in_cell"] for c in run_cells):
             ex = st["in_cell"]
-            cell_status[ex] = {"ok": False, "error": {"type": "Crash",
-                                                      "message": f"while your code cell ran: {why}"}}
-            bad_exercises[ex] = f"your code cell for this exercise stopped the grader's process ({why})"
+            cell_status[ex] = {
+                "ok": False,
+                "error": {"type": "Crash", "message": f"while your code cell ran: {why}"},
+            }
+            bad_exercises[ex] = (
+                f"your code cell for this exercise stopped the grader's process ({why})"
+            )
         else:  # died outside any call (e.g. while starting, or garbage on the pipe)
             for c in run_calls:
                 if c["id"] not in outcomes:
@@ -881,18 +976,27 @@ def run_submission(preamble, cells, calls, arrays, limits: Limits | None = None,
         pending_cells = [c for c in run_cells if c["exercise"] not in bad_exercises]
         pending = [c for c in run_calls if c["id"] not in outcomes]
     known = [p for p in peaks if p is not None]
-    return SandboxReport(outcomes, cell_status, "".join(printed)[:4000],
-                         max(known) if known and len(known) == len(peaks) else None, restarts)
+    return SandboxReport(
+        outcomes,
+        cell_status,
+        "".join(printed)[:4000],
+        max(known) if known and len(known) == len(peaks) else None,
+        restarts,
+    )
 
 
 def _explain(st, lim: Limits) -> str:
     rc = st["returncode"]
     if st["frames"] == 0 and st["problem"] is None:
-        return ("the grader's sandbox failed to start (a grader problem, not yours; tell the "
-                f"instructor): exit code {rc}, {st['stdout'][-300:]!r}")
+        return (
+            "the grader's sandbox failed to start (a grader problem, not yours; tell the "
+            f"instructor): exit code {rc}, {st['stdout'][-300:]!r}"
+        )
     if st["problem"] == "timeout":
-        return (f"time limit exceeded ({lim.call_seconds:g} s per test): an infinite loop, or far "
-                "too slow")
+        return (
+            f"time limit exceeded ({lim.call_seconds:g} s per test): an infinite loop, or far "
+            "too slow"
+        )
     if st["problem"] == "too_much_output":
         return "sent back more data than any test needs"
     if st["problem"] and st["problem"].startswith("malformed"):
@@ -910,5 +1014,7 @@ def _explain(st, lim: Limits) -> str:
         return f"the Python process crashed ({sig})"
     if "MemoryError" in st["stdout"]:
         return "ran out of memory (the limit is a few GB)"
-    return (f"the process exited early (exit code {rc}): sys.exit() or os._exit() in your code "
-            "ends the grader's run, not just the test")
+    return (
+        f"the process exited early (exit code {rc}): sys.exit() or os._exit() in your code "
+        "ends the grader's run, not just the test"
+    )

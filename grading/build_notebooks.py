@@ -1,4 +1,5 @@
-"""Write exercises/NN_*.ipynb (stubs) and solutions/NN_*.ipynb (solved, executed) from sources.py.
+"""Write exercises/NN_*.ipynb (stubs), solutions/NN_*.ipynb (solved, executed) and the hidden
+tests' JSON from the spec modules (course_kernels/grading/specs/, gathered by sources.py).
 
     python grading/build_notebooks.py            # both, solutions executed (for nbval)
     python grading/build_notebooks.py --no-exec  # do not execute the solutions
@@ -32,8 +33,11 @@ def repository_url() -> str:
 
 
 def _cell(kind, source, role=None, exercise=None):
-    cell = nbformat.v4.new_code_cell(source) if kind == "code" else \
-        nbformat.v4.new_markdown_cell(source)
+    cell = (
+        nbformat.v4.new_code_cell(source)
+        if kind == "code"
+        else nbformat.v4.new_markdown_cell(source)
+    )
     meta = {}
     if role:
         meta["role"] = role
@@ -44,7 +48,6 @@ def _cell(kind, source, role=None, exercise=None):
     if role in ("setup", "check"):
         cell.metadata["editable"] = False
         cell.metadata["deletable"] = False
-    cell.pop("id", None)
     return cell
 
 
@@ -56,31 +59,49 @@ def build(name: str, spec: dict, solved: bool):
     nb_spec = SPECS[name]
     from course_kernels.grading.exercises import EXERCISES
 
-    hidden = {ex: sum(c.points for c in EXERCISES[ex].cases(ps, hidden=True))
-              for ex, ps in hidden_params(name).items()}
+    hidden = {
+        ex: sum(c.points for c in EXERCISES[ex].cases(ps, hidden=True))
+        for ex, ps in hidden_params(name).items()
+    }
     total = sum(ex["points"] + hidden.get(ex["name"], 0) for ex in spec["exercises"])
     nb = nbformat.v4.new_notebook()
     nb.metadata["course_kernels"] = {"notebook": name}
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nb.metadata["language_info"] = {"name": "python"}
     title = f"# Exercise {name[:2]}: {nb_spec.title}" + (" (solution)" if solved else "")
-    cells = [_cell("md", f"{title}\n\n{spec['intro']}\n\n{HOW}\n\n**Points: {total:g}** (visible and hidden tests). "
-                   + (nb_spec.note or "")),
-             _cell("code", spec["setup"].format(repo=repository_url()), role="setup")]
+    cells = [
+        _cell(
+            "md",
+            f"{title}\n\n{spec['intro']}\n\n{HOW}\n\n**Points: {total:g}** (visible and hidden tests). "
+            + (nb_spec.note or ""),
+        ),
+        _cell("code", spec["setup"].format(repo=repository_url()), role="setup"),
+    ]
     for ex in spec["exercises"]:
         h = hidden.get(ex["name"], 0)
-        pts = (f"{ex['points'] + h:g} points: {ex['points']:g} in the visible tests below, {h:g} "
-               "in hidden tests" if h else f"{ex['points']:g} points")
+        pts = (
+            f"{ex['points'] + h:g} points: {ex['points']:g} in the visible tests below, {h:g} "
+            "in hidden tests"
+            if h
+            else f"{ex['points']:g} points"
+        )
         cells.append(_cell("md", f"## `{ex['name']}` ({pts})\n\n{ex['text']}"))
         stub = ex.get("stub") or stub_from_solution(ex["solution"])
-        cells.append(_cell("code", ex["solution"] if solved else stub, role="solution",
-                           exercise=ex["name"]))
-        cells.append(_cell("code", f'check("{ex["name"]}", {ex["name"]})', role="check",
-                           exercise=ex["name"]))
+        cells.append(
+            _cell("code", ex["solution"] if solved else stub, role="solution", exercise=ex["name"])
+        )
+        cells.append(
+            _cell("code", f'check("{ex["name"]}", {ex["name"]})', role="check", exercise=ex["name"])
+        )
     if spec.get("practice"):
         cells.append(_cell("md", "## Try it (not graded)"))
         cells.append(_cell("code", spec["practice"], role="practice"))
+    for i, cell in enumerate(cells):  # ids from the exercise and the cell's place: no churn
+        cell.id = f"ex{name[:2]}-cell{i:02d}"
     nb.cells = cells
     nbformat.validator.normalize(nb)
     return nb
@@ -102,10 +123,16 @@ def main(argv=None):
             nb = build(name, spec, solved)
             if solved and not args.no_exec:
                 env_before = os.environ.get("TRITON_INTERPRET")
-                NotebookClient(nb, timeout=600, kernel_name="python3",
-                               resources={"metadata": {"path": str(folder)}}).execute()
+                NotebookClient(
+                    nb,
+                    timeout=600,
+                    kernel_name="python3",
+                    resources={"metadata": {"path": str(folder)}},
+                ).execute()
                 if env_before is None:
                     os.environ.pop("TRITON_INTERPRET", None)
+                for cell in nb.cells:  # run timestamps change at every build: not kept
+                    cell.metadata.pop("execution", None)
             folder.mkdir(exist_ok=True)
             nbformat.write(nb, folder / f"{name}.ipynb")
             print("wrote", folder / f"{name}.ipynb")

@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 WRONG = {  # exercise -> a plausible wrong solution (the classic mistakes)
     "stable_softmax": "def stable_softmax(x):\n    e = np.exp(x)\n    return e / e.sum(-1, keepdims=True)\n",
-    "online_update": ("def online_update(m, l, acc, s, v):\n    m_new = np.maximum(m, s.max(-1))\n"
-                      "    p = np.exp(s - m_new[:, None])\n    a = np.exp(m - m_new)\n"
-                      "    return m_new, a * l + p.sum(-1), acc + p @ v\n"),
+    "online_update": (
+        "def online_update(m, l, acc, s, v):\n    m_new = np.maximum(m, s.max(-1))\n"
+        "    p = np.exp(s - m_new[:, None])\n    a = np.exp(m - m_new)\n"
+        "    return m_new, a * l + p.sum(-1), acc + p @ v\n"
+    ),
     "block_size": "def block_size(M, d):\n    return -(-M // (4 * d))\n",
     "fa2_reads": "def fa2_reads(N, d, block_q):\n    return N * d + (N // block_q) * N * 2 * d\n",
     "smem_bytes": "def smem_bytes(bm, bn, d, stages, b=2):\n    return (bm * d + 2 * bn * d) * b\n",
@@ -54,8 +56,9 @@ def main(argv=None):
             nb, kind = stub, "untouched"
         elif r < 0.95:
             code = WRONG.get(exercise)
-            nb, kind = (replace_solution(solved, exercise, code), "wrong") if code else \
-                (stub, "untouched")
+            nb, kind = (
+                (replace_solution(solved, exercise, code), "wrong") if code else (stub, "untouched")
+            )
         else:
             nb, kind = replace_solution(solved, exercise, LOOP.format(name=exercise)), "loop"
         target = Path(args.out) / f"student-{s:03d}" / f"{name}.ipynb"

@@ -1,6 +1,6 @@
 """Run the Triton solutions' check cells and the tuning practice cell on a GPU (manual smoke test).
 
-    python grading/gpu_smoke.py
+python grading/gpu_smoke.py
 """
 
 import json

@@ -26,9 +26,16 @@ from course_grader.sandbox import Limits, isolation, leftovers
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = sorted((Path(__file__).parent / "adversarial").glob("a*.py"))
 HONEST = sorted((Path(__file__).parent / "honest").glob("h*.py"))
-NEEDS_NAMESPACES = {"a10_fork_bomb", "a12_write_files", "a18_read_solutions",
-                    "a20_library_by_path", "a23_kill_grader", "a30_read_classmate",
-                    "a31_grandchild_dense", "a38_fifo_deep_dirs_dev"}
+NEEDS_NAMESPACES = {
+    "a10_fork_bomb",
+    "a12_write_files",
+    "a18_read_solutions",
+    "a20_library_by_path",
+    "a23_kill_grader",
+    "a30_read_classmate",
+    "a31_grandchild_dense",
+    "a38_fifo_deep_dirs_dev",
+}
 TAG = f"adv{os.getpid()}"
 LIMITS = Limits(call_seconds=5, total_seconds=90, memory_bytes=2 << 30, nproc=256)
 
@@ -64,8 +71,9 @@ def _submission(fixture, tmp_path, meta):
     code = fixture.read_text().replace("{repo}", str(ROOT)).replace("{subdir}", str(me))
     code = code.replace("# {pad}", "#" * 3_000_000)
     if fixture.stem == "a09_fork_escape":
-        code = code.replace("time.sleep(1000)",
-                            'getattr(os, "ex" + "ecv")("/bin/sleep", ["sleep", "1000.4242"])')
+        code = code.replace(
+            "time.sleep(1000)", 'getattr(os, "ex" + "ecv")("/bin/sleep", ["sleep", "1000.4242"])'
+        )
     solved = json.loads((ROOT / "solutions" / f"{meta['notebook']}.ipynb").read_text())
     (tmp_path / "classmate").mkdir()
     (tmp_path / "classmate" / f"{meta['notebook']}.ipynb").write_text(json.dumps(solved))
@@ -84,22 +92,24 @@ def test_honest_submission_gets_full_marks(fixture, tmp_path):
     meta = _header(fixture)
     res = grade_notebook(_submission(fixture, tmp_path, meta), limits=LIMITS)
     assert res.verdicts and res.score == res.max_score, [
-        (v.name, v.message) for v in res.verdicts if not v.passed]
+        (v.name, v.message) for v in res.verdicts if not v.passed
+    ]
 
 
 @pytest.mark.parametrize("fixture", FIXTURES, ids=[f.stem for f in FIXTURES])
 def test_adversarial_submission_does_not_pass(fixture, tmp_path):
     meta = _header(fixture)
     if fixture.stem in NEEDS_NAMESPACES and not isolation()["sandbox"]:
-        pytest.skip("only the bubblewrap sandbox stops this attack; see "
-                    "notes/grading.md")
+        pytest.skip("only the bubblewrap sandbox stops this attack; see notes/grading.md")
     if fixture.stem == "a10_fork_bomb" and not isolation()["cgroup"]:
         pytest.skip("a real fork bomb is run only under a pids cgroup")
     sub = _submission(fixture, tmp_path, meta)
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    protected = [str(ROOT / "grading/hidden_tests/01_stable_softmax.json"),
-                 str(ROOT / "course_kernels/grading/feedback.py"),
-                 str(ROOT / "course_kernels/testing.py")]
+    protected = [
+        str(ROOT / "grading/hidden_tests/01_stable_softmax.json"),
+        str(ROOT / "course_kernels/grading/feedback.py"),
+        str(ROOT / "course_kernels/testing.py"),
+    ]
     before = _digest(protected)
     t0 = time.monotonic()
     res = grade_notebook(sub, limits=LIMITS)
@@ -107,7 +117,8 @@ def test_adversarial_submission_does_not_pass(fixture, tmp_path):
     target = [v for v in res.verdicts if v.exercise == meta["exercise"]]
     earned = sum(v.points for v in target)
     assert target and earned < sum(v.max_points for v in target), (
-        f"{fixture.stem} passed: " + "; ".join(v.message for v in target))
+        f"{fixture.stem} passed: " + "; ".join(v.message for v in target)
+    )
     assert all(v.message for v in target)
     # the rest of the notebook keeps what it earned (the fixture only breaks one exercise)
     others = [v for v in res.verdicts if v.exercise != meta["exercise"]]
@@ -127,7 +138,8 @@ def test_adversarial_submission_does_not_pass(fixture, tmp_path):
         assert not {n for n in set(os.listdir("/dev/shm")) - shm_before if "attack" in n}
     assert not os.path.exists("/dev/course-attack-file")
     assert sorted(p.name for p in (tmp_path / "classmate").iterdir()) == [
-        f"{meta['notebook']}.ipynb"]
+        f"{meta['notebook']}.ipynb"
+    ]
     assert sorted(p.name for p in (tmp_path / "me").iterdir()) == [sub.name]
     left = leftovers(TAG)
     mine = [p for p in left["processes"] if _started_by_me(p)]

@@ -23,8 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.skipif(not isolation()["sandbox"], reason="needs the bubblewrap sandbox")
 def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
     cls = tmp_path / "class"
-    subprocess.run([sys.executable, str(ROOT / "grading/generate_class.py"), str(cls), "--n",
-                    "200"], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(ROOT / "grading/generate_class.py"), str(cls), "--n", "200"],
+        check=True,
+        timeout=300,
+    )
     answers = json.loads((tmp_path / "class-answers.json").read_text())
     assert len(answers) == 200 and set(answers.values()) == {"solved", "untouched", "wrong", "loop"}
     tmpdir = tmp_path / "tmp"
@@ -32,17 +35,39 @@ def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
     tag = f"class{os.getpid()}"
     env = dict(os.environ, TMPDIR=str(tmpdir), COURSE_GRADING_TAG=tag)
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "course_grader", "grade", str(cls),
-                        "--out", str(out), "--workers", "2", "--call-seconds", "5",
-                        "--no-progress"], env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_grader",
+            "grade",
+            str(cls),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--call-seconds",
+            "5",
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = {row["submission"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+    with open(out / "gradebook.csv") as f:
+        rows = {row["submission"]: row for row in csv.DictReader(f)}
     assert set(rows) == set(answers)
     wrong = []
     for sid, kind in answers.items():
         score, top = float(rows[sid]["score"]), float(rows[sid]["max_score"])
-        ok = {"solved": score == top > 0, "untouched": score == 0, "wrong": score < top,
-              "loop": score < top}[kind]
+        ok = {
+            "solved": score == top > 0,
+            "untouched": score == 0,
+            "wrong": score < top,
+            "loop": score < top,
+        }[kind]
         if not ok:
             wrong.append((sid, kind, score, top))
     assert not wrong, wrong

@@ -18,14 +18,32 @@ def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
     shutil.copy(ROOT / "exercises/01_stable_softmax.ipynb", subs / "bob")
     (subs / "bob" / "04_block_sizes.ipynb").write_text("{ this is not a notebook")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "course_grader", "grade", str(subs),
-                        "--out", str(out), "--workers", "2", "--no-progress"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_grader",
+            "grade",
+            str(subs),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
-    rows = {row["submission"]: row for row in csv.DictReader(open(out / "gradebook.csv"))}
+    with open(out / "gradebook.csv") as f:
+        rows = {row["submission"]: row for row in csv.DictReader(f)}
     assert set(rows) == {"alice/01_stable_softmax", "bob/01_stable_softmax", "bob/04_block_sizes"}
-    assert float(rows["alice/01_stable_softmax"]["score"]) == float(
-        rows["alice/01_stable_softmax"]["max_score"]) > 0
+    assert (
+        float(rows["alice/01_stable_softmax"]["score"])
+        == float(rows["alice/01_stable_softmax"]["max_score"])
+        > 0
+    )
     assert float(rows["bob/01_stable_softmax"]["score"]) == 0
     res = json.loads((out / "results/alice/01_stable_softmax.json").read_text())
     assert set(res) >= {"score", "tests"}
@@ -38,10 +56,23 @@ def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
 
 
 def test_single_notebook_writes_results_json(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "course_grader", "grade",
-                        str(ROOT / "solutions/04_block_sizes.ipynb"), "--out", str(tmp_path),
-                        "--workers", "1", "--no-progress"], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_grader",
+            "grade",
+            str(ROOT / "solutions/04_block_sizes.ipynb"),
+            "--out",
+            str(tmp_path),
+            "--workers",
+            "1",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["score"] == sum(t["max_score"] for t in res["tests"])
@@ -69,9 +100,20 @@ def test_notebook_points_equal_gradebook_points():
 def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
     import zipfile
 
-    r = subprocess.run([sys.executable, "-m", "course_grader", "release", "--out",
-                        str(tmp_path / "student"), "--zip"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_grader",
+            "release",
+            "--out",
+            str(tmp_path / "student"),
+            "--zip",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     with zipfile.ZipFile(tmp_path / "student.zip") as z:
         names = z.namelist()
@@ -79,8 +121,11 @@ def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
     assert len(names) == len(list((ROOT / "exercises").glob("*.ipynb")))
     assert "hidden_tests" not in body and "raise NotImplementedError" in body
     solved = json.loads((ROOT / "solutions/01_stable_softmax.ipynb").read_text())
-    sol = [c for c in solved["cells"] if c.get("metadata", {}).get("course_kernels", {}).get(
-        "role") == "solution"]
+    sol = [
+        c
+        for c in solved["cells"]
+        if c.get("metadata", {}).get("course_kernels", {}).get("role") == "solution"
+    ]
     assert sol and all("".join(c["source"]).strip() not in body for c in sol)
     # a roster: alice complete, bob an untouched notebook, carol nothing, eve the wrong notebook
     # under the right name (graded as the file name says: zero, and the mismatch is reported)
@@ -94,12 +139,30 @@ def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
     roster = tmp_path / "roster.csv"
     roster.write_text("id,name\nalice,A\nbob,B\ncarol,C\neve,E\n")
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "course_grader", "grade", str(cls),
-                        "--roster", str(roster), "--expect", "01,04", "--out", str(out),
-                        "--workers", "2", "--no-progress"], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_grader",
+            "grade",
+            str(cls),
+            "--roster",
+            str(roster),
+            "--expect",
+            "01,04",
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
-    rows = {row["id"]: row for row in csv.DictReader(open(out / "roster.csv"))}
+    with open(out / "roster.csv") as f:
+        rows = {row["id"]: row for row in csv.DictReader(f)}
     assert list(rows) == ["alice", "bob", "carol", "eve"]
     assert float(rows["alice"]["total"]) == float(rows["alice"]["max_total"]) > 0
     assert rows["alice"]["missing"] == ""

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from course_kernels.grading.runner import run_visible
-from course_kernels.grading.triton_exercises import TF32_HINT, build_attention_triton
+from course_kernels.grading.builders import TF32_HINT
+from course_kernels.grading.specs.triton_forward import build_attention_triton
 
 
 def messages(name, fn):
@@ -124,7 +125,7 @@ def test_not_tiled_is_caught_by_memory():
 
 
 def test_block_size_rounded_up():
-    msg = messages("block_size", lambda M, d: -(-M // (4 * d)) if M >= 4 * d else 1 // 0)
+    msg = messages("block_size", lambda M, d: -(-M // (4 * d)) if M >= 4 * d else 1 // 0)  # noqa: SIM300
     assert "rounded up" in msg
 
 
@@ -146,15 +147,20 @@ def test_tf32_product_compared_with_exact():
 
 @pytest.mark.parametrize("name", ["stable_softmax", "online_update", "flash_forward"])
 def test_correct_code_passes_in_process(name):
-    right = {"stable_softmax": lambda x: np.exp(x - x.max(-1, keepdims=True))
-             / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True),
-             "online_update": update_factory(None), "flash_forward": forward_factory(None)}[name]
+    right = {
+        "stable_softmax": lambda x: (
+            np.exp(x - x.max(-1, keepdims=True))
+            / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+        ),
+        "online_update": update_factory(None),
+        "flash_forward": forward_factory(None),
+    }[name]
     assert all(v.passed for v in run_visible(name, right))
 
 
 def test_unmeasured_memory_fails_closed():
     """A 'really tiled' test whose memory measurement failed must not award the points."""
-    from course_kernels.grading.numpy_exercises import Fail, structure_message
+    from course_kernels.grading.builders import Fail, structure_message
     from course_kernels.grading.feedback import CallOutcome
 
     outcome = CallOutcome("ok")
@@ -167,8 +173,9 @@ def test_unmeasured_memory_fails_closed():
         q = np.zeros((1, 2048, 16))
         structure_message(outcome, q, q, q, {"block_q": 64, "block_k": 64})
     outcome.memory = (1 * 2**20, 16 * 2**20, "as the peak resident memory of the process")
-    assert "tiled (extra memory 1.0 MiB)" in structure_message(outcome, q, q, q,
-                                                                {"block_q": 64, "block_k": 64})
+    assert "tiled (extra memory 1.0 MiB)" in structure_message(
+        outcome, q, q, q, {"block_q": 64, "block_k": 64}
+    )
     # a long key sequence: 12 MiB is a row chunk of the score matrix (12 rows x Nk), not tiles
     k = np.zeros((1, 131072, 16))
     outcome.memory = (12 * 2**20, "cgroup")
@@ -184,8 +191,11 @@ def test_hidden_tests_fail_classic_wrong_answers():
     def naive_logsumexp(x):
         return np.log(np.exp(x).sum(-1))
 
-    hidden = [c for c in build_cases(NOTEBOOKS["01_stable_softmax"])
-              if c.hidden and c.exercise == "logsumexp"]
+    hidden = [
+        c
+        for c in build_cases(NOTEBOOKS["01_stable_softmax"])
+        if c.hidden and c.exercise == "logsumexp"
+    ]
     assert hidden
     with np.errstate(all="ignore"):
         verdicts = [judge(c, _call_in_process(naive_logsumexp, c)) for c in hidden]

@@ -12,9 +12,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bundle(tmp_path, exercise):
-    r = subprocess.run([sys.executable, "-m", "course_grader", "gradescope", "--exercise",
-                        exercise, "--out", str(tmp_path / "autograder.zip")], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "course_grader",
+            "gradescope",
+            "--exercise",
+            exercise,
+            "--out",
+            str(tmp_path / "autograder.zip"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     root = tmp_path / "autograder"
     with zipfile.ZipFile(tmp_path / "autograder.zip") as z:
@@ -32,10 +44,19 @@ def _run(root, notebook):
     shutil.rmtree(sub, ignore_errors=True)
     sub.mkdir()
     shutil.copy(notebook, sub / "my_work.ipynb")  # students upload under any name
-    env = dict(os.environ, AUTOGRADER_ROOT=str(root), PYTHON=sys.executable,
-               PYTHONPATH=str(root / "source" / "course"))
-    r = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env,
-                       capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        AUTOGRADER_ROOT=str(root),
+        PYTHON=sys.executable,
+        PYTHONPATH=str(root / "source" / "course"),
+    )
+    r = subprocess.run(
+        ["bash", str(root / "source" / "run_autograder")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads((root / "results" / "results.json").read_text())
 

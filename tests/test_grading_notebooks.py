@@ -64,17 +64,21 @@ def _cell_function(source, name):
 
 def test_check_cell_runs_the_graders_lint():
     """What the grader refuses, the check cell refuses first; harmless sys constants pass."""
-    bad = _cell_function("import torch\n\ndef stable_softmax(x):\n"
-                         "    return torch.softmax(torch.from_numpy(x), -1).numpy()\n",
-                         "stable_softmax")
+    bad = _cell_function(
+        "import torch\n\ndef stable_softmax(x):\n"
+        "    return torch.softmax(torch.from_numpy(x), -1).numpy()\n",
+        "stable_softmax",
+    )
     out = io.StringIO()
     with redirect_stdout(out):
         check("stable_softmax", bad)
     assert "will not grade" in out.getvalue() and "PyTorch" in out.getvalue()
-    good = _cell_function("import sys\n\ndef stable_softmax(x):\n"
-                          "    e = np.exp(x - x.max(-1, keepdims=True))\n"
-                          "    return e / np.maximum(e.sum(-1, keepdims=True), sys.float_info.min)\n",
-                          "stable_softmax")
+    good = _cell_function(
+        "import sys\n\ndef stable_softmax(x):\n"
+        "    e = np.exp(x - x.max(-1, keepdims=True))\n"
+        "    return e / np.maximum(e.sum(-1, keepdims=True), sys.float_info.min)\n",
+        "stable_softmax",
+    )
     out = io.StringIO()
     with redirect_stdout(out):
         check("stable_softmax", good)

@@ -33,9 +33,11 @@ def test_the_solution_passes_every_visible_test():
 def test_classic_ring_mistakes_are_named():
     cases = {
         "without rescaling": _edited("state[qc] = merge_step(", "state[qc] = _merge_no_rescale("),
-        "rank order": _edited("out[..., qc * c:(qc + 1) * c, :] = state[qc][2]",
-                              "out[..., (2 * r + held[r].index(qc)) * c:"
-                              "(2 * r + held[r].index(qc) + 1) * c, :] = state[qc][2]"),
+        "rank order": _edited(
+            "out[..., qc * c:(qc + 1) * c, :] = state[qc][2]",
+            "out[..., (2 * r + held[r].index(qc)) * c:"
+            "(2 * r + held[r].index(qc) + 1) * c, :] = state[qc][2]",
+        ),
         "off by one": _edited("np.tri(c, dtype=bool)", "np.tri(c, k=-1, dtype=bool)"),
         "computed in full": _edited('if kind == "diagonal":', "if False:"),
     }

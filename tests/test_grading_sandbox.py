@@ -23,8 +23,18 @@ def npy(a, allow_pickle=False):
 
 def test_arrays_come_back_as_plain_ndarrays():
     blob = npy(np.arange(6.0).reshape(2, 3))
-    buf = bytearray(frame({"type": "result", "call": 0, "ok": True,
-                           "output": {"kind": "array"}, "blob_sizes": [len(blob)]}, blob))
+    buf = bytearray(
+        frame(
+            {
+                "type": "result",
+                "call": 0,
+                "ok": True,
+                "output": {"kind": "array"},
+                "blob_sizes": [len(blob)],
+            },
+            blob,
+        )
+    )
     header, payload = _take_frame(buf)
     out = _outcome(header, payload)
     assert out.status == "ok" and type(out.output) is np.ndarray and out.output.shape == (2, 3)
@@ -32,8 +42,9 @@ def test_arrays_come_back_as_plain_ndarrays():
 
 def test_pickled_objects_are_refused():
     blob = npy(np.array([object()], dtype=object), allow_pickle=True)
-    out = _outcome({"type": "result", "ok": True, "output": {"kind": "array"},
-                    "blob_sizes": [len(blob)]}, blob)
+    out = _outcome(
+        {"type": "result", "ok": True, "output": {"kind": "array"}, "blob_sizes": [len(blob)]}, blob
+    )
     assert out.status == "invalid"
 
 
@@ -50,21 +61,31 @@ def test_lying_sizes_and_garbage_are_refused():
 
 def test_a_student_process_returns_data_not_objects():
     code = "def f(x):\n    return (x * 2, 3, None)\n"
-    rep = run_submission("import numpy as np\n", [{"exercise": "e", "source": code}],
-                         [{"id": 0, "exercise": "e", "func": "f", "args": [{"array": "x"}],
-                           "kwargs": {}}], {"x": np.ones(3)}, Limits(call_seconds=20))
+    rep = run_submission(
+        "import numpy as np\n",
+        [{"exercise": "e", "source": code}],
+        [{"id": 0, "exercise": "e", "func": "f", "args": [{"array": "x"}], "kwargs": {}}],
+        {"x": np.ones(3)},
+        Limits(call_seconds=20),
+    )
     out = rep.calls[0]
     assert isinstance(out, CallOutcome) and out.status == "ok"
     assert np.array_equal(out.output[0], 2 * np.ones(3)) and out.output[1:] == (3, None)
 
 
 def test_the_child_cannot_import_the_course_library():
-    code = ("def f():\n    try:\n        import course_kernels.reference as r\n"
-            "        return r.attention_reference\n    except ImportError as e:\n"
-            "        return str(e)\n")
-    rep = run_submission("", [{"exercise": "e", "source": code}],
-                         [{"id": 0, "exercise": "e", "func": "f", "args": [], "kwargs": {}}], {},
-                         Limits(call_seconds=20))
+    code = (
+        "def f():\n    try:\n        import course_kernels.reference as r\n"
+        "        return r.attention_reference\n    except ImportError as e:\n"
+        "        return str(e)\n"
+    )
+    rep = run_submission(
+        "",
+        [{"exercise": "e", "source": code}],
+        [{"id": 0, "exercise": "e", "func": "f", "args": [], "kwargs": {}}],
+        {},
+        Limits(call_seconds=20),
+    )
     assert "while grading" in rep.calls[0].output
 
 
@@ -156,9 +177,18 @@ def test_without_bubblewrap_the_grader_refuses_unless_unsafe(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, COURSE_GRADING_NO_SANDBOX="1")
-    cmd = [sys.executable, "-m", "course_grader", "grade",
-           str(root / "solutions/04_block_sizes.ipynb"), "--out", str(tmp_path), "--workers", "1",
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "course_grader",
+        "grade",
+        str(root / "solutions/04_block_sizes.ipynb"),
+        "--out",
+        str(tmp_path),
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "--unsafe" in r.stderr and "bubblewrap" in r.stderr
     assert not (tmp_path / "gradebook.csv").exists()

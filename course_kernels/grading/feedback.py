@@ -11,7 +11,7 @@ answer can be *named* ("the accumulator is not rescaled") rather than just repor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -83,8 +83,11 @@ def unpack(out, n: int, what: str):
 def close(x, ref, naive=None, factor=2.0, budget=None) -> tuple[bool, float, float]:
     """(ok, error, budget) under the course's rule."""
     if budget is None:
-        budget = error_budget(naive, ref, factor) if naive is not None else 1e-9 * max(
-            1.0, float(np.abs(ref).max(initial=0)))
+        budget = (
+            error_budget(naive, ref, factor)
+            if naive is not None
+            else 1e-9 * max(1.0, float(np.abs(ref).max(initial=0)))
+        )
     err = max_abs_error(x, ref)
     return err <= budget, err, budget
 
@@ -115,8 +118,9 @@ def diagnose(x, variants) -> str | None:
     return None
 
 
-def compare(x, ref, naive=None, what="output", variants=(), factor=2.0, budget=None,
-            hint=None) -> str:
+def compare(
+    x, ref, naive=None, what="output", variants=(), factor=2.0, budget=None, hint=None
+) -> str:
     """Pass (returns a short message) or raise Fail naming the mistake when one is recognised."""
     ok, err, bud = close(x, ref, naive, factor, budget)
     if ok:
@@ -142,8 +146,10 @@ def nonfinite_message(x, what, why) -> str | None:
 
 def mutation_message(mutated: list, names: list[str]) -> str:
     which = ", ".join(names[i] if i < len(names) else f"argument {i}" for i in mutated)
-    return (f"your function modified its input ({which}) in place. Callers reuse their arrays: "
-            "work on copies (x = x.copy()) or new arrays")
+    return (
+        f"your function modified its input ({which}) in place. Callers reuse their arrays: "
+        "work on copies (x = x.copy()) or new arrays"
+    )
 
 
 def error_message(outcome, func: str) -> tuple[str, str]:
@@ -157,8 +163,10 @@ def error_message(outcome, func: str) -> tuple[str, str]:
         if t == "SystemExit":
             return st, f"`{func}` called sys.exit(); a function must return its result"
         if t == "OSError" and "File too large" in m:
-            return st, (f"`{func}` printed more than the 1 MB of output the grader keeps "
-                        "(printing failed with 'File too large'): remove the prints")
+            return st, (
+                f"`{func}` printed more than the 1 MB of output the grader keeps "
+                "(printing failed with 'File too large'): remove the prints"
+            )
         if t == "MemoryError":
             return st, f"`{func}` ran out of memory (MemoryError): is something N x N or larger?"
         if t == "NameError" and "not defined in your solution" in m:

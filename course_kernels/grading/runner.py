@@ -85,8 +85,9 @@ def replace_solution(nb_json: dict, exercise: str, code: str) -> dict:
 
 def _strip_magics(src: str) -> str:
     """IPython magics and shell escapes are not Python: comment them out."""
-    return "\n".join("# " + ln if ln.lstrip().startswith(("%", "!")) else ln
-                     for ln in src.splitlines())
+    return "\n".join(
+        "# " + ln if ln.lstrip().startswith(("%", "!")) else ln for ln in src.splitlines()
+    )
 
 
 SYS_ALLOWED = {"float_info", "maxsize", "version_info", "byteorder", "float_repr_style"}
@@ -107,38 +108,11 @@ def forbidden_use(source: str, torch_rules: bool) -> str | None:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None  # reported when it runs
-    jit_lines = set()
-    allowed_sys = set()
+    jit_lines, allowed_sys = _jit_lines_and_harmless_sys(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and any(
-            "jit" in ast.unparse(dec) for dec in node.decorator_list
-        ):
-            jit_lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                node.value.id == "sys" and node.attr in SYS_ALLOWED:
-            allowed_sys.add(id(node.value))
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Name):
-            if id(node) not in allowed_sys:
-                names = [node.id]
-        elif isinstance(node, ast.Attribute):
-            names = [node.attr]
-            if not torch_rules and node.attr in FORBIDDEN_NUMPY_ATTRS:
-                return f"{FORBIDDEN_NUMPY_ATTRS[node.attr]} (`.{node.attr}`, line {node.lineno})"
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == "sys" and alias.asname in (None, "sys"):
-                    continue  # `import sys` alone is harmless; its uses are checked
-                names += alias.name.split(".")
-        elif isinstance(node, ast.ImportFrom):
-            names = (node.module or "").split(".")
-            if node.module == "sys" and all(a.name in SYS_ALLOWED for a in node.names):
-                names = []
-            names += [a.name for a in node.names if node.module != "sys"]
-        elif torch_rules and isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-            if node.lineno not in jit_lines:
-                return "multiplies matrices with @ outside a Triton kernel (line %d)" % node.lineno
+        names, why = _names_used(node, torch_rules, allowed_sys, jit_lines)
+        if why:
+            return why
         for n in names:
             if n in FORBIDDEN_ALWAYS:
                 return f"{FORBIDDEN_ALWAYS[n]} (`{n}`, line {node.lineno})"
@@ -147,6 +121,56 @@ def forbidden_use(source: str, torch_rules: bool) -> str | None:
             if torch_rules and n in FORBIDDEN_TORCH and node.lineno not in jit_lines:
                 return f"{FORBIDDEN_TORCH[n]} (`{n}`, line {node.lineno})"
     return None
+
+
+def _jit_lines_and_harmless_sys(tree):
+    """The lines inside ``@...jit`` functions, and the ids of the ``sys`` names used only as
+    ``sys.<allowed attribute>`` (e.g. ``sys.float_info``)."""
+    jit_lines = set()
+    allowed_sys = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(
+            "jit" in ast.unparse(dec) for dec in node.decorator_list
+        ):
+            jit_lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+            and node.attr in SYS_ALLOWED
+        ):
+            allowed_sys.add(id(node.value))
+    return jit_lines, allowed_sys
+
+
+def _names_used(node, torch_rules, allowed_sys, jit_lines):
+    """(names this node uses, or a reason to refuse it outright)."""
+    names = []
+    if isinstance(node, ast.Name):
+        if id(node) not in allowed_sys:
+            names = [node.id]
+    elif isinstance(node, ast.Attribute):
+        names = [node.attr]
+        if not torch_rules and node.attr in FORBIDDEN_NUMPY_ATTRS:
+            return names, f"{FORBIDDEN_NUMPY_ATTRS[node.attr]} (`.{node.attr}`, line {node.lineno})"
+    elif isinstance(node, ast.Import):
+        for alias in node.names:
+            if alias.name == "sys" and alias.asname in (None, "sys"):
+                continue  # `import sys` alone is harmless; its uses are checked
+            names += alias.name.split(".")
+    elif isinstance(node, ast.ImportFrom):
+        names = (node.module or "").split(".")
+        if node.module == "sys" and all(a.name in SYS_ALLOWED for a in node.names):
+            names = []
+        names += [a.name for a in node.names if node.module != "sys"]
+    elif (
+        torch_rules
+        and isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.MatMult)
+        and node.lineno not in jit_lines
+    ):
+        return names, f"multiplies matrices with @ outside a Triton kernel (line {node.lineno})"
+    return names, None
 
 
 # -- grading in the sandbox -------------------------------------------------------------------
@@ -159,9 +183,13 @@ def build_cases(nb: Notebook, hidden_dir=None, include_hidden=True, fresh_seeds=
         ex = EXERCISES[name]
         visible, secret = ex.visible, hidden.get(name, [])
         if fresh_seeds:
-            visible, secret = ([dict(p, seed=secrets.randbelow(2**31))
-                                if p.get("check") == "memory" else p for p in ps]
-                               for ps in (visible, secret))
+            visible, secret = (
+                [
+                    dict(p, seed=secrets.randbelow(2**31)) if p.get("check") == "memory" else p
+                    for p in ps
+                ]
+                for ps in (visible, secret)
+            )
         cases += ex.cases(visible)
         cases += ex.cases(secret, hidden=True)
     return cases
@@ -177,9 +205,11 @@ def judge(case, outcome, cell_error=None) -> Verdict:
                 v.points, v.message = case.points, f"raises {case.raises}"
                 return v
             if outcome.status in ("ok", "error") and not (
-                    outcome.status == "error" and err == "NotImplementedError"):
+                outcome.status == "error" and err == "NotImplementedError"
+            ):
                 v.message = f"should raise {case.raises} here" + (
-                    f"; it raised {err}" if err else "")
+                    f"; it raised {err}" if err else ""
+                )
                 v.status = "fail"
                 return v
         if outcome.status != "ok":
@@ -215,7 +245,11 @@ class LoggingMemory:
 
             def load(self, name, rows=slice(None), registers=False):
                 tile = super().load(name, rows, registers)
-                n = self.hbm[name].shape[-2] if self.hbm[name].ndim >= 2 else self.hbm[name].shape[-1]
+                n = (
+                    self.hbm[name].shape[-2]
+                    if self.hbm[name].ndim >= 2
+                    else self.hbm[name].shape[-1]
+                )
                 a, b, _ = rows.indices(n)
                 self._tid[id(tile)] = self._next
                 self._next += 1
@@ -224,7 +258,11 @@ class LoggingMemory:
 
             def store(self, name, rows, tile=None):
                 super().store(name, rows, tile)
-                n = self.hbm[name].shape[-2] if self.hbm[name].ndim >= 2 else self.hbm[name].shape[-1]
+                n = (
+                    self.hbm[name].shape[-2]
+                    if self.hbm[name].ndim >= 2
+                    else self.hbm[name].shape[-1]
+                )
                 a, b, _ = rows.indices(n)
                 self.log.append(["store", name, a, b])
 
@@ -285,9 +323,14 @@ def _call_in_process(fn, case):
         t0 = time.perf_counter()
         if case.io_sram is not None:
             q, k, v = args[:3]
-            mem = LoggingMemory(case.io_sram, Q=q, K=k, V=v,
-                                O=np.zeros((*q.shape[:-1], v.shape[-1]), q.dtype),
-                                L=np.full(q.shape[:-1], -np.inf, q.dtype))
+            mem = LoggingMemory(
+                case.io_sram,
+                Q=q,
+                K=k,
+                V=v,
+                O=np.zeros((*q.shape[:-1], v.shape[-1]), q.dtype),
+                L=np.full(q.shape[:-1], -np.inf, q.dtype),
+            )
             fn(mem, **kwargs)
             outcome.output = (mem.hbm["O"], mem.hbm["L"])
             outcome.trace = mem.log
@@ -299,8 +342,14 @@ def _call_in_process(fn, case):
     except Exception as e:  # noqa: BLE001
         import traceback
 
-        outcome = CallOutcome("error", error={"type": type(e).__name__, "message": str(e),
-                                              "traceback": traceback.format_exc(limit=-2)})
+        outcome = CallOutcome(
+            "error",
+            error={
+                "type": type(e).__name__,
+                "message": str(e),
+                "traceback": traceback.format_exc(limit=-2),
+            },
+        )
     finally:
         if started:
             _, peak = tracemalloc.get_traced_memory()
@@ -313,8 +362,11 @@ def _call_in_process(fn, case):
     outcome.launches = launches[0] if case.torch and orig is not None else 1
     before = [a for a in case.args if isinstance(a, np.ndarray)]
     after = [a.numpy() if hasattr(a, "numpy") else a for a in args if hasattr(a, "shape")]
-    outcome.mutated = [i for i, (x, y) in enumerate(zip(before, after))
-                       if x.shape != y.shape or not np.array_equal(x, y, equal_nan=True)]
+    outcome.mutated = [
+        i
+        for i, (x, y) in enumerate(zip(before, after, strict=False))
+        if x.shape != y.shape or not np.array_equal(x, y, equal_nan=True)
+    ]
     return outcome
 
 
@@ -362,22 +414,30 @@ def check(name: str, fn) -> None:
     src = cell_source(fn)
     why = forbidden_use(_strip_magics(src), EXERCISES[name].torch_rules) if src else None
     if why:
-        print(f"[FAIL] {name}: the grader will not grade this cell: your code {why}, which a "
-              f"submission may not do. Write the algorithm with NumPy/Triton only (0/{total:g} "
-              "points)")
+        print(
+            f"[FAIL] {name}: the grader will not grade this cell: your code {why}, which a "
+            f"submission may not do. Write the algorithm with NumPy/Triton only (0/{total:g} "
+            "points)"
+        )
         return
     verdicts = run_visible(name, fn)
     if verdicts and verdicts[-1].status == "not_implemented":
-        print(f"{name}: not yet implemented - fill in the function above and run this cell "
-              f"again (0/{total:g} points)")
+        print(
+            f"{name}: not yet implemented - fill in the function above and run this cell "
+            f"again (0/{total:g} points)"
+        )
         return
     earned = sum(v.points for v in verdicts)
     for v in verdicts:
         mark = "PASS" if v.passed else "FAIL"
         print(f"[{mark}] {v.name} ({v.points:g}/{v.max_points:g}): {v.message}")
     if earned == total:
-        print(f"{name}: all visible tests pass ({earned:g}/{total:g}). The grader also runs hidden "
-              "tests.")
+        print(
+            f"{name}: all visible tests pass ({earned:g}/{total:g}). The grader also runs hidden "
+            "tests."
+        )
     else:
-        print(f"{name}: {earned:g}/{total:g} points on the visible tests. Start with the first "
-              "FAIL above.")
+        print(
+            f"{name}: {earned:g}/{total:g} points on the visible tests. Start with the first "
+            "FAIL above."
+        )

@@ -70,7 +70,9 @@ def _tiled_bug(q, k, v, causal, scale, bq, bk, bug):
                     rs = p.sum(-1, keepdims=True)
                     if np.all(rs == 0):
                         continue
-                    acc = acc + np.where(rs == 0, 0, p / np.where(rs == 0, 1, rs)) @ v[..., j0:j1, :]
+                    acc = (
+                        acc + np.where(rs == 0, 0, p / np.where(rs == 0, 1, rs)) @ v[..., j0:j1, :]
+                    )
                     n_blocks += 1
                     l = np.ones_like(l)
                 elif bug == "no_rescale":
@@ -144,48 +146,89 @@ def tiled_variants(q, k, v, causal=False, scale=None, block_q=16, block_k=16, do
 
             return get
 
-        out.append((lazy(mask, "no_D"),
-                    "the -D term is missing: dS = P * (dP - D) with D = rowsum(dO * O)"))
-        out.append((lazy(mask, "D_without_O"),
-                    "D = rowsum(dO * O) (elementwise product with O), not rowsum(dO)"))
-        out.append((lazy(mask, "no_scale"),
-                    "dQ and dK need the softmax scale: dQ = scale dS K, dK = scale dS^T Q"))
+        out.append(
+            (
+                lazy(mask, "no_D"),
+                "the -D term is missing: dS = P * (dP - D) with D = rowsum(dO * O)",
+            )
+        )
+        out.append(
+            (
+                lazy(mask, "D_without_O"),
+                "D = rowsum(dO * O) (elementwise product with O), not rowsum(dO)",
+            )
+        )
+        out.append(
+            (
+                lazy(mask, "no_scale"),
+                "dQ and dK need the softmax scale: dQ = scale dS K, dK = scale dS^T Q",
+            )
+        )
         if causal:
             for kind, msg in _causal_messages():
                 out.append((lazy(_mask(nq, nk, kind)), msg))
         else:
-            out.append((lazy(_mask(nq, nk, "causal")),
-                        "a causal mask was applied although causal=False"))
+            out.append(
+                (lazy(_mask(nq, nk, "causal")), "a causal mask was applied although causal=False")
+            )
         return out
     for bug, msg in FORWARD_MESSAGES.items():
         out.append((lambda bug=bug: _tiled_bug(q, k, v, causal, scale, block_q, block_k, bug), msg))
     if causal:
         for kind, msg in _causal_messages():
             for empty in ("zero", "nan"):
-                out.append((lambda kind=kind, empty=empty: masked_attention(
-                    q, k, v, sc, _mask(nq, nk, kind), empty)[0], msg))
-        out.append((lambda: masked_attention(q, k, v, sc, _mask(nq, nk, "none"))[0],
-                    "causal=True was ignored: query i may only see keys j <= i"))
+                out.append(
+                    (
+                        lambda kind=kind, empty=empty: masked_attention(
+                            q, k, v, sc, _mask(nq, nk, kind), empty
+                        )[0],
+                        msg,
+                    )
+                )
+        out.append(
+            (
+                lambda: masked_attention(q, k, v, sc, _mask(nq, nk, "none"))[0],
+                "causal=True was ignored: query i may only see keys j <= i",
+            )
+        )
     else:
-        out.append((lambda: masked_attention(q, k, v, sc, _mask(nq, nk, "causal"))[0],
-                    "a causal mask was applied although causal=False"))
+        out.append(
+            (
+                lambda: masked_attention(q, k, v, sc, _mask(nq, nk, "causal"))[0],
+                "a causal mask was applied although causal=False",
+            )
+        )
     if scale is None:
-        out.append((lambda: masked_attention(q, k, v, 1.0, _mask(nq, nk, mask_kind))[0],
-                    "the scores were not scaled: S = Q K^T / sqrt(d) when scale is None"))
+        out.append(
+            (
+                lambda: masked_attention(q, k, v, 1.0, _mask(nq, nk, mask_kind))[0],
+                "the scores were not scaled: S = Q K^T / sqrt(d) when scale is None",
+            )
+        )
     else:
-        out.append((lambda: masked_attention(q, k, v, 1 / math.sqrt(q.shape[-1]),
-                                             _mask(nq, nk, mask_kind))[0],
-                    "the scale argument was ignored (1/sqrt(d) used instead)"))
+        out.append(
+            (
+                lambda: masked_attention(
+                    q, k, v, 1 / math.sqrt(q.shape[-1]), _mask(nq, nk, mask_kind)
+                )[0],
+                "the scale argument was ignored (1/sqrt(d) used instead)",
+            )
+        )
     return out
 
 
 def _causal_messages():
     return [
-        ("strict", "causal is off by one: query i sees keys j <= i (the diagonal included), "
-         "not j < i"),
+        (
+            "strict",
+            "causal is off by one: query i sees keys j <= i (the diagonal included), not j < i",
+        ),
         ("plus_one", "causal is off by one: query i sees keys j <= i, not j <= i + 1"),
-        ("bottom_right", "causal is aligned to the bottom-right corner; this course uses PyTorch's "
-         "is_causal (top-left): query i sees keys j <= i"),
+        (
+            "bottom_right",
+            "causal is aligned to the bottom-right corner; this course uses PyTorch's "
+            "is_causal (top-left): query i sees keys j <= i",
+        ),
     ]
 
 
@@ -202,8 +245,10 @@ def lse_variants(q, k, causal, scale):
         (m, "that is the row max m, not the logsumexp: save L = m + log(l)"),
         (lse - m, "that is log(l) without the max: save L = m + log(l)"),
         (np.exp(lse - m), "that is l (the row sum), not its log: save L = m + log(l)"),
-        (lse / math.log(2), "that is a base-2 logsumexp: the backward pass here uses exp, so save "
-         "L = m + ln(l)"),
+        (
+            lse / math.log(2),
+            "that is a base-2 logsumexp: the backward pass here uses exp, so save L = m + ln(l)",
+        ),
     ]
 
 

@@ -1,0 +1,29 @@
+"""The exercises, one spec module each: prose, solution as real code, visible and hidden cases,
+points, test builders and the mistakes the feedback names (see ring_attention.py)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+
+def source_of(functions, name: str) -> str:
+    """The source of the function called ``name`` among ``functions`` (a solution cell)."""
+    return inspect.getsource({f.__name__: f for f in functions}[name]).rstrip() + "\n"
+
+
+def nested_source(define, name: str) -> str:
+    """The solution cell of a Triton exercise: the functions ``define`` defines (a kernel and its
+    wrapper; it imports torch and Triton when called, never at import), from the first
+    decorator to the end of the last function, dedented."""
+    text = textwrap.dedent(inspect.getsource(define))
+    body = ast.parse(text).body[0].body
+    defs = [n for n in body if isinstance(n, ast.FunctionDef)]
+    if name not in {n.name for n in defs}:
+        raise KeyError(f"{define.__name__} defines no {name!r}")
+    start = (
+        min(n.lineno for n in defs[0].decorator_list) if defs[0].decorator_list else defs[0].lineno
+    )
+    lines = text.splitlines()[start - 1 : defs[-1].end_lineno]
+    return textwrap.dedent("\n".join(lines)).rstrip() + "\n"

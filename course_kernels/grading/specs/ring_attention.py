@@ -10,6 +10,9 @@ The ranks are simulated in one process with NumPy: no ``course_kernels.distribut
 chapter's library code) is used, so the exercise stands alone.
 """
 
+# The solutions use the typing names the notebook's setup cell imports (Optional, Tuple).
+# ruff: noqa: UP006, UP035, UP045
+
 from __future__ import annotations
 
 import inspect
@@ -24,6 +27,7 @@ from ..feedback import Case, Fail, as_array, compare, unpack
 NAME = "10_ring_attention"
 TITLE = "Ring attention on simulated ranks"
 TIMEOUT = 30.0
+TRITON = False
 
 INTRO = (
     "Ring attention (Liu et al. 2023) splits one long sequence over W ranks (GPUs). Each rank "
@@ -40,6 +44,7 @@ INTRO = (
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
+# fmt: off
 def zigzag_chunks(rank: int, world: int) -> Tuple[int, int]:
     """The two chunks rank ``rank`` of ``world`` holds in the zigzag layout.
 
@@ -135,27 +140,37 @@ def ring_attention(
             out[..., qc * c:(qc + 1) * c, :] = state[qc][2]
     return out
 
+# fmt: on
+
 
 SOLUTIONS = [zigzag_chunks, block_kind, merge_step, ring_attention]
 
 EXERCISES = [
-    dict(name="zigzag_chunks",
-         text="Which two of the 2W chunks rank r holds in the zigzag layout: (r, 2W-1-r)."),
-    dict(name="block_kind",
-         text="With a causal mask, a block pair (query chunk, key chunk) is computed in full, "
-         "with the causal mask on its diagonal, or skipped. Return \"full\", \"diagonal\" or "
-         "\"skip\"."),
-    dict(name="merge_step",
-         text="The ring's merge: fold a partial (m_b, l_b, o_b) over new keys into the running "
-         "(m, l, o). Here o is the *normalised* output over the keys seen (what FlashAttention "
-         "returns), so each side is weighted by exp(m_side - m_new) * l_side. A state that has "
-         "seen no key is m = -inf, l = 0, o = 0."),
-    dict(name="ring_attention",
-         text="The whole ring, simulated: split the sequence into 2W chunks, give rank r chunks "
-         "zigzag_chunks(r, W), and for W steps let rank r attend its two query chunks to the "
-         "two K/V chunks of rank (r - step) mod W, using your zigzag_chunks, block_kind and "
-         "merge_step (the cells above). Put each output chunk back where it belongs in the "
-         "sequence."),
+    dict(
+        name="zigzag_chunks",
+        text="Which two of the 2W chunks rank r holds in the zigzag layout: (r, 2W-1-r).",
+    ),
+    dict(
+        name="block_kind",
+        text="With a causal mask, a block pair (query chunk, key chunk) is computed in full, "
+        'with the causal mask on its diagonal, or skipped. Return "full", "diagonal" or '
+        '"skip".',
+    ),
+    dict(
+        name="merge_step",
+        text="The ring's merge: fold a partial (m_b, l_b, o_b) over new keys into the running "
+        "(m, l, o). Here o is the *normalised* output over the keys seen (what FlashAttention "
+        "returns), so each side is weighted by exp(m_side - m_new) * l_side. A state that has "
+        "seen no key is m = -inf, l = 0, o = 0.",
+    ),
+    dict(
+        name="ring_attention",
+        text="The whole ring, simulated: split the sequence into 2W chunks, give rank r chunks "
+        "zigzag_chunks(r, W), and for W steps let rank r attend its two query chunks to the "
+        "two K/V chunks of rank (r - step) mod W, using your zigzag_chunks, block_kind and "
+        "merge_step (the cells above). Put each output chunk back where it belongs in the "
+        "sequence.",
+    ),
 ]
 
 VISIBLE = {
@@ -177,26 +192,48 @@ VISIBLE = {
     "ring_attention": [
         dict(name="two ranks, not causal", world=2, n=32, seed=10, points=3),
         dict(name="four ranks, causal", world=4, n=64, causal=True, seed=11, points=4),
-        dict(name="custom scale, dv != d", world=2, n=24, dv=12, scale=0.4, causal=True,
-             seed=12, points=2),
-        dict(name="N not divisible by 2W raises ValueError", world=3, n=20, raises=True,
-             points=1),
+        dict(
+            name="custom scale, dv != d",
+            world=2,
+            n=24,
+            dv=12,
+            scale=0.4,
+            causal=True,
+            seed=12,
+            points=2,
+        ),
+        dict(name="N not divisible by 2W raises ValueError", world=3, n=20, raises=True, points=1),
     ],
 }
 
 HIDDEN = {
-    "zigzag_chunks": [dict(name="hidden: rank 5 of 8", rank=5, world=8),
-                      dict(name="hidden: one rank", rank=0, world=1)],
-    "block_kind": [dict(name="hidden: chunk 0 against chunk 0", q_chunk=0, k_chunk=0,
-                        causal=True),
-                   dict(name="hidden: last chunk against the first", q_chunk=7, k_chunk=0,
-                        causal=True)],
+    "zigzag_chunks": [
+        dict(name="hidden: rank 5 of 8", rank=5, world=8),
+        dict(name="hidden: one rank", rank=0, world=1),
+    ],
+    "block_kind": [
+        dict(name="hidden: chunk 0 against chunk 0", q_chunk=0, k_chunk=0, causal=True),
+        dict(name="hidden: last chunk against the first", q_chunk=7, k_chunk=0, causal=True),
+    ],
     "merge_step": [dict(name="hidden: batched heads", lead=[2, 3], seed=21, points=2)],
     "ring_attention": [
-        dict(name="hidden: eight ranks, causal, batched heads", world=8, n=64, lead=[2, 2],
-             causal=True, seed=31, points=3),
-        dict(name="hidden: one rank is plain attention", world=1, n=10, causal=True, seed=32,
-             points=1),
+        dict(
+            name="hidden: eight ranks, causal, batched heads",
+            world=8,
+            n=64,
+            lead=[2, 2],
+            causal=True,
+            seed=31,
+            points=3,
+        ),
+        dict(
+            name="hidden: one rank is plain attention",
+            world=1,
+            n=10,
+            causal=True,
+            seed=32,
+            points=1,
+        ),
     ],
 }
 
@@ -229,15 +266,26 @@ def build_zigzag_chunks(params) -> Case:
         if got == want[::-1]:
             raise Fail(f"chunks {got}: right pair, wrong order; return (early, late) = {want}")
         if got == (2 * r, 2 * r + 1):
-            raise Fail(f"chunks {got} are the contiguous layout: with a causal mask the last "
-                       f"rank would do the most work. Zigzag: rank r takes r and 2W-1-r = {want}")
+            raise Fail(
+                f"chunks {got} are the contiguous layout: with a causal mask the last "
+                f"rank would do the most work. Zigzag: rank r takes r and 2W-1-r = {want}"
+            )
         if got == (r, w + r):
-            raise Fail(f"chunks {got} are a striped layout (r, W+r); zigzag mirrors the second "
-                       f"chunk: 2W-1-r, so rank {r} holds {want}")
+            raise Fail(
+                f"chunks {got} are a striped layout (r, W+r); zigzag mirrors the second "
+                f"chunk: 2W-1-r, so rank {r} holds {want}"
+            )
         raise Fail(f"got {got}; rank {r} of W={w} holds chunks (r, 2W-1-r) = {want}")
 
-    return Case("zigzag_chunks", params.get("name", f"rank {r} of {w}"), _pts(params),
-                "zigzag_chunks", (r, w), {}, judge)
+    return Case(
+        "zigzag_chunks",
+        params.get("name", f"rank {r} of {w}"),
+        _pts(params),
+        "zigzag_chunks",
+        (r, w),
+        {},
+        judge,
+    )
 
 
 def build_block_kind(params) -> Case:
@@ -246,26 +294,39 @@ def build_block_kind(params) -> Case:
 
     def judge(out, outcome):
         if not isinstance(out, str):
-            raise Fail(f"should return the string \"full\", \"diagonal\" or \"skip\"; got "
-                       f"{type(out).__name__}")
+            raise Fail(
+                f'should return the string "full", "diagonal" or "skip"; got {type(out).__name__}'
+            )
         if out == want:
             return f"({qc}, {kc}): {want}"
         if not causal:
-            raise Fail("without a causal mask every key is visible: \"full\"")
+            raise Fail('without a causal mask every key is visible: "full"')
         if want == "diagonal" and out == "skip":
-            raise Fail("the diagonal block is not empty: key j of the chunk is visible to query "
-                       "i when j <= i (mask it, do not skip it)")
+            raise Fail(
+                "the diagonal block is not empty: key j of the chunk is visible to query "
+                "i when j <= i (mask it, do not skip it)"
+            )
         if want == "diagonal" and out == "full":
-            raise Fail("the diagonal block needs the causal mask: query i must not see the "
-                       "later keys of its own chunk")
+            raise Fail(
+                "the diagonal block needs the causal mask: query i must not see the "
+                "later keys of its own chunk"
+            )
         if want == "skip":
-            raise Fail(f"key chunk {kc} comes after query chunk {qc}: every key is in the "
-                       "future, skip the block")
-        raise Fail(f"key chunk {kc} comes before query chunk {qc}: every key is visible, "
-                   "\"full\"")
+            raise Fail(
+                f"key chunk {kc} comes after query chunk {qc}: every key is in the "
+                "future, skip the block"
+            )
+        raise Fail(f'key chunk {kc} comes before query chunk {qc}: every key is visible, "full"')
 
-    return Case("block_kind", params.get("name", f"({qc}, {kc})"), _pts(params, 0.5),
-                "block_kind", (qc, kc, causal), {}, judge)
+    return Case(
+        "block_kind",
+        params.get("name", f"({qc}, {kc})"),
+        _pts(params, 0.5),
+        "block_kind",
+        (qc, kc, causal),
+        {},
+        judge,
+    )
 
 
 def _partial(rng, lead, nq, nk, dv, shift=0.0):
@@ -299,22 +360,51 @@ def build_merge_step(params) -> Case:
 
     def judge(out, outcome):
         gm, gl, go = unpack(out, 3, "(m, l, o)")
-        gm, gl, go = (as_array(x, w, r.shape) for x, w, r in
-                      ((gm, "m", ref_m), (gl, "l", ref_l), (go, "o", ref_o)))
+        gm, gl, go = (
+            as_array(x, w, r.shape)
+            for x, w, r in ((gm, "m", ref_m), (gl, "l", ref_l), (go, "o", ref_o))
+        )
         wrong = _merge_no_rescale(m, l, o, m_b, l_b, o_b)
-        hint = ("each side's weight at the new max is exp(m_side - m_new) * l_side; o is "
-                "normalised, so o_new = (w_a o_a + w_b o_b) / (w_a + w_b)")
+        hint = (
+            "each side's weight at the new max is exp(m_side - m_new) * l_side; o is "
+            "normalised, so o_new = (w_a o_a + w_b o_b) / (w_a + w_b)"
+        )
         compare(gm, ref_m, None, "m", budget=1e-12 * (1 + np.abs(ref_m).max()))
-        compare(gl, ref_l, None, "l", [(wrong[1], "l was not rescaled: multiply each side's l by "
-                                        "exp(m_side - m_new) before adding")],
-                budget=1e-10 * (1 + np.abs(ref_l).max()), hint=hint)
-        msg = compare(go, ref_o, None, "o", [(wrong[2], "the outputs were weighted by l without "
-                                              "the exp(m_side - m_new) rescale")],
-                      budget=1e-10 * (1 + np.abs(ref_o).max()), hint=hint)
+        compare(
+            gl,
+            ref_l,
+            None,
+            "l",
+            [
+                (
+                    wrong[1],
+                    "l was not rescaled: multiply each side's l by "
+                    "exp(m_side - m_new) before adding",
+                )
+            ],
+            budget=1e-10 * (1 + np.abs(ref_l).max()),
+            hint=hint,
+        )
+        msg = compare(
+            go,
+            ref_o,
+            None,
+            "o",
+            [(wrong[2], "the outputs were weighted by l without the exp(m_side - m_new) rescale")],
+            budget=1e-10 * (1 + np.abs(ref_o).max()),
+            hint=hint,
+        )
         return msg
 
-    return Case("merge_step", params.get("name", "merge"), _pts(params), "merge_step",
-                (m, l, o, m_b, l_b, o_b), {}, judge)
+    return Case(
+        "merge_step",
+        params.get("name", "merge"),
+        _pts(params),
+        "merge_step",
+        (m, l, o, m_b, l_b, o_b),
+        {},
+        judge,
+    )
 
 
 def _masked(q, k, v, scale, mask):
@@ -335,23 +425,46 @@ def ring_variants(q, k, v, world, causal, scale):
     ref = attention_reference(q, k, v, causal, scale)[0]
     order = [ch for r in range(world) for ch in zigzag_chunks(r, world)]
     out = []
-    out.append((lambda: np.concatenate([ref[..., ch * c:(ch + 1) * c, :] for ch in order], -2),
-                "the output chunks are in rank order (r0's two chunks, then r1's, ...); put "
-                "chunk ch back at rows ch*C:(ch+1)*C of the sequence"))
+    out.append(
+        (
+            lambda: np.concatenate([ref[..., ch * c : (ch + 1) * c, :] for ch in order], -2),
+            "the output chunks are in rank order (r0's two chunks, then r1's, ...); put "
+            "chunk ch back at rows ch*C:(ch+1)*C of the sequence",
+        )
+    )
     if causal:
-        out.append((lambda: _masked(q, k, v, scale, j < i),
-                    "causal mask off by one on the diagonal blocks: query i sees key j when "
-                    "j <= i (itself included)"))
-        out.append((lambda: _masked(q, k, v, scale, j <= i + 1),
-                    "causal mask off by one on the diagonal blocks: key i+1 is in the future"))
-        out.append((lambda: _masked(q, k, v, scale, (j // c) <= (i // c)),
-                    "the diagonal blocks were computed in full: mask key j > query i inside "
-                    "them"))
-        out.append((lambda: _masked(q, k, v, scale, (j // c) < (i // c)),
-                    "the diagonal blocks were skipped: they hold each query's nearest keys"))
-    out.append((lambda: _ring_no_rescale(q, k, v, world, causal, scale),
-                "the partial results were merged without rescaling to the common max: weight "
-                "each side by exp(m_side - m_new) * l_side"))
+        out.append(
+            (
+                lambda: _masked(q, k, v, scale, j < i),
+                "causal mask off by one on the diagonal blocks: query i sees key j when "
+                "j <= i (itself included)",
+            )
+        )
+        out.append(
+            (
+                lambda: _masked(q, k, v, scale, j <= i + 1),
+                "causal mask off by one on the diagonal blocks: key i+1 is in the future",
+            )
+        )
+        out.append(
+            (
+                lambda: _masked(q, k, v, scale, (j // c) <= (i // c)),
+                "the diagonal blocks were computed in full: mask key j > query i inside them",
+            )
+        )
+        out.append(
+            (
+                lambda: _masked(q, k, v, scale, (j // c) < (i // c)),
+                "the diagonal blocks were skipped: they hold each query's nearest keys",
+            )
+        )
+    out.append(
+        (
+            lambda: _ring_no_rescale(q, k, v, world, causal, scale),
+            "the partial results were merged without rescaling to the common max: weight "
+            "each side by exp(m_side - m_new) * l_side",
+        )
+    )
     return out
 
 
@@ -385,14 +498,28 @@ def build_ring_attention(params) -> Case:
         got = as_array(out, "out", (*lead, n, dv))
         ref = attention_reference(q, k, v, causal, sc)[0]
         naive = attention_reference(q, k, v, causal, sc)[0].astype(np.float32)
-        return compare(got, ref, None, "out", ring_variants(q, k, v, world, causal, sc),
-                       budget=max(2e-6, 4 * float(np.abs(naive - ref).max())) * (
-                           1 + float(np.abs(ref).max())),
-                       hint="check the ring order (rank r receives rank (r - step) mod W), "
-                       "the chunk layout and the merge")
+        return compare(
+            got,
+            ref,
+            None,
+            "out",
+            ring_variants(q, k, v, world, causal, sc),
+            budget=max(2e-6, 4 * float(np.abs(naive - ref).max())) * (1 + float(np.abs(ref).max())),
+            hint="check the ring order (rank r receives rank (r - step) mod W), "
+            "the chunk layout and the merge",
+        )
 
-    return Case("ring_attention", params.get("name", "ring"), _pts(params), "ring_attention",
-                (q, k, v), kw, judge, raises=raises, timeout=params.get("timeout"))
+    return Case(
+        "ring_attention",
+        params.get("name", "ring"),
+        _pts(params),
+        "ring_attention",
+        (q, k, v),
+        kw,
+        judge,
+        raises=raises,
+        timeout=params.get("timeout"),
+    )
 
 
 BUILDERS = {
