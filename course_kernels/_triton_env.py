@@ -129,7 +129,7 @@ def gpu_capability() -> tuple[int, int] | None:
     return _capability(torch.cuda.current_device())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(device_index: int) -> tuple[int, int]:
     import torch
 
@@ -168,7 +168,8 @@ def prune_configs(ieee_config, small_config, sm75_table: dict | None = None):
                     f"no kernel config fits this GPU's 64 KiB of shared memory (sm_{cap[0]}{cap[1]}) "
                     f"at head dim {args.get('HEAD_DIM')} with "
                     f"{'fp32' if ieee else 'fp16'} inputs; use fp16 inputs or a head dim <= 128 "
-                    "(notes/t4_sm75.md)")
+                    "(notes/t4_sm75.md)"
+                )
             return [cfg]
         if ieee:
             return [ieee_config]

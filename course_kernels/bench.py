@@ -25,15 +25,21 @@ import math
 import os
 import platform
 import sys
+from functools import partial
 
 import numpy as np
 
 from .testing import error_budget, max_abs_error
 
 PROVIDERS = ("flash", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive", "tutorial")
-PROVIDER_LABELS = {"flash": "this course's kernel", "sdpa-flash": "SDPA FlashAttention-2",
-                   "sdpa-cudnn": "SDPA cuDNN", "sdpa-efficient": "SDPA memory-efficient",
-                   "naive": "naive attention", "tutorial": "Triton tutorial"}
+PROVIDER_LABELS = {
+    "flash": "this course's kernel",
+    "sdpa-flash": "SDPA FlashAttention-2",
+    "sdpa-cudnn": "SDPA cuDNN",
+    "sdpa-efficient": "SDPA memory-efficient",
+    "naive": "naive attention",
+    "tutorial": "Triton tutorial",
+}
 # The ``tutorial`` provider: Triton's fused-attention tutorial, loaded from a file you download
 # (it is not part of this repository). Take the copy of the Triton version you benchmark, e.g.
 # https://github.com/triton-lang/triton/blob/release/3.6.x/python/tutorials/06-fused-attention.py
@@ -58,7 +64,9 @@ def environment() -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "course_kernels"] + sys.argv[1:]),
+        "command": " ".join(
+            [os.path.basename(sys.executable), "-m", "course_kernels"] + sys.argv[1:]
+        ),
         "autotune": os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0",
         "tutorial": _tutorial_provenance(),
     }
@@ -72,10 +80,13 @@ def _tutorial_provenance():
     path = os.environ.get(TUTORIAL_ENV)
     if not path or not os.path.isfile(path):
         return None
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     origin = [ln for ln in data.decode("utf-8", "replace").splitlines()[:5] if "source:" in ln]
-    return {"sha256": hashlib.sha256(data).hexdigest(),
-            "origin": origin[0].strip("# ") if origin else None}
+    return {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "origin": origin[0].strip("# ") if origin else None,
+    }
 
 
 def attention_flops(batch, heads, n, d, causal, mode) -> float:
@@ -116,13 +127,16 @@ def load_tutorial(path=None):
             f"the 'tutorial' provider needs Triton's fused-attention tutorial: download "
             f"python/tutorials/06-fused-attention.py of your Triton version from "
             f"https://github.com/triton-lang/triton (e.g. the release/3.6.x branch) and set "
-            f"{TUTORIAL_ENV}=/path/to/it; got {path!r}")
+            f"{TUTORIAL_ENV}=/path/to/it; got {path!r}"
+        )
     spec = importlib.util.spec_from_file_location("triton_fused_attention_tutorial", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not callable(getattr(module, "attention", None)):
-        raise RuntimeError(f"{path} defines no attention(q, k, v, causal, sm_scale) function: "
-                           "is it python/tutorials/06-fused-attention.py?")
+        raise RuntimeError(
+            f"{path} defines no attention(q, k, v, causal, sm_scale) function: "
+            "is it python/tutorials/06-fused-attention.py?"
+        )
     with open(path, "rb") as f:
         module.__sha256__ = hashlib.sha256(f.read()).hexdigest()
     _TUTORIALS[path] = module
@@ -197,7 +211,7 @@ def check_correctness(q, k, v, do, causal, out, grads, heads=2) -> dict:
     dnai = torch.autograd.grad(nai, nai_in, do[sl])
     pairs = {"O": (out, ref, nai, 2.0)}
     if grads is not None:
-        for name, g, r, n in zip(("dQ", "dK", "dV"), grads, dref, dnai):
+        for name, g, r, n in zip(("dQ", "dK", "dV"), grads, dref, dnai, strict=True):
             pairs[name] = (g, r, n, 3.0)
     ok = True
     for name, (x, r, n, factor) in pairs.items():
@@ -212,9 +226,19 @@ def check_correctness(q, k, v, do, causal, out, grads, heads=2) -> dict:
     return result
 
 
-def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
-              ns=(1024, 2048, 4096, 8192, 16384), causals=(False, True), modes=("fwd", "bwd"),
-              providers=PROVIDERS, batch=4, hidden=2048, check=True, log=print):
+def run_bench(
+    out_dir,
+    dtypes=("float16", "bfloat16"),
+    ds=(64, 128),
+    ns=(1024, 2048, 4096, 8192, 16384),
+    causals=(False, True),
+    modes=("fwd", "bwd"),
+    providers=PROVIDERS,
+    batch=4,
+    hidden=2048,
+    check=True,
+    log=print,
+):
     """Time every provider at every shape; write bench.json, bench.csv, ratios.csv, bench.png."""
     import torch
     from tqdm import tqdm
@@ -228,8 +252,9 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
         heads = hidden // d
         dtype = getattr(torch, dt)
         torch.manual_seed(n + d)
-        q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype)
-                       for _ in range(4))
+        q, k, v, do = (
+            torch.randn(batch, heads, n, d, device="cuda", dtype=dtype) for _ in range(4)
+        )
         for x in (q, k, v):
             x.requires_grad_(True)
         naive_bytes = batch * heads * n * n * q.element_size() * 3
@@ -237,8 +262,15 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
             if p == "naive" and naive_bytes > NAIVE_LIMIT_BYTES:
                 continue
             fn = fns[p]
-            row = {"provider": p, "dtype": dt, "d": d, "heads": heads, "batch": batch, "N": n,
-                   "causal": causal}
+            row = {
+                "provider": p,
+                "dtype": dt,
+                "d": d,
+                "heads": heads,
+                "batch": batch,
+                "N": n,
+                "causal": causal,
+            }
             try:
                 out = fn(q, k, v, causal)
                 grads = bwd_error = None
@@ -258,8 +290,15 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
                         continue
                     ms, mem = _time_one(fn, q, k, v, do, causal, out, mode)
                     flops = attention_flops(batch, heads, n, d, causal, mode)
-                    rows.append({**row, "mode": mode, "ms": ms, "tflops": flops / ms * 1e-9,
-                                 "peak_extra_mib": mem})
+                    rows.append(
+                        {
+                            **row,
+                            "mode": mode,
+                            "ms": ms,
+                            "tflops": flops / ms * 1e-9,
+                            "peak_extra_mib": mem,
+                        }
+                    )
                 out = grads = None
             except Exception as exc:  # a backend that refuses a shape is recorded, not fatal
                 rows.append({**row, "mode": "error", "error": repr(exc)[:300]})
@@ -296,11 +335,25 @@ def _time_one(fn, q, k, v, do, causal, out, mode):
 def _write_bench(out_dir, env, rows):
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"environment": env, "results": rows}, f, indent=1)
-    fields = ["provider", "dtype", "d", "heads", "batch", "N", "causal", "mode", "ms", "tflops",
-              "peak_extra_mib", "check_ok"]
+    fields = [
+        "provider",
+        "dtype",
+        "d",
+        "heads",
+        "batch",
+        "N",
+        "causal",
+        "mode",
+        "ms",
+        "tflops",
+        "peak_extra_mib",
+        "check_ok",
+    ]
     with open(os.path.join(out_dir, "bench.csv"), "w", newline="") as f:
-        f.write(f"# {env['gpu']}; torch {env['torch']}; triton {env['triton']}; {env['date']}; "
-                f"{env['command']}\n")
+        f.write(
+            f"# {env['gpu']}; torch {env['torch']}; triton {env['triton']}; {env['date']}; "
+            f"{env['command']}\n"
+        )
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -312,10 +365,21 @@ def _write_bench(out_dir, env, rows):
 def write_ratios(path, env, rows):
     """:func:`ratio_table` as CSV, headed by the run's GPU, versions, date and command."""
     with open(path, "w", newline="") as f:
-        f.write(f"# flash / sdpa TFLOP/s ratios; {env['gpu']}; torch {env['torch']}; "
-                f"triton {env['triton']}; {env['date']}; {env['command']}\n")
-        fields = ["dtype", "d", "N", "causal", "mode", "flash", "vs_sdpa_flash", "vs_sdpa_cudnn",
-                  "vs_tutorial"]
+        f.write(
+            f"# flash / sdpa TFLOP/s ratios; {env['gpu']}; torch {env['torch']}; "
+            f"triton {env['triton']}; {env['date']}; {env['command']}\n"
+        )
+        fields = [
+            "dtype",
+            "d",
+            "N",
+            "causal",
+            "mode",
+            "flash",
+            "vs_sdpa_flash",
+            "vs_sdpa_cudnn",
+            "vs_tutorial",
+        ]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(ratio_table(rows))
@@ -334,20 +398,33 @@ def ratio_table(rows) -> list[dict]:
         fa2 = by.get((dt, d, n, c, mode, "sdpa-flash"))
         cud = by.get((dt, d, n, c, mode, "sdpa-cudnn"))
         tut = by.get((dt, d, n, c, mode, "tutorial"))
-        table.append({"dtype": dt, "d": d, "N": n, "causal": c, "mode": mode, "flash": t,
-                      "vs_sdpa_flash": t / fa2 if fa2 else math.nan,
-                      "vs_sdpa_cudnn": t / cud if cud else math.nan,
-                      "vs_tutorial": t / tut if tut else math.nan})
+        table.append(
+            {
+                "dtype": dt,
+                "d": d,
+                "N": n,
+                "causal": c,
+                "mode": mode,
+                "flash": t,
+                "vs_sdpa_flash": t / fa2 if fa2 else math.nan,
+                "vs_sdpa_cudnn": t / cud if cud else math.nan,
+                "vs_tutorial": t / tut if tut else math.nan,
+            }
+        )
     return table
 
 
 def format_ratio_table(rows) -> str:
-    lines = ["| dtype | d | N | causal | mode | flash TFLOP/s | / sdpa-flash | / sdpa-cudnn |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| dtype | d | N | causal | mode | flash TFLOP/s | / sdpa-flash | / sdpa-cudnn |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in ratio_table(rows):
-        lines.append(f"| {r['dtype']} | {r['d']} | {r['N']} | {'yes' if r['causal'] else 'no'} | "
-                     f"{r['mode']} | {r['flash']:.0f} | {r['vs_sdpa_flash']:.2f} | "
-                     f"{r['vs_sdpa_cudnn']:.2f} |")
+        lines.append(
+            f"| {r['dtype']} | {r['d']} | {r['N']} | {'yes' if r['causal'] else 'no'} | "
+            f"{r['mode']} | {r['flash']:.0f} | {r['vs_sdpa_flash']:.2f} | "
+            f"{r['vs_sdpa_cudnn']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -359,26 +436,40 @@ def plot_bench(rows, path, env):
     """
     from matplotlib.figure import Figure
 
-    keys = sorted({(r["dtype"], r["d"], r["causal"], r["mode"]) for r in rows
-                   if r.get("mode") in ("fwd", "bwd")})
+    keys = sorted(
+        {
+            (r["dtype"], r["d"], r["causal"], r["mode"])
+            for r in rows
+            if r.get("mode") in ("fwd", "bwd")
+        }
+    )
     ncol = 4
     nrow = max(1, math.ceil(len(keys) / ncol))
     fig = Figure(figsize=(4.2 * ncol, 3.2 * nrow))
     axes = fig.subplots(nrow, ncol, squeeze=False)
-    for ax, key in zip(axes.flat, keys):
+    for ax, key in zip(axes.flat, keys, strict=False):  # the grid may have spare axes
         dt, d, causal, mode = key
         for p in PROVIDERS:
-            pts = sorted((r["N"], r["tflops"]) for r in rows if r.get("mode") == mode
-                         and r["provider"] == p and (r["dtype"], r["d"], r["causal"]) == key[:3])
+            pts = sorted(
+                (r["N"], r["tflops"])
+                for r in rows
+                if r.get("mode") == mode
+                and r["provider"] == p
+                and (r["dtype"], r["d"], r["causal"]) == key[:3]
+            )
             if pts:
-                ax.plot(*zip(*pts), marker="o", color=f"C{PROVIDERS.index(p)}",
-                        label=PROVIDER_LABELS.get(p, p))
+                ax.plot(
+                    *zip(*pts, strict=True),
+                    marker="o",
+                    color=f"C{PROVIDERS.index(p)}",
+                    label=PROVIDER_LABELS.get(p, p),
+                )
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dt} d={d} {'causal' if causal else 'full'} {mode}", fontsize=9)
         ax.set_xlabel("N")
         ax.set_ylabel("TFLOP/s")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"{env['gpu']}, torch {env['torch']}, Triton {env['triton']}", fontsize=10)
@@ -395,8 +486,7 @@ def _fwd_bwd(fn, q, k, v, do):
     return torch.autograd.grad(fn(q, k, v, False), (q, k, v), do)
 
 
-def run_memory(out_dir, ns=(4096, 8192, 16384, 32768, 65536), batch=1, heads=8, d=64,
-               log=print):
+def run_memory(out_dir, ns=(4096, 8192, 16384, 32768, 65536), batch=1, heads=8, d=64, log=print):
     """Extra memory of one forward (and forward + backward) vs N: naive vs this kernel."""
     import torch
 
@@ -404,12 +494,19 @@ def run_memory(out_dir, ns=(4096, 8192, 16384, 32768, 65536), batch=1, heads=8, 
     env = environment()
     rows = []
     for n in ns:
-        q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
-                       for _ in range(4))
+        q, k, v, do = (
+            torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4)
+        )
         for p in ("naive", "sdpa-flash", "flash"):
             fn = provider_fn(p)
-            row = {"provider": p, "N": n, "batch": batch, "heads": heads, "d": d,
-                   "dtype": "float16"}
+            row = {
+                "provider": p,
+                "N": n,
+                "batch": batch,
+                "heads": heads,
+                "d": d,
+                "dtype": "float16",
+            }
             try:
                 fn(q, k, v, False)  # compile / autotune outside the measurement
                 row["fwd_extra_mib"] = _peak_extra_mib(lambda: fn(q, k, v, False))  # noqa: B023
@@ -439,8 +536,9 @@ def dram_cases(ns=DRAM_NS, batch=1, heads=4, d=64):
     print(json.dumps({"environment": environment()}))
     cases = []
     for n in ns:
-        q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
-                   for _ in range(3))
+        q, k, v = (
+            torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(3)
+        )
         for p in ("naive", "sdpa-flash", "flash"):
             fn = provider_fn(p)
             fn(q, k, v, False)  # warm-up: compile, cuBLAS handles, allocator
@@ -485,17 +583,44 @@ def parse_ncu_csv(ncu_csv, cases, out_csv, command="", env=None):
     if len(order) != len(cases):
         raise RuntimeError(f"ncu reported {len(order)} streams for {len(cases)} cases")
     with open(out_csv, "w", newline="") as f:
-        where = ("" if not env else f"{env.get('gpu')}; torch {env.get('torch')}; "
-                 f"triton {env.get('triton')}; {env.get('date')}; ")
+        where = (
+            ""
+            if not env
+            else f"{env.get('gpu')}; torch {env.get('torch')}; "
+            f"triton {env.get('triton')}; {env.get('date')}; "
+        )
         f.write(f"# DRAM bytes per forward, Nsight Compute; {where}{command}\n")
         w = csv.writer(f)
-        w.writerow(["provider", "N", "batch", "heads", "d", "dtype", "dram_read_bytes",
-                    "dram_write_bytes", "n_kernels", "kernels"])
-        for case, s in zip(cases, order):
+        w.writerow(
+            [
+                "provider",
+                "N",
+                "batch",
+                "heads",
+                "d",
+                "dtype",
+                "dram_read_bytes",
+                "dram_write_bytes",
+                "n_kernels",
+                "kernels",
+            ]
+        )
+        for case, s in zip(cases, order, strict=True):
             st = streams[s]
-            w.writerow([case["provider"], case["N"], case["batch"], case["heads"], case["d"],
-                        "float16", int(st["read"]), int(st["write"]), len(st["kernels"]),
-                        ";".join(st["kernels"])])
+            w.writerow(
+                [
+                    case["provider"],
+                    case["N"],
+                    case["batch"],
+                    case["heads"],
+                    case["d"],
+                    "float16",
+                    int(st["read"]),
+                    int(st["write"]),
+                    len(st["kernels"]),
+                    ";".join(st["kernels"]),
+                ]
+            )
     return out_csv
 
 
@@ -511,8 +636,9 @@ def gpu_check(log=print) -> bool:
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         q, k, v, do = (torch.randn(2, 4, 1000, 80, device="cuda", dtype=dtype) for _ in range(4))
         k, v = k[:, :2], v[:, :2]
-        ref = naive_attention(q.float(), k.float().repeat_interleave(2, 1),
-                              v.float().repeat_interleave(2, 1), True)
+        ref = naive_attention(
+            q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), True
+        )
         out = flash_attention(q, k, v, causal=True)
         err = (out.float() - ref).abs().max().item()
         log(f"{dtype}: max abs error vs fp32 math {err:.2e}")
@@ -522,8 +648,16 @@ def gpu_check(log=print) -> bool:
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) swept by ``python -m course_kernels sweep``.
 SWEEP_CONFIGS = (
-    (64, 32, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (128, 64, 4, 2),
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
+    (64, 32, 4, 2),
+    (64, 64, 4, 3),
+    (64, 128, 4, 3),
+    (128, 32, 4, 3),
+    (128, 64, 4, 2),
+    (128, 64, 4, 3),
+    (128, 64, 8, 3),
+    (128, 64, 8, 4),
+    (128, 128, 8, 2),
+    (128, 128, 8, 3),
 )
 
 
@@ -543,8 +677,11 @@ def forced_forward_config(block_m, block_n, num_warps, num_stages):
     def forced():
         kernel = triton_forward._attn_fwd
         saved = kernel.configs
-        kernel.configs = [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n},
-                                        num_warps=num_warps, num_stages=num_stages)]
+        kernel.configs = [
+            triton.Config(
+                {"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages
+            )
+        ]
         kernel.cache.clear()
         flash._TUNED.clear()
         try:
@@ -557,8 +694,17 @@ def forced_forward_config(block_m, block_n, num_warps, num_stages):
     return forced()
 
 
-def run_sweep(out_dir, n=4096, ds=(64, 128), causals=(False, True), batch=4, hidden=2048,
-              dtype="float16", configs=SWEEP_CONFIGS, log=print):
+def run_sweep(
+    out_dir,
+    n=4096,
+    ds=(64, 128),
+    causals=(False, True),
+    batch=4,
+    hidden=2048,
+    dtype="float16",
+    configs=SWEEP_CONFIGS,
+    log=print,
+):
     """Forward TFLOP/s of each (BLOCK_M, BLOCK_N, warps, stages) config; writes sweep.json."""
     import torch
     import torch.nn.functional as F
@@ -575,18 +721,35 @@ def run_sweep(out_dir, n=4096, ds=(64, 128), causals=(False, True), batch=4, hid
     for d, causal, cfg in tqdm(cases, desc="sweep", file=sys.stdout, mininterval=5):
         heads = hidden // d
         torch.manual_seed(d)
-        q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=getattr(torch, dtype))
-                   for _ in range(3))
-        row = {"d": d, "causal": causal, "N": n, "batch": batch, "heads": heads, "dtype": dtype,
-               "block_m": cfg[0], "block_n": cfg[1], "num_warps": cfg[2], "num_stages": cfg[3]}
+        q, k, v = (
+            torch.randn(batch, heads, n, d, device="cuda", dtype=getattr(torch, dtype))
+            for _ in range(3)
+        )
+        row = {
+            "d": d,
+            "causal": causal,
+            "N": n,
+            "batch": batch,
+            "heads": heads,
+            "dtype": dtype,
+            "block_m": cfg[0],
+            "block_n": cfg[1],
+            "num_warps": cfg[2],
+            "num_stages": cfg[3],
+        }
         try:
             with forced_forward_config(*cfg):
                 out = flash_attention(q, k, v, causal=causal)
-                ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                     is_causal=causal)
+                ref = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), is_causal=causal
+                )
                 row["max_abs_error"] = float((out.float() - ref).abs().max())
-                ms = triton.testing.do_bench(lambda: flash_attention(q, k, v, causal=causal),
-                                             warmup=10, rep=40, return_mode="median")
+                ms = triton.testing.do_bench(
+                    partial(flash_attention, q, k, v, causal=causal),
+                    warmup=10,
+                    rep=40,
+                    return_mode="median",
+                )
             row["ms"] = ms
             row["tflops"] = attention_flops(batch, heads, n, d, causal, "fwd") / ms * 1e-9
         except Exception as exc:  # e.g. out of shared memory: recorded, not fatal

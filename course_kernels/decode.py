@@ -58,17 +58,41 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 
-
 # -- Triton -----------------------------------------------------------------------------------
 @triton.jit
 def _decode_split_kv(
-    Q, K, V, SEQLENS, M_part, L_part, Acc_part, sm_scale,
-    stride_qz, stride_qh, stride_qm, stride_qk,
-    stride_kz, stride_kh, stride_kn, stride_kk,
-    stride_vz, stride_vh, stride_vn, stride_vk,
-    H_KV, GROUP_SIZE, N_Q, N_KEYS, CHUNK, NUM_SPLITS,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    Q,
+    K,
+    V,
+    SEQLENS,
+    M_part,
+    L_part,
+    Acc_part,
+    sm_scale,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qk,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kk,
+    stride_vz,
+    stride_vh,
+    stride_vn,
+    stride_vk,
+    H_KV,
+    GROUP_SIZE,
+    N_Q,
+    N_KEYS,
+    CHUNK,
+    NUM_SPLITS,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Partial (m, l, acc) of the G * Nq query rows of one KV head over one chunk of keys.
@@ -80,7 +104,8 @@ def _decode_split_kv(
     off_zkv = tl.program_id(1)
     off_z = (off_zkv // H_KV).to(tl.int64)
     off_kvh = (off_zkv % H_KV).to(tl.int64)
-    if HAS_SEQLENS:
+    # A constexpr if-statement is pruned by Triton at compile time; it stays a statement.
+    if HAS_SEQLENS:  # noqa: SIM108
         seqlen = tl.load(SEQLENS + off_z)  # keys this sequence really has
     else:
         seqlen = N_KEYS  # every cache is full: no lengths tensor to build or read
@@ -92,8 +117,13 @@ def _decode_split_kv(
     off_h = off_kvh * GROUP_SIZE + offs_r // N_Q  # (BLOCK_M,) query head of each row
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
 
-    q_ptrs = (Q + off_z * stride_qz + off_h[:, None] * stride_qh + tok[:, None] * stride_qm
-              + offs_d[None, :] * stride_qk)
+    q_ptrs = (
+        Q
+        + off_z * stride_qz
+        + off_h[:, None] * stride_qh
+        + tok[:, None] * stride_qm
+        + offs_d[None, :] * stride_qk
+    )
     q = tl.load(q_ptrs, mask=r_ok[:, None] & d_ok, other=0.0)  # (BLOCK_M, D)
     k_base = K + off_z * stride_kz + off_kvh * stride_kh
     v_base = V + off_z * stride_vz + off_kvh * stride_vh
@@ -110,8 +140,11 @@ def _decode_split_kv(
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = offs_n < hi
         kv_mask = n_ok[:, None] & d_ok  # (BLOCK_N, D)
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk,
-                    mask=kv_mask, other=0.0)  # (BLOCK_N, D)
+        k = tl.load(
+            k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk,
+            mask=kv_mask,
+            other=0.0,
+        )  # (BLOCK_N, D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         keep = n_ok[None, :]
         if CAUSAL:
@@ -122,8 +155,11 @@ def _decode_split_kv(
         p = tl.math.exp2(qk - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
         alpha = tl.math.exp2(m_i - m_sub)  # (BLOCK_M,)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk,
-                    mask=kv_mask, other=0.0)  # (BLOCK_N, D)
+        v = tl.load(
+            v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk,
+            mask=kv_mask,
+            other=0.0,
+        )  # (BLOCK_N, D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_ij
 
@@ -137,10 +173,21 @@ def _decode_split_kv(
 
 @triton.jit
 def _decode_combine(
-    M_part, L_part, Acc_part, Out, LSE,
-    stride_oz, stride_oh, stride_om, stride_ok,
-    H_Q, N_Q, NUM_SPLITS,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_S: tl.constexpr,
+    M_part,
+    L_part,
+    Acc_part,
+    Out,
+    LSE,
+    stride_oz,
+    stride_oh,
+    stride_om,
+    stride_ok,
+    H_Q,
+    N_Q,
+    NUM_SPLITS,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     """Merge the NUM_SPLITS partials of one (batch, query head, token) row and normalise.
 
@@ -154,8 +201,11 @@ def _decode_combine(
     d_ok = offs_d < HEAD_DIM
     m = tl.load(M_part + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
     l = tl.load(L_part + row * NUM_SPLITS + offs_s, mask=s_ok, other=0.0)
-    acc = tl.load(Acc_part + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_S, D)
+    acc = tl.load(
+        Acc_part + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_S, D)
     m_max = tl.max(m, 0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp(m - m_safe)  # (BLOCK_S,) the rescaling; 0 for splits that saw no key
@@ -167,8 +217,11 @@ def _decode_combine(
     z = row // (H_Q * N_Q)
     h = (row // N_Q) % H_Q
     i = row % N_Q
-    tl.store(Out + z * stride_oz + h * stride_oh + i * stride_om + offs_d * stride_ok,
-             o.to(Out.dtype.element_ty), mask=d_ok)
+    tl.store(
+        Out + z * stride_oz + h * stride_oh + i * stride_om + offs_d * stride_ok,
+        o.to(Out.dtype.element_ty),
+        mask=d_ok,
+    )
     tl.store(LSE + row, lse)
 
 
@@ -180,7 +233,7 @@ def _block_n(dtype=None) -> int:
     return 32 if dtype == torch.float32 else 64
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index: int) -> int:
     """Multiprocessors of a GPU (asked once: the query costs time on every decode step)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -203,8 +256,9 @@ def default_num_splits(batch_kv_heads: int, n_keys: int, block_n: int | None = N
 def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, d); got "
-                            f"{type(x).__name__}")
+            raise TypeError(
+                f"{name} must be a torch.Tensor of shape (B, H, N, d); got {type(x).__name__}"
+            )
         if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
         if x.numel() == 0:
@@ -216,9 +270,11 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
     want = _triton_env.device_kind()
     if q.device.type != want:
-        raise ValueError(f"tensors must be on a {want} device here (Triton runs "
-                         f"{'in its CPU interpreter' if want == 'cpu' else 'on the GPU'}); got "
-                         f"{q.device}")
+        raise ValueError(
+            f"tensors must be on a {want} device here (Triton runs "
+            f"{'in its CPU interpreter' if want == 'cpu' else 'on the GPU'}); got "
+            f"{q.device}"
+        )
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
     Nk = k.shape[2]
@@ -230,23 +286,35 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
         lens = None
     elif isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.shape != (B,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"cache_seqlens must be an integer tensor of shape ({B},); got "
-                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+            raise ValueError(
+                f"cache_seqlens must be an integer tensor of shape ({B},); got "
+                f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+            )
         lens = cache_seqlens.to(device=q.device, dtype=torch.int32)
         lo, hi = (int(x) for x in torch.aminmax(lens))  # one sync, only for user-given lengths
         if lo < 1 or hi > Nk:
             raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
     else:
-        lens = torch.as_tensor(check_seqlens(cache_seqlens, B, Nk), dtype=torch.int32,
-                               device=q.device)
+        lens = torch.as_tensor(
+            check_seqlens(cache_seqlens, B, Nk), dtype=torch.int32, device=q.device
+        )
     if num_splits is None:
         num_splits = default_num_splits(B * k.shape[1], Nk)
     num_splits = check_positive_int(num_splits, "num_splits")
     return lens, num_splits, resolve_scale(scale, d)
 
 
-def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = False,
-                 scale=None, return_lse: bool = False, return_partials: bool = False):
+def flash_decode(
+    q,
+    k,
+    v,
+    cache_seqlens=None,
+    num_splits=None,
+    causal: bool = False,
+    scale=None,
+    return_lse: bool = False,
+    return_partials: bool = False,
+):
     """Attention of a few new query tokens over a KV cache, split over the keys (Triton).
 
     The same result as ``scaled_dot_product_attention(q, k[:, :, :L], v[:, :, :L],
@@ -284,18 +352,47 @@ def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = Fa
     acc_part = torch.empty((B, Hq, Nq, num_splits, d), **f32)
     launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 2}
     _decode_split_kv[(num_splits, B * Hkv)](
-        q, k, v, k if lens is None else lens, m_part, l_part, acc_part, scale,
-        *q.stride(), *k.stride(), *v.stride(),
-        Hkv, G, Nq, Nk, chunk, num_splits,
-        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, HAS_SEQLENS=lens is not None,
+        q,
+        k,
+        v,
+        k if lens is None else lens,
+        m_part,
+        l_part,
+        acc_part,
+        scale,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        Hkv,
+        G,
+        Nq,
+        Nk,
+        chunk,
+        num_splits,
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=dpad,
+        CAUSAL=causal,
+        HAS_SEQLENS=lens is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=max(16, next_power_of_2(G * Nq)), BLOCK_N=block_n, **launch,
+        BLOCK_M=max(16, next_power_of_2(G * Nq)),
+        BLOCK_N=block_n,
+        **launch,
     )
     out = torch.empty((B, Hq, Nq, d), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, Nq), **f32)
     _decode_combine[(B * Hq * Nq,)](
-        m_part, l_part, acc_part, out, lse, *out.stride(), Hq, Nq, num_splits,
-        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_S=max(2, next_power_of_2(num_splits)),
+        m_part,
+        l_part,
+        acc_part,
+        out,
+        lse,
+        *out.stride(),
+        Hq,
+        Nq,
+        num_splits,
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=dpad,
+        BLOCK_S=max(2, next_power_of_2(num_splits)),
     )
     result = [out.to(out_dtype)]
     if return_lse:

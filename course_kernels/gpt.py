@@ -43,7 +43,7 @@ def load_text(name: str = TEXT) -> str:
     from .datafiles import data_path
 
     if isinstance(name, str) and name.startswith("data/"):
-        name = name[len("data/"):]  # the older spelling, relative to the repository root
+        name = name[len("data/") :]  # the older spelling, relative to the repository root
     return data_path(name).read_text(encoding="utf-8")
 
 
@@ -123,11 +123,14 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {sorted(ATTENTION)}; got "
-                             f"{self.attention!r}")
+            raise ValueError(
+                f"attention must be one of {sorted(ATTENTION)}; got {self.attention!r}"
+            )
         if self.attention == "flash" and (self.n_embd // self.n_head) % 8:
-            raise ValueError(f"the flash kernel needs a head dim that is a multiple of 8; got "
-                             f"{self.n_embd // self.n_head}")
+            raise ValueError(
+                f"the flash kernel needs a head dim that is a multiple of 8; got "
+                f"{self.n_embd // self.n_head}"
+            )
 
 
 class CausalSelfAttention(nn.Module):
@@ -153,8 +156,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.n_embd)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
-                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -174,7 +178,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab) [, mean cross-entropy loss]."""
         B, T = idx.shape
-        if T > self.cfg.block_size:
+        if self.cfg.block_size < T:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
         x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))  # (B, T, C)
         for block in self.blocks:
@@ -214,10 +218,22 @@ def _default_device(device):
     return _triton_env.device_kind() if device is None else device
 
 
-def train(attention: str = "standard", steps: int = 200, batch_size: int = 16, block_size: int = 32,
-          n_layer: int = 2, n_head: int = 2, n_embd: int = 32, lr: float = 3e-3, seed: int = 0,
-          device: str | None = None, amp_dtype: torch.dtype | None = None, text: str | None = None,
-          progress: bool = True, cpu_threads: int | None = 1) -> TrainResult:
+def train(
+    attention: str = "standard",
+    steps: int = 200,
+    batch_size: int = 16,
+    block_size: int = 32,
+    n_layer: int = 2,
+    n_head: int = 2,
+    n_embd: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    device: str | None = None,
+    amp_dtype: torch.dtype | None = None,
+    text: str | None = None,
+    progress: bool = True,
+    cpu_threads: int | None = 1,
+) -> TrainResult:
     """Train a fresh tiny GPT on the shipped text with AdamW; deterministic for a seed.
 
     Both the weights (``torch.manual_seed(seed)``) and the batches (a separate generator) depend
@@ -233,14 +249,40 @@ def train(attention: str = "standard", steps: int = 200, batch_size: int = 16, b
     if cpu_threads is not None and not str(device).startswith("cuda"):
         torch.set_num_threads(cpu_threads)
     try:
-        return _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr, seed,
-                      device, amp_dtype, text, progress)
+        return _train(
+            attention,
+            steps,
+            batch_size,
+            block_size,
+            n_layer,
+            n_head,
+            n_embd,
+            lr,
+            seed,
+            device,
+            amp_dtype,
+            text,
+            progress,
+        )
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr, seed, device,
-           amp_dtype, text, progress) -> TrainResult:
+def _train(
+    attention,
+    steps,
+    batch_size,
+    block_size,
+    n_layer,
+    n_head,
+    n_embd,
+    lr,
+    seed,
+    device,
+    amp_dtype,
+    text,
+    progress,
+) -> TrainResult:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer; got {steps!r}")
     text = load_text() if text is None else text
@@ -253,22 +295,25 @@ def _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    result = TrainResult(config={**asdict(cfg), "steps": steps, "batch_size": batch_size,
-                                 "lr": lr, "seed": seed},
-                         device=str(device),
-                         amp_dtype=None if amp_dtype is None else str(amp_dtype))
+    result = TrainResult(
+        config={**asdict(cfg), "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed},
+        device=str(device),
+        amp_dtype=None if amp_dtype is None else str(amp_dtype),
+    )
     cuda = str(device).startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     from tqdm import tqdm
 
     t0 = None
-    for step in tqdm(range(steps), desc=f"train ({attention})", disable=not progress,
-                     mininterval=2):
+    for step in tqdm(
+        range(steps), desc=f"train ({attention})", disable=not progress, mininterval=2
+    ):
         x, y = get_batch(data, batch_size, block_size, gen)
         x, y = x.to(device), y.to(device)
-        with torch.autocast(device_type="cuda" if cuda else "cpu", dtype=amp_dtype,
-                            enabled=amp_dtype is not None):
+        with torch.autocast(
+            device_type="cuda" if cuda else "cpu", dtype=amp_dtype, enabled=amp_dtype is not None
+        ):
             _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -284,9 +329,16 @@ def _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr
     return result
 
 
-def saved_activation_bytes(attention: str, batch_size: int = 4, block_size: int = 64,
-                           n_layer: int = 2, n_head: int = 2, n_embd: int = 32,
-                           device: str | None = None, vocab_size: int = 64) -> int:
+def saved_activation_bytes(
+    attention: str,
+    batch_size: int = 4,
+    block_size: int = 64,
+    n_layer: int = 2,
+    n_head: int = 2,
+    n_embd: int = 32,
+    device: str | None = None,
+    vocab_size: int = 64,
+) -> int:
     """Bytes of the distinct tensors autograd saves for the backward of one forward pass.
 
     Counted with ``torch.autograd.graph.saved_tensors_hooks`` (each storage once; parameters

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -76,8 +76,8 @@ class TwoLevelMemory:
     """
 
     def __init__(self, sram_elements: int | None, **hbm):
-        self.capacity = None if sram_elements is None else check_positive_int(
-            sram_elements, "sram_elements"
+        self.capacity = (
+            None if sram_elements is None else check_positive_int(sram_elements, "sram_elements")
         )
         self.hbm = {}
         for name, arr in hbm.items():
@@ -219,8 +219,13 @@ def standard_attention_io(N: int, d: int, n_k: int | None = None, dv: int | None
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
     mem = TwoLevelMemory(
-        None, Q=Virtual((n_q, d)), K=Virtual((n_k, d)), V=Virtual((n_k, dv)),
-        S=Virtual((n_q, n_k)), P=Virtual((n_q, n_k)), O=Virtual((n_q, dv)),
+        None,
+        Q=Virtual((n_q, d)),
+        K=Virtual((n_k, d)),
+        V=Virtual((n_k, dv)),
+        S=Virtual((n_q, n_k)),
+        P=Virtual((n_q, n_k)),
+        O=Virtual((n_q, dv)),
     )
     every = slice(None)
     q, k = mem.load("Q", every), mem.load("K", every)  # pass 1: S = Q K^T
@@ -256,8 +261,15 @@ def flash_block_sizes(d: int, M: int, model: str = "article") -> tuple[int, int]
 
 
 def flash_attention_io(
-    N: int, d: int, M: int, loop_order: str = "fa2", causal: bool = False,
-    model: str = "article", n_k: int | None = None, dv: int | None = None, exact: bool = False,
+    N: int,
+    d: int,
+    M: int,
+    loop_order: str = "fa2",
+    causal: bool = False,
+    model: str = "article",
+    n_k: int | None = None,
+    dv: int | None = None,
+    exact: bool = False,
 ) -> IOCount:
     """Flash Attention's HBM traffic under an SRAM of M elements, by simulation.
 
@@ -277,8 +289,13 @@ def flash_attention_io(
         raise ValueError(f"loop_order must be 'fa1' or 'fa2'; got {loop_order!r}")
     br, bc = flash_block_sizes(d, M, model)
     mem = TwoLevelMemory(
-        M, Q=Virtual((n_q, d)), K=Virtual((n_k, d)), V=Virtual((n_k, dv)),
-        O=Virtual((n_q, dv)), L=Virtual((n_q,)), m=Virtual((n_q,)),
+        M,
+        Q=Virtual((n_q, d)),
+        K=Virtual((n_k, d)),
+        V=Virtual((n_k, dv)),
+        O=Virtual((n_q, dv)),
+        L=Virtual((n_q,)),
+        m=Virtual((n_q,)),
     )
     program = _fa2_program if loop_order == "fa2" else _fa1_program
     program(mem, n_q, n_k, br, bc, bool(causal), model == "paper", exact)
@@ -295,7 +312,7 @@ def _fa2_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
         key_end = min(n_k, i1) if causal else n_k
         for count, size in _runs(0, key_end, bc):
 
-            def body(size=size):
+            def body(size=size, i0=i0, i1=i1):
                 k_j = mem.load("K", slice(0, size))  # line 7 (rows stand in for any block)
                 v_j = mem.load("V", slice(0, size))
                 s_ij = mem.alloc((i1 - i0, size)) if charge_scores else None  # line 8
@@ -318,7 +335,7 @@ def _fa1_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
         first_i = (j0 // br) * br if causal else 0
         for count, size in _runs(first_i, n_q, br):
 
-            def body(size=size):
+            def body(size=size, j0=j0, j1=j1):
                 rows = slice(0, size)
                 q_i, o_i = mem.load("Q", rows), mem.load("O", rows)  # line 8
                 mem.load("L", rows, registers=True)  # l_i, m_i: per-row statistics
@@ -334,8 +351,13 @@ def _fa1_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
 
 
 def flash_attention_io_formula(
-    N: int, d: int, M: int, loop_order: str = "fa2", model: str = "article",
-    n_k: int | None = None, dv: int | None = None,
+    N: int,
+    d: int,
+    M: int,
+    loop_order: str = "fa2",
+    model: str = "article",
+    n_k: int | None = None,
+    dv: int | None = None,
 ):
     """Closed form (non-causal) of :func:`flash_attention_io`: (reads, writes), exact for any N.
 
@@ -349,8 +371,13 @@ def flash_attention_io_formula(
 
 
 def flash_attention_io_blocks(
-    N: int, d: int, block_r: int, block_c: int, loop_order: str = "fa2",
-    n_k: int | None = None, dv: int | None = None,
+    N: int,
+    d: int,
+    block_r: int,
+    block_c: int,
+    loop_order: str = "fa2",
+    n_k: int | None = None,
+    dv: int | None = None,
 ):
     """(reads, writes) in elements of the tiled loops with explicit blocks Br x Bc (non-causal).
 
@@ -392,7 +419,10 @@ def count_io(fn: Callable, q, k, v, sram_elements: int, **kwargs):
     q, k, v = (np.asarray(x) for x in (q, k, v))
     acc = np.float32 if q.dtype == np.float16 else q.dtype
     mem = TwoLevelMemory(
-        sram_elements, Q=q, K=k, V=v,
+        sram_elements,
+        Q=q,
+        K=k,
+        V=v,
         O=np.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc),
         L=np.full(q.shape[:-1], -np.inf, dtype=acc),
     )

@@ -48,8 +48,17 @@ def visible_keys(lo, hi, lens, n_q, group, causal):
     return ok
 
 
-def split_kv_decode_numpy(q, k, v, num_splits: int = 4, cache_seqlens=None, causal=False,
-                          scale=None, chunk: int | None = None, return_partials: bool = False):
+def split_kv_decode_numpy(
+    q,
+    k,
+    v,
+    num_splits: int = 4,
+    cache_seqlens=None,
+    causal=False,
+    scale=None,
+    chunk: int | None = None,
+    return_partials: bool = False,
+):
     """Split-KV decoding in NumPy: partial attention per chunk of keys, then the merge.
 
     Args:
@@ -104,8 +113,10 @@ def split_kv_decode_numpy(q, k, v, num_splits: int = 4, cache_seqlens=None, caus
 
 def check_shapes(qs, ks, vs, qt, kt, vt):
     if not (len(qs) == len(ks) == len(vs) == 4):
-        raise ValueError(f"q, k, v must have rank 4, layout (batch, heads, seq, head_dim); got "
-                         f"shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}")
+        raise ValueError(
+            f"q, k, v must have rank 4, layout (batch, heads, seq, head_dim); got "
+            f"shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}"
+        )
     if not (qt == kt == vt):
         raise TypeError(f"q, k and v must share one dtype; got {qt}, {kt}, {vt}")
     B, Hq, Nq, d = qs
@@ -114,15 +125,20 @@ def check_shapes(qs, ks, vs, qt, kt, vt):
     if ks[3] != d:
         raise ValueError(f"q and k must share the head dim; got {d} and {ks[3]}")
     if tuple(ks[:3]) != tuple(vs[:3]):
-        raise ValueError(f"k and v must have the same (batch, heads, seq); got {tuple(ks)} and "
-                         f"{tuple(vs)}")
+        raise ValueError(
+            f"k and v must have the same (batch, heads, seq); got {tuple(ks)} and {tuple(vs)}"
+        )
     if Hq % ks[1]:
-        raise ValueError(f"the number of query heads must be a multiple of the number of key/value "
-                         f"heads (GQA/MQA); got Hq={Hq}, Hkv={ks[1]}")
+        raise ValueError(
+            f"the number of query heads must be a multiple of the number of key/value "
+            f"heads (GQA/MQA); got Hq={Hq}, Hkv={ks[1]}"
+        )
     if (Hq // ks[1]) * Nq > MAX_ROWS:
-        raise ValueError(f"decoding packs (Hq / Hkv) * Nq = {(Hq // ks[1]) * Nq} query rows into "
-                         f"one tile; at most {MAX_ROWS}. For long queries (prefill) use "
-                         "flash_attention.")
+        raise ValueError(
+            f"decoding packs (Hq / Hkv) * Nq = {(Hq // ks[1]) * Nq} query rows into "
+            f"one tile; at most {MAX_ROWS}. For long queries (prefill) use "
+            "flash_attention."
+        )
     return B, Hq, Nq, d
 
 

@@ -60,7 +60,13 @@ def check_tiled_args(q, k, v, causal, scale, block_q, block_k):
 
 
 def flash_attention_numpy(
-    q, k, v, causal: bool = False, scale=None, block_q: int = 64, block_k: int = 64,
+    q,
+    k,
+    v,
+    causal: bool = False,
+    scale=None,
+    block_q: int = 64,
+    block_k: int = 64,
     loop_order: str = "fa2",
 ):
     """Tiled Flash Attention forward. Returns ``(out, lse)``.

@@ -45,7 +45,15 @@ def _check_like(x, shape, name):
 
 
 def flash_attention_numpy_backward(
-    q, k, v, out, lse, dout, causal: bool = False, scale=None, block_q: int = 64,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dout,
+    causal: bool = False,
+    scale=None,
+    block_q: int = 64,
     block_k: int = 64,
 ):
     """Gradients of Flash Attention from the saved ``out`` and ``lse``. Returns ``(dq, dk, dv)``.

@@ -72,7 +72,12 @@ def fwd_configs() -> list[triton.Config]:
             (128, 64, 4, 3),
             (128, 128, 8, 3),
             (128, 64, 8, 4),
-            (64, 64, 4, 3),  # the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json)
+            (
+                64,
+                64,
+                4,
+                3,
+            ),  # the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json)
         ]
     ] + [FWD_SMALL_CONFIG]
     cpu = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
@@ -95,11 +100,27 @@ def _load_tile(ptrs, row_ok, col_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.co
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, q,  # (BLOCK_M, D), (BLOCK_M,), (BLOCK_M,), (BLOCK_M, D)
-    k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-    offs_m, lo, hi, qk_scale, N_CTX_K,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,  # (BLOCK_M, D), (BLOCK_M,), (BLOCK_M,), (BLOCK_M, D)
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kk,
+    stride_vn,
+    stride_vk,
+    offs_m,
+    lo,
+    hi,
+    qk_scale,
+    N_CTX_K,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Stream key blocks [lo, hi) through the online softmax (the body of FA2 Alg. 1's loop over j: lines 7-10)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
@@ -120,7 +141,7 @@ def _attn_fwd_inner(
             qk = tl.where(keep, qk, float("-inf"))
         # FA2 Alg. 1 line 9: new running max, P~ = exp(S - m), rescaled running sum.
         m_ij = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
-        if MASKED:
+        if MASKED:  # noqa: SIM108 (a constexpr if-statement is pruned at compile time)
             # A row whose keys so far are all masked has m = -inf; -inf - (-inf) would be NaN.
             m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         else:
@@ -140,19 +161,45 @@ def _attn_fwd_inner(
 @triton.autotune(
     configs=fwd_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)},
+    prune_configs_by={
+        "early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)
+    },
     **autotune_kwargs(),
 )
 @triton.jit
 def _attn_fwd(
-    Q, K, V, sm_scale, LSE, Out,
-    stride_qz, stride_qh, stride_qm, stride_qk,
-    stride_kz, stride_kh, stride_kn, stride_kk,
-    stride_vz, stride_vh, stride_vn, stride_vk,
-    stride_oz, stride_oh, stride_om, stride_ok,
-    H_Q, GROUP_SIZE, N_CTX_Q, N_CTX_K,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    sm_scale,
+    LSE,
+    Out,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qk,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kk,
+    stride_vz,
+    stride_vh,
+    stride_vn,
+    stride_vk,
+    stride_oz,
+    stride_oh,
+    stride_om,
+    stride_ok,
+    H_Q,
+    GROUP_SIZE,
+    N_CTX_Q,
+    N_CTX_K,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """O = softmax(scale * Q K^T) V for one query block of one (batch, head).
 
@@ -189,14 +236,50 @@ def _attn_fwd(
         hi = N_CTX_K
         hi_full = (N_CTX_K // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-        offs_m, 0, hi_full, qk_scale, N_CTX_K,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, CAUSAL, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kk,
+        stride_vn,
+        stride_vk,
+        offs_m,
+        0,
+        hi_full,
+        qk_scale,
+        N_CTX_K,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PADDED,
+        False,
+        CAUSAL,
+        DOT_PRECISION,
     )
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-        offs_m, hi_full, hi, qk_scale, N_CTX_K,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, CAUSAL, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kk,
+        stride_vn,
+        stride_vk,
+        offs_m,
+        hi_full,
+        hi,
+        qk_scale,
+        N_CTX_K,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PADDED,
+        True,
+        CAUSAL,
+        DOT_PRECISION,
     )
 
     # FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O, L = m + log l (base 2 here).

@@ -44,8 +44,9 @@ def test_decode_triton_matches_reference(rng, Hq, Hkv, Nq, Nk, d, num_splits):
 def test_decode_triton_causal_and_cache_lengths(rng):
     q, k, v = make_cache(rng, B=3, Hq=4, Hkv=2, Nq=3, Nk=45, d=16, dtype=np.float32)
     lens = [45, 17, 3]  # the last: query 0 sees one key
-    out = decode.flash_decode(*to_torch(q, k, v), cache_seqlens=torch.tensor(lens),
-                              causal=True, num_splits=3)
+    out = decode.flash_decode(
+        *to_torch(q, k, v), cache_seqlens=torch.tensor(lens), causal=True, num_splits=3
+    )
     ref, _ = reference(q, k, v, lens, causal=True)
     assert max_abs_error(out.cpu().numpy(), ref) < 1e-5
 
@@ -53,21 +54,28 @@ def test_decode_triton_causal_and_cache_lengths(rng):
 def test_decode_triton_partials_match_numpy(rng):
     """The split step on its own: each chunk's (m, l, acc) equals partial_attention's."""
     q, k, v = make_cache(rng, Hq=4, Hkv=2, Nk=70, d=16, dtype=np.float32)
-    _, _, parts = decode.flash_decode(*to_torch(q, k, v), num_splits=3, return_lse=True,
-                                      return_partials=True)
+    _, _, parts = decode.flash_decode(
+        *to_torch(q, k, v), num_splits=3, return_lse=True, return_partials=True
+    )
     chunk = split_chunk(70, 3, decode._block_n(torch.float32))
-    _, _, want = split_kv_decode_numpy(q.astype(np.float64), k.astype(np.float64),
-                                              v.astype(np.float64), 3, chunk=chunk,
-                                              return_partials=True)
-    for got, exp in zip(parts, want):
+    _, _, want = split_kv_decode_numpy(
+        q.astype(np.float64),
+        k.astype(np.float64),
+        v.astype(np.float64),
+        3,
+        chunk=chunk,
+        return_partials=True,
+    )
+    for got, exp in zip(parts, want, strict=True):
         np.testing.assert_allclose(got.cpu().numpy(), exp, rtol=1e-5, atol=1e-5)
 
 
 def test_decode_triton_combine_rescales(rng):
     """Chunk maxima differ by ~10: adding the partials without rescaling would be far off."""
     q, k, v = peaked(rng)
-    out, _, parts = decode.flash_decode(*to_torch(q, k, v), num_splits=4, return_lse=True,
-                                        return_partials=True)
+    out, _, parts = decode.flash_decode(
+        *to_torch(q, k, v), num_splits=4, return_lse=True, return_partials=True
+    )
     ref, _ = reference(q, k, v)
     assert max_abs_error(out.cpu().numpy(), ref) < 1e-5
     m, l, acc = (x.cpu().double().numpy() for x in parts)
@@ -83,8 +91,9 @@ def test_decode_triton_half_precision(rng, dtype):
     assert out.dtype == dtype
     ref, _ = reference(q, k, v)
     qh, kh, vh = (torch.tensor(x).to(dtype).float().numpy() for x in (q, k, v))
-    budget = 2 * max_abs_error(naive(qh.astype(np.float16), kh.astype(np.float16),
-                                      vh.astype(np.float16)), ref)
+    budget = 2 * max_abs_error(
+        naive(qh.astype(np.float16), kh.astype(np.float16), vh.astype(np.float16)), ref
+    )
     tol = budget if dtype == torch.float16 else 4e-2  # bf16 rounds the output to 8 bits
     assert max_abs_error(out.float().cpu().numpy(), ref) <= max(tol, 1e-3)
 

@@ -47,10 +47,10 @@ def test_gpt_flash_and_standard_losses_match():
     kw = dict(steps=3, batch_size=2, block_size=32, progress=False, device=DEV)
     std = gpt.train("standard", **kw)
     fl = gpt.train("flash", **kw)
-    diffs = [abs(x - y) for x, y in zip(std.losses, fl.losses)]
+    diffs = [abs(x - y) for x, y in zip(std.losses, fl.losses, strict=True)]
     assert max(diffs) < 1e-4, diffs
     other_seed = gpt.train("standard", seed=1, **kw)  # the comparison can fail
-    assert max(abs(x - y) for x, y in zip(std.losses, other_seed.losses)) > 1e-3
+    assert max(abs(x - y) for x, y in zip(std.losses, other_seed.losses, strict=True)) > 1e-3
 
 
 def test_gpt_saved_activations_grow_quadratically_only_for_standard():

@@ -1,5 +1,7 @@
 """course_kernels.online_softmax: the update, the merge (exact, associative), the -inf guard."""
 
+import itertools
+
 import numpy as np
 import pytest
 from attention_inputs import make_qkv
@@ -30,7 +32,9 @@ def softmax_direct(x):
 @settings(max_examples=60, deadline=None)
 @given(x=rows, block=st.integers(1, 50))
 def test_online_softmax_equals_direct_softmax(x, block):
-    np.testing.assert_allclose(online_softmax(x, block=block), softmax_direct(x), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        online_softmax(x, block=block), softmax_direct(x), rtol=1e-12, atol=1e-15
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -85,7 +89,7 @@ def _split_partials(rng, n_parts, n_q=5, n_k=23, d=4):
     cuts = np.sort(rng.choice(np.arange(1, n_k), size=n_parts - 1, replace=False))
     bounds = [0, *cuts.tolist(), n_k]
     parts = [
-        partial_attention(q, k[..., a:b, :], v[..., a:b, :]) for a, b in zip(bounds, bounds[1:])
+        partial_attention(q, k[..., a:b, :], v[..., a:b, :]) for a, b in itertools.pairwise(bounds)
     ]
     return (q, k, v), parts
 

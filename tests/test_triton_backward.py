@@ -49,8 +49,9 @@ def reference_grads(q, k, v, do, causal, scale=None):
     g = hq // hkv
     arrs = [x.detach().cpu().double() for x in (q, k, v, do)]
     arrs[1], arrs[2] = arrs[1].repeat_interleave(g, 1), arrs[2].repeat_interleave(g, 1)
-    dq, dk, dv = attention_reference_backward(*(x.numpy() for x in arrs), causal=causal,
-                                              scale=scale)
+    dq, dk, dv = attention_reference_backward(
+        *(x.numpy() for x in arrs), causal=causal, scale=scale
+    )
     B, _, Nk, d = k.shape
     dk = dk.reshape(B, hkv, g, Nk, d).sum(axis=2)  # (B, Hkv, Nk, d)
     dv = dv.reshape(B, hkv, g, Nk, d).sum(axis=2)
@@ -63,7 +64,7 @@ def check_backward(q, k, v, do, causal, scale=None):
     out.backward(do)
     ref = reference_grads(q, k, v, do, causal, scale)
     naive = naive_grads(q, k, v, do, causal, scale)
-    for name, x, r, n in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), ref, naive):
+    for name, x, r, n in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), ref, naive, strict=True):
         assert x.shape == r.shape and x.dtype == q.dtype, name
         # n.numpy() keeps the naive dtype, whose ulp sets the rule's error floor.
         assert_close_to_reference(x.float().cpu().numpy(), r, n.numpy(), factor=3.0, what=name)
@@ -104,8 +105,9 @@ def test_backward_dtype(dtype):
 def test_backward_scale(scale):
     # fp16: the rule compares with what the dtype can do. (In fp32 with large scores the
     # interpreter, which has no fused multiply-add, lands near the 3x budget: see notes/kernel.md.)
-    check_backward(*make_inputs(Nq=33, Nk=21, dtype=torch.float16, seed=4), causal=False,
-                   scale=scale)
+    check_backward(
+        *make_inputs(Nq=33, Nk=21, dtype=torch.float16, seed=4), causal=False, scale=scale
+    )
 
 
 def test_backward_deterministic():
@@ -116,7 +118,7 @@ def test_backward_deterministic():
         qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
         flash_attention(qq, kk, vv, causal=True).backward(do)
         grads.append((qq.grad, kk.grad, vv.grad))
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
 
 
