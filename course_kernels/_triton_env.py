@@ -203,8 +203,3 @@ def capability() -> tuple[int, int] | None:
     import torch
 
     return torch.cuda.get_device_capability()
-
-
-def is_hopper() -> bool:
-    cap = capability()
-    return cap is not None and cap[0] == 9

@@ -67,7 +67,7 @@ def train_runs(steps: int = 300, log=print) -> list[dict]:
             attention,
             steps=steps,
             batch_size=64,
-            block_size=256,
+            context_len=256,
             progress=False,
             device="cuda",
             amp_dtype=amp,
@@ -94,13 +94,13 @@ def context_runs(contexts=(256, 512, 1024, 2048, 4096, 8192, 16384), log=print) 
     rows = []
     for context in contexts:
         for attention in ("flash", "standard", "sdpa"):
-            row = {"attention": attention, "block_size": context, "batch_size": 4}
+            row = {"attention": attention, "context_len": context, "batch_size": 4}
             try:
                 r = gpt.train(
                     attention,
                     steps=12,
                     batch_size=4,
-                    block_size=context,
+                    context_len=context,
                     progress=False,
                     device="cuda",
                     amp_dtype=torch.bfloat16,

@@ -5,7 +5,7 @@ Chapter: "Applications" (book part two), section "Inference: prefill vs decode".
 Layout (batch, heads, seq, head_dim), like PyTorch's SDPA:
 
     q: (B, Hq, Nq, d)   Nq = 1 in plain decoding, a few tokens in speculative decoding
-    k, v: (B, Hkv, Nk, d)   the KV cache; Hq = G * Hkv (GQA; Hkv = 1 is MQA)
+    k, v: (B, kv_heads, Nk, d)   the KV cache; Hq = G * kv_heads (GQA; kv_heads = 1 is MQA)
     cache_seqlens: (B,) how many cached keys each sequence really has (<= Nk)
     out: (B, Hq, Nq, d)   lse: (B, Hq, Nq) float32, natural log
 
@@ -17,7 +17,7 @@ is 8 programs on a GPU with 132 SMs, and each streams the whole cache alone. Fla
 (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference", PyTorch blog) also
 splits the *keys*:
 
-1. ``_decode_split_kv``: grid (num_splits, B * Hkv). Program (s, b, kv head) reads keys
+1. ``_decode_split_kv``: grid (num_splits, B * kv_heads). Program (s, b, kv head) reads keys
    [s * chunk, (s + 1) * chunk) and computes the partial result of every query row that uses
    this KV head (the G query heads of the group times Nq tokens, packed into one tile so the
    cache is read once per group, not once per query head)::
@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 
 from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
+from ._compat import renamed_kwargs
 from ._triton_env import INTERPRET, next_power_of_2, require_triton
 from ._validate import check_positive_int, resolve_scale
 from .online_softmax import PartialAttention
@@ -56,6 +57,8 @@ require_triton()
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from .triton_forward import LOG2E  # noqa: E402
 
 
 # -- Triton -----------------------------------------------------------------------------------
@@ -68,7 +71,7 @@ def _decode_split_kv(
     M_part,
     L_part,
     Acc_part,
-    sm_scale,
+    scale,
     stride_qz,
     stride_qh,
     stride_qm,
@@ -81,11 +84,11 @@ def _decode_split_kv(
     stride_vh,
     stride_vn,
     stride_vk,
-    H_KV,
+    KV_HEADS,
     GROUP_SIZE,
     N_Q,
     N_KEYS,
-    CHUNK,
+    KEYS_PER_SPLIT,
     NUM_SPLITS,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
@@ -97,13 +100,13 @@ def _decode_split_kv(
 ):
     """Partial (m, l, acc) of the G * Nq query rows of one KV head over one chunk of keys.
 
-    Grid (NUM_SPLITS, B * H_KV). Row r of the tile is query head kvh * G + r // N_Q, token
+    Grid (NUM_SPLITS, B * KV_HEADS). Row r of the tile is query head kvh * G + r // N_Q, token
     r % N_Q. Writes m (natural log), l: (B, Hq, Nq, S) and acc: (B, Hq, Nq, S, HEAD_DIM) float32.
     """
     split = tl.program_id(0)
     off_zkv = tl.program_id(1)
-    off_z = (off_zkv // H_KV).to(tl.int64)
-    off_kvh = (off_zkv % H_KV).to(tl.int64)
+    off_z = (off_zkv // KV_HEADS).to(tl.int64)
+    off_kvh = (off_zkv % KV_HEADS).to(tl.int64)
     # A constexpr if-statement is pruned by Triton at compile time; it stays a statement.
     if HAS_SEQLENS:  # noqa: SIM108
         seqlen = tl.load(SEQLENS + off_z)  # keys this sequence really has
@@ -131,11 +134,11 @@ def _decode_split_kv(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # base 2, like triton_forward
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e)
+    qk_scale = scale * LOG2E  # exp(x) = exp2(x * log2 e)
     last_key = seqlen - N_Q + tok  # (BLOCK_M,) causal: row sees keys j <= last_key
 
-    lo = split * CHUNK
-    hi = tl.minimum(lo + CHUNK, seqlen)
+    lo = split * KEYS_PER_SPLIT
+    hi = tl.minimum(lo + KEYS_PER_SPLIT, seqlen)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = offs_n < hi
@@ -164,7 +167,7 @@ def _decode_split_kv(
         m_i = m_ij
 
     # Partials go to (B, Hq, Nq, S[, d]); m in natural log so they read like online_softmax's.
-    h_q = H_KV * GROUP_SIZE
+    h_q = KV_HEADS * GROUP_SIZE
     row = ((off_z * h_q + off_h) * N_Q + tok) * NUM_SPLITS + split  # (BLOCK_M,)
     tl.store(M_part + row, m_i * 0.6931471805599453, mask=r_ok)
     tl.store(L_part + row, l_i, mask=r_ok)
@@ -225,7 +228,7 @@ def _decode_combine(
     tl.store(LSE + row, lse)
 
 
-def _block_n(dtype=None) -> int:
+def _block_k(dtype=None) -> int:
     """Keys per step: 16 in the interpreter; on a GPU 64, or 32 for fp32 inputs (IEEE products
     run on FMA units and big tiles spill, see ``_triton_env.pick_configs``)."""
     if INTERPRET:
@@ -239,14 +242,15 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_splits(batch_kv_heads: int, n_keys: int, block_n: int | None = None) -> int:
+@renamed_kwargs(block_n="block_k")
+def default_num_splits(batch_kv_heads: int, n_keys: int, block_k: int | None = None) -> int:
     """How many chunks to split the keys into.
 
     On a GPU: enough programs for about two per SM, but no chunk shorter than two key blocks.
     Under the interpreter (every program costs CPU time): at most 4.
     """
-    block_n = block_n or _block_n()
-    blocks = -(-n_keys // block_n)
+    block_k = block_k or _block_k()
+    blocks = -(-n_keys // block_k)
     if INTERPRET:
         return max(1, min(4, blocks))
     want = -(-2 * _sm_count(torch.cuda.current_device()) // batch_kv_heads)
@@ -321,8 +325,8 @@ def flash_decode(
     enable_gqa=True)`` for each sequence's cache length L.
 
     Args:
-        q: (B, Hq, Nq, d) new queries; (Hq / Hkv) * Nq <= 128.
-        k, v: (B, Hkv, Nk, d) the cache (GQA: Hq a multiple of Hkv). Any Nk >= 1.
+        q: (B, Hq, Nq, d) new queries; (Hq / kv_heads) * Nq <= 128.
+        k, v: (B, kv_heads, Nk, d) the cache (GQA: Hq a multiple of kv_heads). Any Nk >= 1.
         cache_seqlens: (B,) int tensor or list, valid length of each sequence; None = Nk.
         num_splits: chunks of keys (>= 1); None = :func:`default_num_splits`.
         causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
@@ -341,17 +345,17 @@ def flash_decode(
         # triton-lang/triton#11584: bf16 tl.dot is wrong in the interpreter; compute in fp32.
         q, k, v = q.float(), k.float(), v.float()
     B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    block_n = _block_n(q.dtype)
-    chunk = split_chunk(Nk, num_splits, block_n)
+    kv_heads, Nk = k.shape[1], k.shape[2]
+    G = Hq // kv_heads
+    block_k = _block_k(q.dtype)
+    chunk = split_chunk(Nk, num_splits, block_k)
     dpad = max(16, next_power_of_2(d))
     f32 = dict(device=q.device, dtype=torch.float32)
     m_part = torch.empty((B, Hq, Nq, num_splits), **f32)
     l_part = torch.empty((B, Hq, Nq, num_splits), **f32)
     acc_part = torch.empty((B, Hq, Nq, num_splits, d), **f32)
     launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 2}
-    _decode_split_kv[(num_splits, B * Hkv)](
+    _decode_split_kv[(num_splits, B * kv_heads)](
         q,
         k,
         v,
@@ -363,7 +367,7 @@ def flash_decode(
         *q.stride(),
         *k.stride(),
         *v.stride(),
-        Hkv,
+        kv_heads,
         G,
         Nq,
         Nk,
@@ -375,7 +379,7 @@ def flash_decode(
         HAS_SEQLENS=lens is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=max(16, next_power_of_2(G * Nq)),
-        BLOCK_N=block_n,
+        BLOCK_N=block_k,
         **launch,
     )
     out = torch.empty((B, Hq, Nq, d), device=q.device, dtype=q.dtype)

@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .reference import LN2
+
 LAYOUTS = ("contiguous", "zigzag")
-LN2 = math.log(2.0)  # natural logsumexp = base-2 logsumexp * ln 2 (the kernel returns base 2)
 
 __all__ = [
     "LAYOUTS",
@@ -276,7 +277,7 @@ def ring_step_times(
 ) -> dict:
     """The overlap model of one forward ring step with a full (non-causal) block.
 
-    compute = 4 B H L^2 d / flops (two matmuls of an L x L block), transfer = 2 B Hkv L d bytes
+    compute = 4 B H L^2 d / flops (two matmuls of an L x L block), transfer = 2 B kv_heads L d bytes
     / link_bandwidth (the next K and V shards). With the transfer posted before the compute, the
     step takes max(compute, transfer): the transfer is hidden when compute >= transfer, that is
     when the shard holds at least :func:`ring_min_shard` tokens. Returns seconds and ``hidden``.
@@ -295,7 +296,7 @@ def ring_min_shard(
     heads: int, kv_heads: int, flops: float, link_bandwidth: float, element_bytes: int = 2
 ) -> float:
     """Shard length L above which a step's compute hides its transfer:
-    4 H L^2 d / F >= 2 Hkv L d e / bw  <=>  L >= (Hkv / H) e F / (2 bw). Independent of d and B;
+    4 H L^2 d / F >= 2 kv_heads L d e / bw  <=>  L >= (kv_heads / H) e F / (2 bw). Independent of d and B;
     GQA (fewer K/V heads) lowers it."""
     return kv_heads / heads * element_bytes * flops / (2.0 * link_bandwidth)
 
@@ -585,20 +586,20 @@ def _wait(reqs):
 
 
 def _ring_forward(q, k, v, causal, scale, ring: _Ring, stats):
-    """q (B, Hq, L, d), k/v (B, Hkv, L, d) contiguous -> o (B, Hq, L, d) in q.dtype, lse2 base 2."""
+    """q (B, Hq, L, d), k/v (B, kv_heads, L, d) contiguous -> o (B, Hq, L, d) in q.dtype, lse2 base 2."""
     from . import flash
 
-    B, Hkv, _, d = k.shape
+    B, kv_heads, _, d = k.shape
     clock = _Clock(q.device, enabled=stats is not None)
     o = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # (B, Hq, L, d)
     lse = torch.full(q.shape[:3], -math.inf, device=q.device)  # (B, Hq, L) natural log
-    kv = torch.stack([k, v])  # (2, B, Hkv, L_src, d): K and V travel as one message
+    kv = torch.stack([k, v])  # (2, B, kv_heads, L_src, d): K and V travel as one message
     for s in range(ring.world):
         t0 = clock.now()
         reqs, kv_next = [], None
         if s < ring.world - 1:  # post the next block's transfer before computing this one
             n_next = ring.lengths[(ring.rank - s - 1) % ring.world]
-            kv_next = kv.new_empty((2, B, Hkv, n_next, d))
+            kv_next = kv.new_empty((2, B, kv_heads, n_next, d))
             reqs = _exchange(ring, kv, kv_next, 0, stats, "fwd")
         for q0, q1, k0, k1, c in ring.calls[s]:
             o_blk, lse2_blk = flash._forward(
@@ -625,18 +626,18 @@ def _ring_backward(do, q, k, v, o, lse2, causal, scale, ring: _Ring, stats):
     with its block and, one hop after the last step, reaches the block's owner."""
     from . import flash
 
-    B, Hkv, _, d = k.shape
+    B, kv_heads, _, d = k.shape
     clock = _Clock(q.device, enabled=stats is not None)
     do = do.contiguous()
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # (B, Hq, L, d)
-    kv = torch.stack([k, v])  # (2, B, Hkv, L_src, d)
+    kv = torch.stack([k, v])  # (2, B, kv_heads, L_src, d)
     dkv_reqs, dkv_in = [], None
     for s in range(ring.world):
         t0 = clock.now()
         kv_reqs, kv_next = [], None
         if s < ring.world - 1:
             n_next = ring.lengths[(ring.rank - s - 1) % ring.world]
-            kv_next = kv.new_empty((2, B, Hkv, n_next, d))
+            kv_next = kv.new_empty((2, B, kv_heads, n_next, d))
             kv_reqs = _exchange(ring, kv, kv_next, 0, stats, "bwd")
         dkv = torch.zeros(kv.shape, device=q.device, dtype=torch.float32)  # this block's dK, dV
         for q0, q1, k0, k1, c in ring.calls[s]:
@@ -659,7 +660,7 @@ def _ring_backward(do, q, k, v, o, lse2, causal, scale, ring: _Ring, stats):
             dkv += dkv_in
         if ring.world > 1:  # pass the accumulator on with the block; the last hop goes home
             n_in = ring.lengths[(ring.rank - s - 1) % ring.world]
-            dkv_in = dkv.new_empty((2, B, Hkv, n_in, d))
+            dkv_in = dkv.new_empty((2, B, kv_heads, n_in, d))
             dkv_reqs = _exchange(ring, dkv, dkv_in, 1, stats, "bwd")
         else:
             dkv_in = dkv
@@ -708,7 +709,7 @@ def ring_attention(
 
     Args:
         q: (B, Hq, L_r, d) this rank's query shard, layout (batch, heads, seq, head_dim).
-        k, v: (B, Hkv, L_r, d) this rank's key/value shards (Hq a multiple of Hkv: GQA/MQA).
+        k, v: (B, kv_heads, L_r, d) this rank's key/value shards (Hq a multiple of kv_heads: GQA/MQA).
             The shards are the ``layout`` split of one sequence of N = sum of L_r tokens, as
             :func:`shard_sequence` makes it: ``"contiguous"``, rank r holds chunk r of W;
             ``"zigzag"``, chunks r and 2W-1-r of 2W. Chunks have ceil(N / chunks) tokens, the

@@ -38,11 +38,10 @@ require_triton()
 
 import torch  # noqa: E402
 
+from .reference import LN2, LOG2E  # noqa: E402
 from .triton_backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .triton_forward import _attn_fwd  # noqa: E402
 
-LN2 = math.log(2.0)  # natural lse = base-2 lse * ln 2
-LOG2E = 1.0 / LN2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
@@ -149,18 +148,18 @@ def _check_shapes(q, k, v) -> None:
     B, Hq, Nq, d = q.shape
     if k.shape != v.shape:
         raise ValueError(
-            f"k and v must have the same shape (B, Hkv, Nk, d); got "
+            f"k and v must have the same shape (B, kv_heads, Nk, d); got "
             f"{tuple(k.shape)} and {tuple(v.shape)}"
         )
     if k.shape[0] != B:
         raise ValueError(f"q, k, v must share the batch size; got q {B} and k/v {k.shape[0]}")
     if k.shape[3] != d:
         raise ValueError(f"q, k, v must share the head dim; got q {d} and k/v {k.shape[3]}")
-    Hkv = k.shape[1]
-    if Hq % Hkv != 0:
+    kv_heads = k.shape[1]
+    if Hq % kv_heads != 0:
         raise ValueError(
             f"the number of query heads must be a multiple of the number of key/value "
-            f"heads (GQA/MQA); got Hq={Hq}, Hkv={Hkv}"
+            f"heads (GQA/MQA); got Hq={Hq}, kv_heads={kv_heads}"
         )
     if d % 8 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"head dim must be a multiple of 8 and at most {MAX_HEAD_DIM}; got {d}")
@@ -174,7 +173,7 @@ def _check_shapes(q, k, v) -> None:
 
 
 def _forward(q, k, v, causal: bool, scale: float):
-    """Run ``_attn_fwd``. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), already checked.
+    """Run ``_attn_fwd``. q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
 
     Returns o (B, Hq, Nq, d) contiguous in q.dtype and lse2 (B, Hq, Nq) float32 in base 2.
     Non-contiguous inputs are made contiguous. Under the interpreter bf16 is computed in fp32
@@ -185,7 +184,7 @@ def _forward(q, k, v, causal: bool, scale: float):
         return o.to(torch.bfloat16), lse2
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    kv_heads, Nk = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
     lse2 = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
 
@@ -204,7 +203,7 @@ def _forward(q, k, v, causal: bool, scale: float):
         *v.stride(),
         *o.stride(),
         Hq,
-        Hq // Hkv,
+        Hq // kv_heads,
         Nq,
         Nk,
     )
@@ -234,22 +233,22 @@ def _backward_one_key(do, q, k, v, o, lse2, scale):
     NaN or inf in the inputs still propagate to the gradients they reach.
     """
     B, Hq, Nq, d = q.shape
-    Hkv = k.shape[1]
-    G = Hq // Hkv
+    kv_heads = k.shape[1]
+    G = Hq // kv_heads
     f = torch.float32
-    qf = q.to(f).reshape(B, Hkv, G, Nq, d)
-    kf = k.to(f).reshape(B, Hkv, 1, 1, d)
-    vf = v.to(f).reshape(B, Hkv, 1, 1, d)
-    dof = do.to(f).reshape(B, Hkv, G, Nq, d)
-    of = o.to(f).reshape(B, Hkv, G, Nq, d)
-    s2 = (qf * kf).sum(-1, keepdim=True) * (scale * LOG2E)  # (B, Hkv, G, Nq, 1), base 2
-    p = torch.exp2(s2 - lse2.reshape(B, Hkv, G, Nq, 1))
+    qf = q.to(f).reshape(B, kv_heads, G, Nq, d)
+    kf = k.to(f).reshape(B, kv_heads, 1, 1, d)
+    vf = v.to(f).reshape(B, kv_heads, 1, 1, d)
+    dof = do.to(f).reshape(B, kv_heads, G, Nq, d)
+    of = o.to(f).reshape(B, kv_heads, G, Nq, d)
+    s2 = (qf * kf).sum(-1, keepdim=True) * (scale * LOG2E)  # (B, kv_heads, G, Nq, 1), base 2
+    p = torch.exp2(s2 - lse2.reshape(B, kv_heads, G, Nq, 1))
     dp = (dof * vf).sum(-1, keepdim=True)
     delta = (dof * of).sum(-1, keepdim=True)  # bitwise dp when o = v: same shapes, same order
     ds = p * (dp - delta)
     dq = (ds * kf * scale).reshape(B, Hq, Nq, d)
-    dk = (ds * qf).sum((2, 3)).reshape(B, Hkv, 1, d) * scale
-    dv = (p * dof).sum((2, 3)).reshape(B, Hkv, 1, d)
+    dk = (ds * qf).sum((2, 3)).reshape(B, kv_heads, 1, d) * scale
+    dv = (p * dof).sum((2, 3)).reshape(B, kv_heads, 1, d)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -267,20 +266,36 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
         return tuple(g.to(torch.bfloat16) for g in grads)
     q, k, v, o, do, lse2 = (x.contiguous() for x in (q, k, v, o, do, lse2))
     B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    kv_heads, Nk = k.shape[1], k.shape[2]
     dpad = _head_dim_padded(d)
     prec = _dot_precision(q.dtype)
     delta = torch.empty_like(lse2)  # (B, Hq, Nq) float32, written by the dQ kernel
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    key = (q.device, q.dtype, Nq, Nk, d, causal, Hq // Hkv)
+    key = (q.device, q.dtype, Nq, Nk, d, causal, Hq // kv_heads)
     # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
     # preprocessing pass folded in: one launch fewer).
     _launch(
         _attn_bwd_dq,
         lambda meta: (_cdiv(Nq, meta["BLOCK_M2"]), B * Hq),
-        (q, k, v, do, o, lse2, delta, dq, scale, *q.stride(), *k.stride(), Hq, Hq // Hkv, Nq, Nk),
+        (
+            q,
+            k,
+            v,
+            do,
+            o,
+            lse2,
+            delta,
+            dq,
+            scale,
+            *q.stride(),
+            *k.stride(),
+            Hq,
+            Hq // kv_heads,
+            Nq,
+            Nk,
+        ),
         key,
         HEAD_DIM=d,
         HEAD_DIM_PADDED=dpad,
@@ -289,8 +304,24 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
     )
     _launch(
         _attn_bwd_dkdv,
-        lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * Hkv),
-        (q, k, v, do, lse2, delta, dk, dv, scale, *q.stride(), *k.stride(), Hkv, Hq // Hkv, Nq, Nk),
+        lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * kv_heads),
+        (
+            q,
+            k,
+            v,
+            do,
+            lse2,
+            delta,
+            dk,
+            dv,
+            scale,
+            *q.stride(),
+            *k.stride(),
+            kv_heads,
+            Hq // kv_heads,
+            Nq,
+            Nk,
+        ),
         key,
         HEAD_DIM=d,
         HEAD_DIM_PADDED=dpad,
@@ -438,9 +469,9 @@ def flash_attention(
 
     Args:
         q: (B, Hq, Nq, d) queries, layout (batch, heads, seq, head_dim).
-        k: (B, Hkv, Nk, d) keys. Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA);
+        k: (B, kv_heads, Nk, d) keys. Hq must be a multiple of kv_heads (GQA; kv_heads = 1 is MQA);
             Nk may differ from Nq. Any N >= 1.
-        v: (B, Hkv, Nk, d) values.
+        v: (B, kv_heads, Nk, d) values.
         causal: query i sees keys j <= i (PyTorch ``is_causal``, top-left aligned, also when
             Nq != Nk). For Nq = 3, Nk = 4::
 

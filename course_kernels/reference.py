@@ -9,9 +9,15 @@ arXiv 2205.14135, Sec. 2.2): S = scale * Q K^T, P = softmax(S) row-wise, O = P V
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._validate import check_bool, check_qkv, resolve_scale
+
+# The package's one definition of the base change: exp(x) = exp2(x * LOG2E); lse = lse2 * LN2.
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2  # log2(e) = 1.4426950408889634
 
 
 def causal_mask(n_q: int, n_k: int) -> np.ndarray:

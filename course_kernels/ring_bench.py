@@ -31,6 +31,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from ._compat import renamed_kwargs
 from .distributed import (
     RingStats,
     gather_sequence,
@@ -141,11 +142,11 @@ def device_here():
 # --------------------------------------------------------------------------- correctness
 
 
-def _inputs(B, Hq, Hkv, n, d, seed):
+def _inputs(B, Hq, kv_heads, n, d, seed):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, n, d, generator=g)
-    k = torch.randn(B, Hkv, n, d, generator=g)
-    v = torch.randn(B, Hkv, n, d, generator=g)
+    k = torch.randn(B, kv_heads, n, d, generator=g)
+    v = torch.randn(B, kv_heads, n, d, generator=g)
     do = torch.randn(B, Hq, n, d, generator=g)
     return q, k, v, do
 
@@ -174,10 +175,11 @@ def _err(a, b) -> float:
     return (a.double().cpu() - b).abs().max().item()
 
 
+@renamed_kwargs(Hkv="kv_heads")
 def check_case(
     B=1,
     Hq=2,
-    Hkv=1,
+    kv_heads=1,
     n=24,
     d=16,
     causal=True,
@@ -196,7 +198,7 @@ def check_case(
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device, dt = device_here(), DTYPES[dtype]
-    q, k, v, do = _inputs(B, Hq, Hkv, n, d, seed)
+    q, k, v, do = _inputs(B, Hq, kv_heads, n, d, seed)
     shard = [
         shard_sequence(x, world, rank, layout).to(device, dt).requires_grad_() for x in (q, k, v)
     ]
@@ -219,7 +221,7 @@ def check_case(
     row = {
         "B": B,
         "Hq": Hq,
-        "Hkv": Hkv,
+        "kv_heads": kv_heads,
         "n": n,
         "d": d,
         "causal": causal,
@@ -302,11 +304,12 @@ def _all(x):
     return out
 
 
+@renamed_kwargs(Hkv="kv_heads")
 def benchmark(
     ns=(4096, 16384),
     B=1,
     Hq=16,
-    Hkv=16,
+    kv_heads=16,
     d=128,
     dtype="bfloat16",
     layouts=("contiguous", "zigzag"),
@@ -329,7 +332,7 @@ def benchmark(
     device, dt = device_here(), DTYPES[dtype]
     rows = []
     for n in ns:
-        q, k, v, do = _inputs(B, Hq, Hkv, n, d, seed=n)  # the same full inputs on every rank
+        q, k, v, do = _inputs(B, Hq, kv_heads, n, d, seed=n)  # the same full inputs on every rank
         for causal in causals:
             for layout in layouts:
                 sh = [
@@ -359,7 +362,7 @@ def benchmark(
                     "n": n,
                     "B": B,
                     "Hq": Hq,
-                    "Hkv": Hkv,
+                    "kv_heads": kv_heads,
                     "d": d,
                     "dtype": dtype,
                     "world": world,
@@ -377,8 +380,8 @@ def benchmark(
                     "pairs_by_rank": _all([s["pairs"] for s in fwd_steps]),
                     "bytes_sent_by_rank": _all(dict(stats.bytes_sent)),
                     "bytes_model": {
-                        "fwd": ring_bytes(B, Hkv, n, d, world, dt.itemsize),
-                        "bwd": ring_bytes(B, Hkv, n, d, world, dt.itemsize, True),
+                        "fwd": ring_bytes(B, kv_heads, n, d, world, dt.itemsize),
+                        "bwd": ring_bytes(B, kv_heads, n, d, world, dt.itemsize, True),
                     },
                     "peak_bytes_by_rank": _all(peak),
                     "schedule_imbalance": ring_balance(world, layout, causal)["imbalance"],
@@ -476,7 +479,7 @@ def compare_torch_cp(
                 "n": n,
                 "B": B,
                 "Hq": Hq,
-                "Hkv": Hq,
+                "kv_heads": Hq,
                 "d": d,
                 "dtype": dtype,
                 "causal": causal,
@@ -659,10 +662,10 @@ def main(argv=None) -> int:
         if args.step == "check":
             dtype = args.dtype or ("bfloat16" if gpu else "float32")
             ns = args.ns or ((16384, 17001) if gpu else (24, 21))  # 17001: uneven shards
-            H, Hkv = args.heads or (16 if gpu else 2), args.kv_heads or (4 if gpu else 1)
+            H, kv_heads = args.heads or (16 if gpu else 2), args.kv_heads or (4 if gpu else 1)
             d = args.head_dim or (128 if gpu else 16)
             cases = [
-                dict(B=1, Hq=H, Hkv=Hkv, n=n, d=d, causal=c, layout=lay, dtype=dt)
+                dict(B=1, Hq=H, kv_heads=kv_heads, n=n, d=d, causal=c, layout=lay, dtype=dt)
                 for n in ns
                 for c in (False, True)
                 for lay in ("contiguous", "zigzag")
@@ -696,7 +699,7 @@ def main(argv=None) -> int:
             rows = benchmark(
                 ns=args.ns or ((4096, 16384, 65536) if gpu else (32, 64)),
                 Hq=args.heads or (16 if gpu else 2),
-                Hkv=args.kv_heads or (16 if gpu else 2),
+                kv_heads=args.kv_heads or (16 if gpu else 2),
                 d=args.head_dim or (128 if gpu else 16),
                 dtype=args.dtype or ("bfloat16" if gpu else "float32"),
                 repeats=args.repeats or (5 if gpu else 1),

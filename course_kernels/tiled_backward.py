@@ -66,7 +66,9 @@ def flash_attention_numpy_backward(
 
     Returns gradients in the input dtype, accumulated in float32 for fp16/fp32 inputs.
     """
-    q, k, v, causal, scale, br, bc = check_tiled_args(q, k, v, causal, scale, block_q, block_k)
+    q, k, v, causal, scale, block_q, block_k = check_tiled_args(
+        q, k, v, causal, scale, block_q, block_k
+    )
     *lead, n_q, _ = q.shape
     n_k, d_v = v.shape[-2:]
     out = _check_like(out, (*lead, n_q, d_v), "out")
@@ -83,18 +85,18 @@ def flash_attention_numpy_backward(
     dq = np.zeros(q.shape, dtype=acc_t)  # line 5: dQ = 0 in HBM
     dk = np.empty(k.shape, dtype=acc_t)
     dv = np.empty(v.shape, dtype=acc_t)
-    for j0 in range(0, n_k, bc):  # line 6: for 1 <= j <= Tc
-        j1 = min(j0 + bc, n_k)
+    for j0 in range(0, n_k, block_k):  # line 6: for 1 <= j <= Tc
+        j1 = min(j0 + block_k, n_k)
         k_j = k[..., j0:j1, :].astype(acc_t)  # line 7: load K_j, V_j
         v_j = v[..., j0:j1, :].astype(acc_t)
         dk_j = np.zeros(k_j.shape, dtype=acc_t)  # line 8: dK_j = 0, dV_j = 0 on chip
         dv_j = np.zeros(v_j.shape, dtype=acc_t)
-        first_i = (j0 // br) * br if causal else 0
-        for i0 in range(first_i, n_q, br):  # line 9: for 1 <= i <= Tr
-            i1 = min(i0 + br, n_q)
+        first_i = (j0 // block_q) * block_q if causal else 0
+        for i0 in range(first_i, n_q, block_q):  # line 9: for 1 <= i <= Tr
+            i1 = min(i0 + block_q, n_q)
             q_i = q[..., i0:i1, :].astype(acc_t)  # line 10: load Q_i, O_i, dO_i, dQ_i, L_i, D_i
             do_i = dout[..., i0:i1, :].astype(acc_t)
-            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 11: S_ij, (..., Br, Bc)
+            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 11: S_ij, (..., block_q, block_k)
             p = np.exp(s - lse_safe[..., i0:i1, None])  # line 12: P_ij = exp(S_ij - L_i)
             mask = block_mask(i0, i1, j0, j1, causal)
             if mask is not None:

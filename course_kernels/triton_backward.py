@@ -5,7 +5,7 @@ arXiv 2307.08691), Algorithm 2; line numbers in the comments refer to it.
 
 Layout (batch, heads, seq, head_dim); all tensors contiguous:
 
-    Q, dO, dQ: (B, Hq, Nq, d)    K, V, dK, dV: (B, Hkv, Nk, d)    LSE, D: (B, Hq, Nq) float32
+    Q, dO, dQ: (B, Hq, Nq, d)    K, V, dK, dV: (B, kv_heads, Nk, d)    LSE, D: (B, Hq, Nq) float32
 
 The forward saved only O and the base-2 logsumexp ``lse2`` (see ``triton_forward``), so P is
 recomputed block by block: P = exp2(S * scale * log2(e) - lse2), exactly the forward's P.
@@ -36,7 +36,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._triton_env import autotune_kwargs, pick_configs, prune_configs  # noqa: E402
-from .triton_forward import _load_tile  # noqa: E402
+from .triton_forward import LOG2E, _load_tile  # noqa: E402
 
 
 def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
@@ -202,7 +202,7 @@ def _attn_bwd_dkdv(
     Delta,
     DK,
     DV,
-    sm_scale,
+    scale,
     stride_qz,
     stride_qh,
     stride_qm,
@@ -211,7 +211,7 @@ def _attn_bwd_dkdv(
     stride_kh,
     stride_kn,
     stride_kk,
-    H_KV,
+    KV_HEADS,
     GROUP_SIZE,
     N_CTX_Q,
     N_CTX_K,
@@ -222,14 +222,14 @@ def _attn_bwd_dkdv(
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
 ):
-    """dK, dV for one key block of one (batch, K/V head). Grid: (cdiv(Nk, BLOCK_N1), B * Hkv).
+    """dK, dV for one key block of one (batch, K/V head). Grid: (cdiv(Nk, BLOCK_N1), B * kv_heads).
 
     Q and dO share strides (stride_q*); K, V, dK, dV share strides (stride_k*).
     """
     start_n = tl.program_id(0) * BLOCK_N1
     off_hz = tl.program_id(1)
-    off_z = (off_hz // H_KV).to(tl.int64)
-    off_kvh = (off_hz % H_KV).to(tl.int64)
+    off_z = (off_hz // KV_HEADS).to(tl.int64)
+    off_kvh = (off_hz % KV_HEADS).to(tl.int64)
     kv_off = off_z * stride_kz + off_kvh * stride_kh
 
     offs_n = start_n + tl.arange(0, BLOCK_N1)  # (BLOCK_N1,)
@@ -242,7 +242,7 @@ def _attn_bwd_dkdv(
     v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # scale * log2(e)
+    qk_scale = scale * LOG2E
 
     if CAUSAL:
         # Queries i < start_n see none of these keys. Blocks that straddle the diagonal are
@@ -255,7 +255,7 @@ def _attn_bwd_dkdv(
     # GQA: the GROUP_SIZE query heads that read this K/V head, summed in a fixed order.
     for g in range(0, GROUP_SIZE):
         off_h = off_kvh * GROUP_SIZE + g  # query head
-        off_bh = off_z * (H_KV * GROUP_SIZE) + off_h  # row of the (B * Hq, Nq) LSE and D
+        off_bh = off_z * (KV_HEADS * GROUP_SIZE) + off_h  # row of the (B * Hq, Nq) LSE and D
         q_base = Q + off_z * stride_qz + off_h * stride_qh
         do_base = DO + off_z * stride_qz + off_h * stride_qh
         lse_base = LSE + off_bh * N_CTX_Q
@@ -307,7 +307,7 @@ def _attn_bwd_dkdv(
 
     # FA2 Alg. 2 line 19: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
     mask = n_ok & d_ok
-    tl.store(DK + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DK + kv_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
 
 
@@ -375,7 +375,7 @@ def _attn_bwd_dq(
     LSE,
     Delta,
     DQ,
-    sm_scale,
+    scale,
     stride_qz,
     stride_qh,
     stride_qm,
@@ -423,7 +423,7 @@ def _attn_bwd_dq(
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M2,)
     tl.store(Delta + row, delta, mask=offs_m < N_CTX_Q)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = scale * LOG2E
 
     if CAUSAL:
         hi = tl.minimum(start_m + BLOCK_M2, N_CTX_K)
@@ -475,4 +475,4 @@ def _attn_bwd_dq(
         CAUSAL,
         DOT_PRECISION,
     )
-    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)
+    tl.store(DQ + q_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)

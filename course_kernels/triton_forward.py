@@ -5,7 +5,7 @@ arXiv 2307.08691), Algorithm 1; line numbers in the comments refer to it.
 
 Layout: every tensor is (batch, heads, seq, head_dim), like PyTorch's SDPA.
 
-    Q: (B, Hq, Nq, d)    K, V: (B, Hkv, Nk, d)    Hq = GROUP_SIZE * Hkv (GQA / MQA)
+    Q: (B, Hq, Nq, d)    K, V: (B, kv_heads, Nk, d)    Hq = GROUP_SIZE * kv_heads (GQA / MQA)
     O: (B, Hq, Nq, d)    LSE: (B, Hq, Nq) float32, the logsumexp in base 2 (see below)
 
 Program (pid_m, pid_bh) owns the query rows [pid_m * BLOCK_M, (pid_m + 1) * BLOCK_M) of one
@@ -41,8 +41,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._triton_env import autotune_kwargs, pick_configs, prune_configs  # noqa: E402
+from .reference import LOG2E as _LOG2E  # noqa: E402
 
-LOG2E = 1.4426950408889634  # log2(e)
+# A kernel reads a module global only as a constexpr: log2(e), for qk_scale = scale * LOG2E.
+LOG2E = tl.constexpr(_LOG2E)
 
 
 # fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
@@ -171,7 +173,7 @@ def _attn_fwd(
     Q,
     K,
     V,
-    sm_scale,
+    scale,
     LSE,
     Out,
     stride_qz,
@@ -226,7 +228,7 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # scale * log2(e): exp(x) = exp2(x * log2 e)
+    qk_scale = scale * LOG2E  # exp(x) = exp2(x * log2 e)
 
     # Stage 1: whole key blocks that no mask touches. Stage 2: the diagonal and the ragged end.
     if CAUSAL:

@@ -34,6 +34,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from course_kernels.triton_forward import LOG2E  # noqa: E402
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 except ImportError:  # older Triton
@@ -50,7 +52,7 @@ def _env():
 
 # --------------------------------------------------------------------------------------------
 # The experimental forward: the package's loop with lever switches (N a multiple of BLOCK_M,
-# head dim a power of two, Hq = Hkv: enough for the benchmark shapes).
+# head dim a power of two, Hq = kv_heads: enough for the benchmark shapes).
 
 
 @triton.jit
@@ -181,7 +183,7 @@ def _lever_fwd(
     Out,
     desc_k,
     desc_v,
-    sm_scale,
+    scale,
     N_CTX,
     HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr,
@@ -199,7 +201,7 @@ def _lever_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = scale * LOG2E
     if CAUSAL:
         acc, l_i, m_i = _lever_inner(
             acc,

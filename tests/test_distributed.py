@@ -205,16 +205,16 @@ def test_distributed_needs_process_group():
 
 # fp32 (IEEE in the interpreter), GQA (2 query heads share 1 K/V head), even and uneven N
 CASES_2 = [
-    dict(n=n, causal=c, layout=lay, Hq=2, Hkv=1)
+    dict(n=n, causal=c, layout=lay, Hq=2, kv_heads=1)
     for n in (24, 21)
     for c in (False, True)
     for lay in rd.LAYOUTS
 ]
 CASES_4 = [
-    dict(n=37, causal=c, layout=lay, Hq=2, Hkv=1) for c in (False, True) for lay in rd.LAYOUTS
+    dict(n=37, causal=c, layout=lay, Hq=2, kv_heads=1) for c in (False, True) for lay in rd.LAYOUTS
 ] + [
     dict(n=40, causal=True, layout="zigzag", dtype="float16"),
-    dict(n=40, causal=True, layout="contiguous", dtype="bfloat16", Hq=3, Hkv=3),
+    dict(n=40, causal=True, layout="contiguous", dtype="bfloat16", Hq=3, kv_heads=3),
 ]
 
 

@@ -74,7 +74,7 @@ BAD_INPUTS = {
     "heads not a multiple": (
         lambda: good(k=rand(2, 3, 11, 16), v=rand(2, 3, 11, 16)),
         ValueError,
-        r"multiple of the number of key/value heads.*Hq=4, Hkv=3",
+        r"multiple of the number of key/value heads.*Hq=4, kv_heads=3",
     ),
     "head dim not multiple of 8": (
         lambda: good(q=rand(2, 4, 9, 12), k=rand(2, 2, 11, 12), v=rand(2, 2, 11, 12)),

@@ -24,11 +24,11 @@ def rand(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, generator=g).to(dtype=dtype, device=DEVICE)
 
 
-def qkv(B=1, Hq=4, Hkv=2, Nq=20, Nk=20, d=16, dtype=torch.float32, grad=True):
+def qkv(B=1, Hq=4, kv_heads=2, Nq=20, Nk=20, d=16, dtype=torch.float32, grad=True):
     q, k, v = (
         rand(B, Hq, Nq, d, dtype=dtype),
-        rand(B, Hkv, Nk, d, dtype=dtype, seed=1),
-        rand(B, Hkv, Nk, d, dtype=dtype, seed=2),
+        rand(B, kv_heads, Nk, d, dtype=dtype, seed=1),
+        rand(B, kv_heads, Nk, d, dtype=dtype, seed=2),
     )
     return tuple(x.requires_grad_(grad) for x in (q, k, v))
 
@@ -208,7 +208,7 @@ def test_one_key_backward_is_exact(causal, dtype, d):
     """Nk = 1: P = 1 in every row, so dQ = dK = 0 exactly and dV = the sum of dO over the
     query rows of the GQA group (the case a FlashAttention test found 2e-5 of noise in).
     This fails on the kernels' general path (1e-6..3e-6 of noise in dQ and dK here)."""
-    q, k, v = qkv(B=2, Hq=4, Hkv=2, Nq=7, Nk=1, d=d, dtype=dtype)
+    q, k, v = qkv(B=2, Hq=4, kv_heads=2, Nq=7, Nk=1, d=d, dtype=dtype)
     do = rand(2, 4, 7, d, dtype=dtype, seed=5)
     out, dq, dk, dv = grads(lambda a, b, c: flash_attention(a, b, c, causal=causal), q, k, v, do)
     assert torch.equal(out, v.detach().repeat_interleave(2, 1).expand(2, 4, 7, d))

@@ -188,16 +188,16 @@ def test_count_io_refuses_a_function_that_loads_everything(rng):
 
 
 def test_iosim_io_blocks_by_hand_and_agrees_with_the_formula():
-    # FA2, N = 10, d = 4, Br = 3 (Tr = 4), Bc = 5: Q once 40 + K, V four times 4 * 10 * 8 = 320.
+    # FA2, N = 10, d = 4, block_q = 3 (Tr = 4), block_k = 5: Q once 40 + K, V four times 4 * 10 * 8 = 320.
     assert iosim.flash_attention_io_blocks(10, 4, 3, 5, "fa2") == (40 + 320, 40 + 10)
     # FA1, Tc = 2: K, V once 80 + 2 * 10 * (4 + 4 + 2) = 200; writes (1 + 2) * 10 * 6 = 180.
     assert iosim.flash_attention_io_blocks(10, 4, 3, 5, "fa1") == (80 + 200, 180)
     for order in ("fa1", "fa2"):
-        br, bc = iosim.flash_block_sizes(64, 20_000, "paper")
+        block_q, block_k = iosim.flash_block_sizes(64, 20_000, "paper")
         assert iosim.flash_attention_io_blocks(
-            1000, 64, br, bc, order
+            1000, 64, block_q, block_k, order
         ) == iosim.flash_attention_io_formula(1000, 64, 20_000, order, model="paper")
-    with pytest.raises(ValueError, match="block_r"):
+    with pytest.raises(ValueError, match="block_q"):
         iosim.flash_attention_io_blocks(10, 4, 0, 5)
     with pytest.raises(ValueError, match="loop_order"):
         iosim.flash_attention_io_blocks(10, 4, 3, 5, "fa3")

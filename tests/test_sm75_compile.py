@@ -66,7 +66,14 @@ def _source(autotuner, dtype: str, d: int, config, backend):
 
     fn = autotuner.fn
     H, N = 2, 1024  # the batch size changes the launch grid, not the compiled kernel
-    values = {"sm_scale": d**-0.5, "H_Q": H, "H_KV": H, "GROUP_SIZE": 1, "N_CTX_Q": N, "N_CTX_K": N}
+    values = {
+        "scale": d**-0.5,
+        "H_Q": H,
+        "KV_HEADS": H,
+        "GROUP_SIZE": 1,
+        "N_CTX_Q": N,
+        "N_CTX_K": N,
+    }
     for name in fn.arg_names:  # contiguous (B, H, N, d) tensors
         if name.startswith("stride_"):
             values[name] = {"z": H * N * d, "h": N * d, "m": d, "n": d, "k": 1}[name[-1]]

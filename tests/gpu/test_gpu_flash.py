@@ -19,14 +19,14 @@ from course_kernels.bench import naive_attention  # noqa: E402
 from course_kernels.flash import flash_attention  # noqa: E402
 
 
-def make(B, Hq, Hkv, Nq, Nk, d, dtype, seed=0, spread=1.0):
+def make(B, Hq, kv_heads, Nq, Nk, d, dtype, seed=0, spread=1.0):
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def r(*s):
         return torch.randn(*s, device="cuda", generator=g)
 
     q = (r(B, Hq, Nq, d) * spread).to(dtype)  # (B, Hq, Nq, d)
-    k, v = r(B, Hkv, Nk, d).to(dtype), r(B, Hkv, Nk, d).to(dtype)  # (B, Hkv, Nk, d)
+    k, v = r(B, kv_heads, Nk, d).to(dtype), r(B, kv_heads, Nk, d).to(dtype)  # (B, kv_heads, Nk, d)
     do = r(B, Hq, Nq, d).to(dtype)  # (B, Hq, Nq, d)
     return q, k, v, do
 
