@@ -33,6 +33,11 @@ def block_size(sram_elements: int, head_dim: int) -> int:
     """
     m = check_positive_int(sram_elements, "sram_elements")
     d = check_positive_int(head_dim, "head_dim")
+    return _block_size(m, d)
+
+
+def _block_size(m: int, d: int) -> int:
+    """:func:`block_size` for checked integers (M and d each >= 1)."""
     b = m // (4 * d)
     if b < 1:
         raise ValueError(
@@ -101,5 +106,12 @@ PaperBlockSizes.__init__ = renamed_kwargs(block_r="block_q", block_c="block_k")(
 
 def paper_block_sizes(sram_elements: int, head_dim: int) -> PaperBlockSizes:
     """block_k = floor(M/4d), block_q = min(block_k, d), with the footprint of blocks and tile."""
-    block_k = block_size(sram_elements, head_dim)
-    return PaperBlockSizes(int(sram_elements), int(head_dim), block_k, min(block_k, int(head_dim)))
+    m = check_positive_int(sram_elements, "sram_elements")
+    d = check_positive_int(head_dim, "head_dim")
+    return _paper_block_sizes(m, d)
+
+
+def _paper_block_sizes(m: int, d: int) -> PaperBlockSizes:
+    """:func:`paper_block_sizes` for checked integers."""
+    block_k = _block_size(m, d)
+    return PaperBlockSizes(m, d, block_k, min(block_k, d))

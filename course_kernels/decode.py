@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import functools
 
-from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
+from . import _triton_env  # noqa: F401  (first: decides GPU vs interpreter before any kernel)
 from ._compat import renamed_kwargs
 from ._triton_env import INTERPRET, next_power_of_2, require_triton
-from ._validate import check_positive_int, resolve_scale
+from ._validate import check_positive_int
 from .online_softmax import PartialAttention
 from .split_kv import check_seqlens, check_shapes, split_chunk
 
@@ -58,6 +58,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
 from .triton_forward import LOG2E  # noqa: E402
 
 
@@ -258,29 +259,11 @@ def default_num_splits(batch_kv_heads: int, n_keys: int, block_k: int | None = N
 
 
 def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"{name} must be a torch.Tensor of shape (B, H, N, d); got {type(x).__name__}"
-            )
-        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
-        if x.numel() == 0:
-            raise ValueError(f"{name} must not be empty; got shape {tuple(x.shape)}")
+    check_tensors(q, k, v)
     B, Hq, Nq, d = check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
     if d > 256:
         raise ValueError(f"head dim must be at most 256; got {d}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
-    want = _triton_env.device_kind()
-    if q.device.type != want:
-        raise ValueError(
-            f"tensors must be on a {want} device here (Triton runs "
-            f"{'in its CPU interpreter' if want == 'cpu' else 'on the GPU'}); got "
-            f"{q.device}"
-        )
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    check_causal(causal)
     Nk = k.shape[2]
     if cache_seqlens is None:
         # The common decode step: every cache is full. No check, so no GPU -> CPU sync: a sync
@@ -305,7 +288,7 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
     if num_splits is None:
         num_splits = default_num_splits(B * k.shape[1], Nk)
     num_splits = check_positive_int(num_splits, "num_splits")
-    return lens, num_splits, resolve_scale(scale, d)
+    return lens, num_splits, check_scale(scale, d)
 
 
 def flash_decode(

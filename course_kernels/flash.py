@@ -28,8 +28,6 @@ the inputs are cast to the autocast dtype first, as SDPA's are. Double backward 
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 
 from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
 from ._triton_env import INTERPRET, capability, require_triton
@@ -38,11 +36,11 @@ require_triton()
 
 import torch  # noqa: E402
 
+from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
 from .reference import LN2, LOG2E  # noqa: E402
 from .triton_backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .triton_forward import _attn_fwd  # noqa: E402
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
@@ -99,48 +97,10 @@ def _launch(kernel, grid, args, key, **constexprs):
 
 def _check_inputs(q, k, v, causal, scale) -> float:
     """Validate the arguments; return the scale. Raises TypeError / ValueError, never crashes."""
-    _check_tensors(q, k, v)
+    check_tensors(q, k, v)
     _check_shapes(q, k, v)
-    if not isinstance(causal, (bool,)):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    if scale is None:
-        return 1.0 / math.sqrt(q.shape[3])
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite real number or None; got {scale!r}")
-    return float(scale)
-
-
-def _check_tensors(q, k, v) -> None:
-    """Each of q, k, v a non-empty rank-4 tensor of a supported dtype, all on the kernels' device."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(
-                f"{name} must be a torch.Tensor of shape (B, H, N, d); got {type(x).__name__}"
-            )
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            raise ValueError(
-                f"{name} must have rank 4, layout (batch, heads, seq, head_dim); got "
-                f"shape {tuple(x.shape)}"
-            )
-        if x.numel() == 0:
-            raise ValueError(f"{name} must not be empty; got shape {tuple(x.shape)}")
-        if x.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(
-            f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}"
-        )
-    want = _triton_env.device_kind()
-    if q.device.type != want:
-        where = (
-            "no CUDA GPU was found, so kernels run in Triton's CPU interpreter"
-            if want == "cpu"
-            else "Triton compiles these kernels for the CUDA GPU"
-        )
-        raise ValueError(f"tensors must be on a {want} device here ({where}); got {q.device}")
+    check_causal(causal)
+    return check_scale(scale, q.shape[3])
 
 
 def _check_shapes(q, k, v) -> None:

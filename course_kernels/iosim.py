@@ -31,7 +31,7 @@ import numpy as np
 
 from ._validate import check_positive_int
 from ._compat import renamed_kwargs
-from .blocks import block_size, paper_block_sizes
+from .blocks import _block_size, _paper_block_sizes
 
 MODELS = ("article", "paper")
 
@@ -77,9 +77,20 @@ class TwoLevelMemory:
     """
 
     def __init__(self, sram_elements: int | None, **hbm):
-        self.capacity = (
-            None if sram_elements is None else check_positive_int(sram_elements, "sram_elements")
+        self._setup(
+            None if sram_elements is None else check_positive_int(sram_elements, "sram_elements"),
+            hbm,
         )
+
+    @classmethod
+    def _trusted(cls, capacity: int, **hbm) -> TwoLevelMemory:
+        """A memory whose capacity the caller has already checked."""
+        mem = cls.__new__(cls)
+        mem._setup(capacity, hbm)
+        return mem
+
+    def _setup(self, capacity, hbm) -> None:
+        self.capacity = capacity
         self.hbm = {}
         for name, arr in hbm.items():
             self.hbm[name] = arr if isinstance(arr, Virtual) else np.asarray(arr)
@@ -253,12 +264,22 @@ def standard_attention_io_formula(N: int, d: int, n_k: int | None = None, dv: in
 def flash_block_sizes(d: int, M: int, model: str = "article") -> tuple[int, int]:
     """(block_q, block_k) of a model: "article" uses B = floor(M/4d) for both; "paper" has
     block_k = that and block_q = min(block_k, d)."""
+    _check_model(model)
+    m = check_positive_int(M, "sram_elements")
+    return _flash_block_sizes(check_positive_int(d, "head_dim"), m, model)
+
+
+def _check_model(model) -> None:
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}; got {model!r}")
+
+
+def _flash_block_sizes(d: int, M: int, model: str) -> tuple[int, int]:
+    """:func:`flash_block_sizes` for checked arguments."""
     if model == "article":
-        b = block_size(M, d)
+        b = _block_size(M, d)
         return b, b
-    pb = paper_block_sizes(M, d)
+    pb = _paper_block_sizes(M, d)
     return pb.block_q, pb.block_k
 
 
@@ -286,11 +307,12 @@ def flash_attention_io(
         exact: simulate every inner iteration instead of charging repetitions.
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
-    check_positive_int(M, "M")
+    M = check_positive_int(M, "M")  # checked once: the helpers below trust it
     if loop_order not in ("fa1", "fa2"):
         raise ValueError(f"loop_order must be 'fa1' or 'fa2'; got {loop_order!r}")
-    block_q, block_k = flash_block_sizes(d, M, model)
-    mem = TwoLevelMemory(
+    _check_model(model)
+    block_q, block_k = _flash_block_sizes(d, M, model)
+    mem = TwoLevelMemory._trusted(
         M,
         Q=Virtual((n_q, d)),
         K=Virtual((n_k, d)),
@@ -368,7 +390,9 @@ def flash_attention_io_formula(
       FA1: reads = Nk (d + dv) + Tc Nq (d + dv + 2); writes = (1 + Tc) Nq (dv + 2)
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
-    block_q, block_k = flash_block_sizes(d, check_positive_int(M, "M"), model)
+    M = check_positive_int(M, "M")
+    _check_model(model)
+    block_q, block_k = _flash_block_sizes(d, M, model)
     return flash_attention_io_blocks(n_q, d, block_q, block_k, loop_order, n_k=n_k, dv=dv)
 
 

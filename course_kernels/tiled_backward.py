@@ -16,17 +16,18 @@ import numpy as np
 
 from ._validate import accumulator_dtype, as_float_array, check_bool, check_qkv, resolve_scale
 from .online_softmax import _safe
-from .reference import attention_reference, scores
+from .reference import _scores, _softmax_times_v
 from .tiled import block_mask, check_tiled_args
 
 
 def attention_reference_backward(q, k, v, dout, causal: bool = False, scale=None):
     """Exact gradients of standard attention in float64 (dense; for checking). Returns (dq, dk, dv)."""
-    q, k, v = check_qkv(q, k, v)
-    out, lse = attention_reference(q, k, v, causal=causal, scale=scale)
-    dout = _check_like(dout, out.shape, "dout")
+    q, k, v = check_qkv(q, k, v)  # checked once, here: the helpers below trust them
+    causal = check_bool(causal, "causal")
     scale = resolve_scale(scale, q.shape[-1])
-    s = scores(q, k, causal=check_bool(causal, "causal"), scale=scale)  # (..., Nq, Nk)
+    s = _scores(q, k, causal, scale)  # (..., Nq, Nk)
+    out, lse = _softmax_times_v(s, v)
+    dout = _check_like(dout, out.shape, "dout")
     p = np.exp(s - _safe(lse)[..., None])  # (..., Nq, Nk)
     do = dout.astype(np.float64)
     dv = np.swapaxes(p, -1, -2) @ do  # (..., Nk, dv)
