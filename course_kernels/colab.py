@@ -226,3 +226,28 @@ def exercises_link(topic: str, *notebooks: str):
     return Markdown(
         f"**Exercises on {topic}** (in {folder}, graded automatically):\n\n" + "\n".join(items)
     )
+
+
+# The package code the chapters print as listings: public names for private functions, so a
+# chapter shows the code the package runs without reaching into a private name.
+LISTINGS = {
+    "tiled.forward_fa2": ("course_kernels.tiled", "_forward_fa2"),
+    "tiled.forward_fa1": ("course_kernels.tiled", "_forward_fa1"),
+    "triton_forward.attn_fwd": ("course_kernels.triton_forward", "_attn_fwd"),
+    "triton_forward.attn_fwd_inner": ("course_kernels.triton_forward", "_attn_fwd_inner"),
+}
+
+
+def listing(name: str) -> str:
+    """The source text of a package function named in :data:`LISTINGS` (Triton's
+    ``@autotune``/``@jit`` wrappers unwrapped), read from the module (never a pasted copy)."""
+    import importlib
+    import inspect
+
+    if name not in LISTINGS:
+        raise ValueError(f"no listing named {name!r}; the listings are {sorted(LISTINGS)}")
+    module, attr = LISTINGS[name]
+    obj = getattr(importlib.import_module(module), attr)
+    while not inspect.isfunction(obj) and hasattr(obj, "fn"):
+        obj = obj.fn
+    return inspect.getsource(obj)

@@ -51,7 +51,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _head_dim_padded(d: int) -> int:
+def head_dim_padded(d: int) -> int:
     """Next power of two >= d, at least 16 (the smallest tl.dot size)."""
     return max(16, _triton_env.next_power_of_2(d))
 
@@ -173,7 +173,7 @@ def _forward(q, k, v, causal: bool, scale: float):
         args,
         (q.device, q.dtype, Nq, Nk, d, causal),
         HEAD_DIM=d,
-        HEAD_DIM_PADDED=_head_dim_padded(d),
+        HEAD_DIM_PADDED=head_dim_padded(d),
         CAUSAL=causal,
         DOT_PRECISION=_dot_precision(q.dtype),
     )
@@ -227,7 +227,7 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
     q, k, v, o, do, lse2 = (x.contiguous() for x in (q, k, v, o, do, lse2))
     B, Hq, Nq, d = q.shape
     kv_heads, Nk = k.shape[1], k.shape[2]
-    dpad = _head_dim_padded(d)
+    dpad = head_dim_padded(d)
     prec = _dot_precision(q.dtype)
     delta = torch.empty_like(lse2)  # (B, Hq, Nq) float32, written by the dQ kernel
     dq = torch.empty_like(q)

@@ -43,7 +43,7 @@ class PartialAttention(NamedTuple):
     acc: np.ndarray
 
 
-def _safe(m: np.ndarray) -> np.ndarray:
+def safe_max(m: np.ndarray) -> np.ndarray:
     """m with -inf replaced by 0, so exp(x - m_safe) is 0 (not NaN) for fully masked rows."""
     return np.where(np.isneginf(m), np.zeros_like(m), m)
 
@@ -63,7 +63,7 @@ def update(state: SoftmaxState, scores: np.ndarray):
     """
     scores = np.asarray(scores)
     m_new = np.maximum(state.m, scores.max(axis=-1))  # (...,)
-    m_safe = _safe(m_new)
+    m_safe = safe_max(m_new)
     p = np.exp(scores - m_safe[..., None])  # (..., block_k); 0 where scores are -inf
     alpha = np.exp(state.m - m_safe)  # (...,); exp(-inf) = 0 when nothing was seen yet
     l_new = alpha * state.l + p.sum(axis=-1)
@@ -87,7 +87,7 @@ def online_softmax(x, block_k: int = 128) -> np.ndarray:
     state = init_state(x.shape[:-1], dtype=x.dtype)
     for j0 in range(0, x.shape[-1], block_k):
         state, _, _ = update(state, x[..., j0 : j0 + block_k])
-    p = np.exp(x - _safe(state.m)[..., None])
+    p = np.exp(x - safe_max(state.m)[..., None])
     return p / np.where(state.l == 0, 1, state.l)[..., None]
 
 
@@ -122,7 +122,7 @@ def merge(a: PartialAttention, b: PartialAttention) -> PartialAttention:
     (the same rescaling as FA1 Alg. 1 lines 11-12).
     """
     m = np.maximum(a.m, b.m)
-    m_safe = _safe(m)
+    m_safe = safe_max(m)
     wa = np.exp(a.m - m_safe)  # (..., Nq); 0 for a side that has seen nothing
     wb = np.exp(b.m - m_safe)
     return PartialAttention(m, wa * a.l + wb * b.l, wa[..., None] * a.acc + wb[..., None] * b.acc)
@@ -136,5 +136,5 @@ def finalize(p: PartialAttention):
     l_safe = np.where(p.l == 0, np.ones_like(p.l), p.l)
     out = p.acc / l_safe[..., None]
     with np.errstate(divide="ignore"):
-        lse = np.where(p.l == 0, -np.inf, _safe(p.m) + np.log(l_safe))
+        lse = np.where(p.l == 0, -np.inf, safe_max(p.m) + np.log(l_safe))
     return out, lse.astype(p.l.dtype)

@@ -29,7 +29,7 @@ from ._validate import (
     check_qkv,
     resolve_scale,
 )
-from .online_softmax import _safe
+from .online_softmax import safe_max
 
 LOOP_ORDERS = ("fa1", "fa2")
 
@@ -114,7 +114,7 @@ def _forward_fa2(q, k, v, causal, scale, block_q, block_k, acc_t):
             if mask is not None:
                 s = np.where(mask, s, -np.inf)
             m_new = np.maximum(m_i, s.max(axis=-1))  # line 9: m_ij
-            m_safe = _safe(m_new)  # -inf guard for rows with nothing visible yet
+            m_safe = safe_max(m_new)  # -inf guard for rows with nothing visible yet
             p = np.exp(s - m_safe[..., None])  # line 9: P~_ij, (..., block_q, block_k)
             alpha = np.exp(m_i - m_safe)  # rescale factor of everything accumulated so far
             l_i = alpha * l_i + p.sum(axis=-1)  # line 9: l_ij
@@ -123,7 +123,7 @@ def _forward_fa2(q, k, v, causal, scale, block_q, block_k, acc_t):
         l_safe = np.where(l_i == 0, np.ones_like(l_i), l_i)
         out[..., i0:i1, :] = acc / l_safe[..., None]  # line 12: O_i = diag(l)^-1 O_i
         with np.errstate(divide="ignore"):
-            lse[..., i0:i1] = np.where(l_i == 0, -np.inf, _safe(m_i) + np.log(l_safe))  # line 13
+            lse[..., i0:i1] = np.where(l_i == 0, -np.inf, safe_max(m_i) + np.log(l_safe))  # line 13
     return out, lse
 
 
@@ -150,10 +150,10 @@ def _forward_fa1(q, k, v, causal, scale, block_q, block_k, acc_t):
             if mask is not None:
                 s = np.where(mask, s, -np.inf)
             m_tilde = s.max(axis=-1)  # line 10: m~_ij = rowmax(S_ij)
-            p = np.exp(s - _safe(m_tilde)[..., None])  # line 10: P~_ij
+            p = np.exp(s - safe_max(m_tilde)[..., None])  # line 10: P~_ij
             l_tilde = p.sum(axis=-1)  # line 10: l~_ij
             m_new = np.maximum(m_i, m_tilde)  # line 11
-            m_safe = _safe(m_new)
+            m_safe = safe_max(m_new)
             a_old = np.exp(m_i - m_safe)
             a_new = np.exp(m_tilde - m_safe)
             l_new = a_old * l_i + a_new * l_tilde  # line 11
@@ -164,5 +164,5 @@ def _forward_fa1(q, k, v, causal, scale, block_q, block_k, acc_t):
             l_all[..., i0:i1] = l_new  # line 13: write l_i, m_i to HBM
             m_all[..., i0:i1] = m_new
     with np.errstate(divide="ignore"):
-        lse = np.where(l_all == 0, -np.inf, _safe(m_all) + np.log(np.where(l_all == 0, 1, l_all)))
+        lse = np.where(l_all == 0, -np.inf, safe_max(m_all) + np.log(np.where(l_all == 0, 1, l_all)))
     return out, lse.astype(acc_t)

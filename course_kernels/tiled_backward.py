@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import accumulator_dtype, as_float_array, check_bool, check_qkv, resolve_scale
-from .online_softmax import _safe
+from .online_softmax import safe_max
 from .reference import _scores, _softmax_times_v
 from .tiled import block_mask, check_tiled_args
 
@@ -28,7 +28,7 @@ def attention_reference_backward(q, k, v, dout, causal: bool = False, scale=None
     s = _scores(q, k, causal, scale)  # (..., Nq, Nk)
     out, lse = _softmax_times_v(s, v)
     dout = _check_like(dout, out.shape, "dout")
-    p = np.exp(s - _safe(lse)[..., None])  # (..., Nq, Nk)
+    p = np.exp(s - safe_max(lse)[..., None])  # (..., Nq, Nk)
     do = dout.astype(np.float64)
     dv = np.swapaxes(p, -1, -2) @ do  # (..., Nk, dv)
     dp = do @ np.swapaxes(v.astype(np.float64), -1, -2)  # (..., Nq, Nk)
@@ -81,7 +81,7 @@ def flash_attention_numpy_backward(
         )
     acc_t = accumulator_dtype(q.dtype)
     scale = acc_t.type(scale)
-    lse_safe = _safe(lse.astype(acc_t))  # a fully masked row (lse = -inf) has P = 0
+    lse_safe = safe_max(lse.astype(acc_t))  # a fully masked row (lse = -inf) has P = 0
     dlt = (dout.astype(acc_t) * out.astype(acc_t)).sum(axis=-1)  # line 4: D = rowsum(dO * O)
     dq = np.zeros(q.shape, dtype=acc_t)  # line 5: dQ = 0 in HBM
     dk = np.empty(k.shape, dtype=acc_t)

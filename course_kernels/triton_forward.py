@@ -62,28 +62,29 @@ FWD_SM75 = {
 }
 
 
+# The GPU autotuning space for fp16/bf16 as data: (BLOCK_M, BLOCK_N, num_warps, num_stages).
+# The last is the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json).
+FWD_GPU_TILES = ((128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3))
+# Under the interpreter, one config: BLOCK_M = 2 * BLOCK_N crosses several diagonal blocks.
+FWD_CPU_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
+
+
 def fwd_configs() -> list[triton.Config]:
     """The autotuning space: a few configs known to do well on Hopper/Ampere, and a small one.
 
     Under the interpreter one config (several would each run): BLOCK_M = 2 * BLOCK_N, so that
     small CPU tests cross several diagonal blocks.
     """
-    gpu = [
+    return pick_configs(fwd_gpu_configs(), FWD_CPU_CONFIG, FWD_IEEE_CONFIG)
+
+
+def fwd_gpu_configs() -> list[triton.Config]:
+    """The GPU's fp16/bf16 autotuning list (:data:`FWD_GPU_TILES` and the small config), the same
+    whether or not this process has a GPU: what the chapters tabulate."""
+    return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in [
-            (128, 64, 4, 3),
-            (128, 128, 8, 3),
-            (128, 64, 8, 4),
-            (
-                64,
-                64,
-                4,
-                3,
-            ),  # the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json)
-        ]
+        for bm, bn, w, s in FWD_GPU_TILES
     ] + [FWD_SMALL_CONFIG]
-    cpu = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
-    return pick_configs(gpu, cpu, FWD_IEEE_CONFIG)
 
 
 @triton.jit
