@@ -14,6 +14,10 @@ variable ``COURSE_KERNELS_TUTORIAL``: see :func:`load_tutorial`). FLOPs = 4 B H 
 x2.5 for the backward (the Triton tutorial's and FlashAttention papers' convention); the
 backward is timed alone (``torch.autograd.grad`` on a retained graph). Times are the median of
 ``triton.testing.do_bench``.
+
+One module per job: speed here (:func:`run_bench`, :func:`gpu_check`); reports (ratio table,
+figure) in ``bench_report``; memory in ``bench_memory``; DRAM traffic in ``bench_dram``; the
+config sweep in ``bench_sweep``. Their names stay reachable as ``bench.<name>``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,9 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import sys
-from functools import partial
 
 import numpy as np
 
@@ -308,6 +310,8 @@ def run_bench(
         _write_bench(out_dir, env, rows)
     _write_bench(out_dir, env, rows)
     try:
+        from .bench_report import plot_bench
+
         plot_bench(rows, os.path.join(out_dir, "bench.png"), env)
     except Exception as exc:  # matplotlib missing: the data still stands
         log(f"plot failed: {exc!r}")
@@ -333,6 +337,8 @@ def _time_one(fn, q, k, v, do, causal, out, mode):
 
 
 def _write_bench(out_dir, env, rows):
+    from .bench_report import write_ratios
+
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"environment": env, "results": rows}, f, indent=1)
     fields = [
@@ -362,268 +368,6 @@ def _write_bench(out_dir, env, rows):
     write_ratios(os.path.join(out_dir, "ratios.csv"), env, rows)
 
 
-def write_ratios(path, env, rows):
-    """:func:`ratio_table` as CSV, headed by the run's GPU, versions, date and command."""
-    with open(path, "w", newline="") as f:
-        f.write(
-            f"# flash / sdpa TFLOP/s ratios; {env['gpu']}; torch {env['torch']}; "
-            f"triton {env['triton']}; {env['date']}; {env['command']}\n"
-        )
-        fields = [
-            "dtype",
-            "d",
-            "N",
-            "causal",
-            "mode",
-            "flash",
-            "vs_sdpa_flash",
-            "vs_sdpa_cudnn",
-            "vs_tutorial",
-        ]
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(ratio_table(rows))
-
-
-def ratio_table(rows) -> list[dict]:
-    """flash / sdpa-flash and flash / sdpa-cudnn TFLOP/s per shape."""
-    by = {}
-    for r in rows:
-        if r.get("mode") in ("fwd", "bwd"):
-            by[(r["dtype"], r["d"], r["N"], r["causal"], r["mode"], r["provider"])] = r["tflops"]
-    table = []
-    for (dt, d, n, c, mode, p), t in sorted(by.items(), key=lambda kv: kv[0][:5]):
-        if p != "flash":
-            continue
-        fa2 = by.get((dt, d, n, c, mode, "sdpa-flash"))
-        cud = by.get((dt, d, n, c, mode, "sdpa-cudnn"))
-        tut = by.get((dt, d, n, c, mode, "tutorial"))
-        table.append(
-            {
-                "dtype": dt,
-                "d": d,
-                "N": n,
-                "causal": c,
-                "mode": mode,
-                "flash": t,
-                "vs_sdpa_flash": t / fa2 if fa2 else math.nan,
-                "vs_sdpa_cudnn": t / cud if cud else math.nan,
-                "vs_tutorial": t / tut if tut else math.nan,
-            }
-        )
-    return table
-
-
-def format_ratio_table(rows) -> str:
-    lines = [
-        "| dtype | d | N | causal | mode | flash TFLOP/s | / sdpa-flash | / sdpa-cudnn |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in ratio_table(rows):
-        lines.append(
-            f"| {r['dtype']} | {r['d']} | {r['N']} | {'yes' if r['causal'] else 'no'} | "
-            f"{r['mode']} | {r['flash']:.0f} | {r['vs_sdpa_flash']:.2f} | "
-            f"{r['vs_sdpa_cudnn']:.2f} |"
-        )
-    return "\n".join(lines)
-
-
-def plot_bench(rows, path, env):
-    """TFLOP/s vs N per (dtype, d, causal, mode) panel, saved to ``path``; returns the Figure.
-
-    Uses matplotlib's object API (no pyplot), so it neither needs nor changes the backend of a
-    notebook that calls it. Each provider keeps one colour in every panel.
-    """
-    from matplotlib.figure import Figure
-
-    keys = sorted(
-        {
-            (r["dtype"], r["d"], r["causal"], r["mode"])
-            for r in rows
-            if r.get("mode") in ("fwd", "bwd")
-        }
-    )
-    ncol = 4
-    nrow = max(1, math.ceil(len(keys) / ncol))
-    fig = Figure(figsize=(4.2 * ncol, 3.2 * nrow))
-    axes = fig.subplots(nrow, ncol, squeeze=False)
-    for ax, key in zip(axes.flat, keys, strict=False):  # the grid may have spare axes
-        dt, d, causal, mode = key
-        for p in PROVIDERS:
-            pts = sorted(
-                (r["N"], r["tflops"])
-                for r in rows
-                if r.get("mode") == mode
-                and r["provider"] == p
-                and (r["dtype"], r["d"], r["causal"]) == key[:3]
-            )
-            if pts:
-                ax.plot(
-                    *zip(*pts, strict=True),
-                    marker="o",
-                    color=f"C{PROVIDERS.index(p)}",
-                    label=PROVIDER_LABELS.get(p, p),
-                )
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{dt} d={d} {'causal' if causal else 'full'} {mode}", fontsize=9)
-        ax.set_xlabel("N")
-        ax.set_ylabel("TFLOP/s")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{env['gpu']}, torch {env['torch']}, Triton {env['triton']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return fig
-
-
-def _fwd_bwd(fn, q, k, v, do):
-    """One forward and backward on fresh leaf copies of q, k, v (their copies count as input)."""
-    import torch
-
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    return torch.autograd.grad(fn(q, k, v, False), (q, k, v), do)
-
-
-def run_memory(out_dir, ns=(4096, 8192, 16384, 32768, 65536), batch=1, heads=8, d=64, log=print):
-    """Extra memory of one forward (and forward + backward) vs N: naive vs this kernel."""
-    import torch
-
-    os.makedirs(out_dir, exist_ok=True)
-    env = environment()
-    rows = []
-    for n in ns:
-        q, k, v, do = (
-            torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4)
-        )
-        for p in ("naive", "sdpa-flash", "flash"):
-            fn = provider_fn(p)
-            row = {
-                "provider": p,
-                "N": n,
-                "batch": batch,
-                "heads": heads,
-                "d": d,
-                "dtype": "float16",
-            }
-            try:
-                fn(q, k, v, False)  # compile / autotune outside the measurement
-                row["fwd_extra_mib"] = _peak_extra_mib(lambda: fn(q, k, v, False))  # noqa: B023
-                _fwd_bwd(fn, q, k, v, do)
-                row["fwd_bwd_extra_mib"] = _peak_extra_mib(lambda: _fwd_bwd(fn, q, k, v, do))  # noqa: B023
-            except torch.OutOfMemoryError:
-                row["error"] = "out of memory"
-            torch.cuda.empty_cache()
-            log(json.dumps(row))
-            rows.append(row)
-        q = k = v = do = None
-    with open(os.path.join(out_dir, "memory.json"), "w") as f:
-        json.dump({"environment": env, "results": rows}, f, indent=1)
-    return rows
-
-
-DRAM_NS = (1024, 2048, 4096, 8192, 16384, 32768)
-
-
-def dram_cases(ns=DRAM_NS, batch=1, heads=4, d=64):
-    """Run one forward per (provider, N) between cudaProfilerStart/Stop, each on its own
-    stream, so that ``ncu --profile-from-start off`` sees exactly these kernels, grouped by
-    stream in this order. Prints the run's environment as JSON, then the case list as JSON on
-    the last line (``dram parse`` reads both)."""
-    import torch
-
-    print(json.dumps({"environment": environment()}))
-    cases = []
-    for n in ns:
-        q, k, v = (
-            torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(3)
-        )
-        for p in ("naive", "sdpa-flash", "flash"):
-            fn = provider_fn(p)
-            fn(q, k, v, False)  # warm-up: compile, cuBLAS handles, allocator
-            torch.cuda.synchronize()
-            stream = torch.cuda.Stream()
-            torch.cuda.profiler.start()
-            with torch.cuda.stream(stream):
-                fn(q, k, v, False)  # the output is freed in stream order, after the kernel
-            stream.synchronize()
-            torch.cuda.profiler.stop()
-            cases.append({"provider": p, "N": n, "batch": batch, "heads": heads, "d": d})
-        q = k = v = None
-        torch.cuda.empty_cache()
-    print(json.dumps(cases))
-    return cases
-
-
-def parse_ncu_csv(ncu_csv, cases, out_csv, command="", env=None):
-    """Sum ncu's dram__bytes_{read,write}.sum per case (kernels grouped by stream, in order).
-
-    ``env``: the measuring run's :func:`environment` (``dram run`` prints it), written into the
-    CSV's header with the command so the file names its GPU, versions and date.
-    """
-    with open(ncu_csv) as f:
-        lines = [ln for ln in f if ln.startswith('"')]
-    reader = csv.DictReader(lines)
-    streams: dict[str, dict] = {}
-    order = []
-    for r in reader:
-        try:
-            read = float(r["dram__bytes_read.sum"].replace(",", ""))
-            write = float(r["dram__bytes_write.sum"].replace(",", ""))
-        except (KeyError, ValueError):
-            continue  # the units row
-        s = r.get("Stream", "?")
-        if s not in streams:
-            streams[s] = {"read": 0.0, "write": 0.0, "kernels": []}
-            order.append(s)
-        streams[s]["read"] += read
-        streams[s]["write"] += write
-        streams[s]["kernels"].append(r.get("Kernel Name", "?")[:40])
-    if len(order) != len(cases):
-        raise RuntimeError(f"ncu reported {len(order)} streams for {len(cases)} cases")
-    with open(out_csv, "w", newline="") as f:
-        where = (
-            ""
-            if not env
-            else f"{env.get('gpu')}; torch {env.get('torch')}; "
-            f"triton {env.get('triton')}; {env.get('date')}; "
-        )
-        f.write(f"# DRAM bytes per forward, Nsight Compute; {where}{command}\n")
-        w = csv.writer(f)
-        w.writerow(
-            [
-                "provider",
-                "N",
-                "batch",
-                "heads",
-                "d",
-                "dtype",
-                "dram_read_bytes",
-                "dram_write_bytes",
-                "n_kernels",
-                "kernels",
-            ]
-        )
-        for case, s in zip(cases, order, strict=True):
-            st = streams[s]
-            w.writerow(
-                [
-                    case["provider"],
-                    case["N"],
-                    case["batch"],
-                    case["heads"],
-                    case["d"],
-                    "float16",
-                    int(st["read"]),
-                    int(st["write"]),
-                    len(st["kernels"]),
-                    ";".join(st["kernels"]),
-                ]
-            )
-    return out_csv
-
-
 def gpu_check(log=print) -> bool:
     """Quick sanity check on the GPU: one shape per dtype against fp32 math."""
     import torch
@@ -646,116 +390,26 @@ def gpu_check(log=print) -> bool:
     return ok
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) swept by ``python -m course_kernels sweep``.
-SWEEP_CONFIGS = (
-    (64, 32, 4, 2),
-    (64, 64, 4, 3),
-    (64, 128, 4, 3),
-    (128, 32, 4, 3),
-    (128, 64, 4, 2),
-    (128, 64, 4, 3),
-    (128, 64, 8, 3),
-    (128, 64, 8, 4),
-    (128, 128, 8, 2),
-    (128, 128, 8, 3),
-)
+# Speed lives here; the other jobs live in their own modules. Their names stay reachable as
+# ``bench.<name>`` (resolved on first use, so that no module imports another in a cycle).
+_MOVED = {
+    "write_ratios": "bench_report",
+    "ratio_table": "bench_report",
+    "format_ratio_table": "bench_report",
+    "plot_bench": "bench_report",
+    "run_memory": "bench_memory",
+    "DRAM_NS": "bench_dram",
+    "dram_cases": "bench_dram",
+    "parse_ncu_csv": "bench_dram",
+    "SWEEP_CONFIGS": "bench_sweep",
+    "forced_forward_config": "bench_sweep",
+    "run_sweep": "bench_sweep",
+}
 
 
-def forced_forward_config(block_m, block_n, num_warps, num_stages):
-    """Context manager: run the forward kernel with exactly one config (no autotuning).
+def __getattr__(name):
+    if name in _MOVED:
+        import importlib
 
-    Clears both Triton's autotuning cache and ``flash``'s per-shape cache of tuned configs, so
-    the forced config is really the one launched; restores everything on exit.
-    """
-    import contextlib
-
-    import triton
-
-    from . import flash, triton_forward
-
-    @contextlib.contextmanager
-    def forced():
-        kernel = triton_forward._attn_fwd
-        saved = kernel.configs
-        kernel.configs = [
-            triton.Config(
-                {"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages
-            )
-        ]
-        kernel.cache.clear()
-        flash._TUNED.clear()
-        try:
-            yield
-        finally:
-            kernel.configs = saved
-            kernel.cache.clear()
-            flash._TUNED.clear()
-
-    return forced()
-
-
-def run_sweep(
-    out_dir,
-    n=4096,
-    ds=(64, 128),
-    causals=(False, True),
-    batch=4,
-    hidden=2048,
-    dtype="float16",
-    configs=SWEEP_CONFIGS,
-    log=print,
-):
-    """Forward TFLOP/s of each (BLOCK_M, BLOCK_N, warps, stages) config; writes sweep.json."""
-    import torch
-    import torch.nn.functional as F
-    import triton
-    from tqdm import tqdm
-
-    from .flash import flash_attention
-
-    os.makedirs(out_dir, exist_ok=True)
-    env = environment()
-    env["autotune"] = False  # every config is forced alone (forced_forward_config): no autotuning
-    rows = []
-    cases = [(d, c, cfg) for d in ds for c in causals for cfg in configs]
-    for d, causal, cfg in tqdm(cases, desc="sweep", file=sys.stdout, mininterval=5):
-        heads = hidden // d
-        torch.manual_seed(d)
-        q, k, v = (
-            torch.randn(batch, heads, n, d, device="cuda", dtype=getattr(torch, dtype))
-            for _ in range(3)
-        )
-        row = {
-            "d": d,
-            "causal": causal,
-            "N": n,
-            "batch": batch,
-            "heads": heads,
-            "dtype": dtype,
-            "block_m": cfg[0],
-            "block_n": cfg[1],
-            "num_warps": cfg[2],
-            "num_stages": cfg[3],
-        }
-        try:
-            with forced_forward_config(*cfg):
-                out = flash_attention(q, k, v, causal=causal)
-                ref = F.scaled_dot_product_attention(
-                    q.float(), k.float(), v.float(), is_causal=causal
-                )
-                row["max_abs_error"] = float((out.float() - ref).abs().max())
-                ms = triton.testing.do_bench(
-                    partial(flash_attention, q, k, v, causal=causal),
-                    warmup=10,
-                    rep=40,
-                    return_mode="median",
-                )
-            row["ms"] = ms
-            row["tflops"] = attention_flops(batch, heads, n, d, causal, "fwd") / ms * 1e-9
-        except Exception as exc:  # e.g. out of shared memory: recorded, not fatal
-            row["error"] = repr(exc)[:300]
-            log(f"config {cfg} d={d} causal={causal}: {exc!r}"[:300])
-        rows.append(row)
-        with open(os.path.join(out_dir, "sweep.json"), "w") as f:
-            json.dump({"environment": env, "results": rows}, f, indent=1)
-    return rows
+        return getattr(importlib.import_module(f".{_MOVED[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

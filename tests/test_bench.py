@@ -165,3 +165,16 @@ def test_ratio_table_against_the_tutorial():
     rows = [_row("flash", 400), _row("tutorial", 500), _row("sdpa-flash", 200)]
     (r,) = bench.ratio_table(rows)
     assert r["vs_tutorial"] == pytest.approx(0.8) and r["vs_sdpa_flash"] == pytest.approx(2.0)
+
+
+def test_bench_split_by_job_keeps_the_old_names():
+    from course_kernels import bench_dram, bench_memory, bench_report, bench_sweep
+
+    assert bench.run_sweep is bench_sweep.run_sweep
+    assert bench.SWEEP_CONFIGS is bench_sweep.SWEEP_CONFIGS
+    assert bench.forced_forward_config is bench_sweep.forced_forward_config
+    assert bench.parse_ncu_csv is bench_dram.parse_ncu_csv
+    assert bench.run_memory is bench_memory.run_memory
+    assert bench.format_ratio_table is bench_report.format_ratio_table
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_job'"):
+        bench.no_such_job  # noqa: B018

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_kernels import attention_naive, attention_reference, flash_attention_numpy
-from course_kernels.online_softmax import _safe
+from course_kernels.online_softmax import safe_max
 from course_kernels.testing import assert_close_to_reference
 
 # (n_q, n_k, d, causal, block_q, block_k, score_multiplier)
@@ -69,8 +69,8 @@ def _mutant(bug):
                 m_new = np.maximum(m, s.max(-1))
                 if bug == "max_not_subtracted":
                     m_new = np.zeros_like(m_new)
-                p = np.exp(s - _safe(m_new)[..., None])
-                alpha = np.exp(m - _safe(m_new))
+                p = np.exp(s - safe_max(m_new)[..., None])
+                alpha = np.exp(m - safe_max(m_new))
                 if bug == "no_rescale":
                     l, acc = l + p.sum(-1), acc + p @ v[..., j0:j1, :]
                 elif bug == "rescale_l_not_o":
@@ -86,7 +86,7 @@ def _mutant(bug):
                     l, acc = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v[..., j0:j1, :]
                 m = m_new
             out[..., i0:i1, :] = acc / np.where(l == 0, 1, l)[..., None]
-            lse[..., i0:i1] = _safe(m) + np.log(np.where(l == 0, 1, l))
+            lse[..., i0:i1] = safe_max(m) + np.log(np.where(l == 0, 1, l))
         return out, lse
 
     return impl
