@@ -31,11 +31,9 @@ def _check_choices(ap, flag, text, allowed):
 
 
 def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    from ._probe import cuda_available
+
+    return cuda_available()
 
 
 def main(argv=None) -> int:

@@ -24,13 +24,7 @@ import functools
 import os
 import sys
 
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+from ._probe import cuda_available
 
 
 def _reinterpret_triton_library() -> None:
@@ -57,7 +51,7 @@ def _reinterpret_triton_library() -> None:
                 setattr(module, attr, rebuilt[id(value)])
 
 
-HAS_GPU: bool = _cuda_available()
+HAS_GPU: bool = cuda_available()
 if not HAS_GPU and os.environ.get("TRITON_INTERPRET") is None:
     os.environ["TRITON_INTERPRET"] = "1"  # must happen before the first @triton.jit
     if "triton.language" in sys.modules:

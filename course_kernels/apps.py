@@ -33,9 +33,9 @@ FULL_GPT = dict(n_layer=6, n_head=6, n_embd=384, lr=1e-3)
 
 
 def _require_cuda(what: str) -> None:
-    import torch
+    from ._probe import cuda_available
 
-    if not torch.cuda.is_available():
+    if not cuda_available():
         raise RuntimeError(f"{what} needs a CUDA GPU (it times kernels on one); torch sees none")
 
 

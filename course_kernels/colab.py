@@ -136,9 +136,9 @@ def has_cuda_gpu() -> bool:
     """True if a CUDA GPU is usable. Cheap when there is no NVIDIA driver (torch not imported)."""
     if shutil.which("nvidia-smi") is None or importlib.util.find_spec("torch") is None:
         return False
-    import torch
+    from ._probe import cuda_available
 
-    return bool(torch.cuda.is_available())
+    return cuda_available()
 
 
 def describe(result: Setup) -> str:

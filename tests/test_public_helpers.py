@@ -56,3 +56,17 @@ def test_device_facts_and_padded_head_dim():
         256,
     ]
     assert (device.capability() is None) == device.INTERPRET
+
+
+def test_one_device_probe(monkeypatch):
+    import sys
+
+    from course_kernels import _probe
+
+    torch = pytest.importorskip("torch")
+    assert _probe.cuda_available() == torch.cuda.is_available()
+    from course_kernels import _triton_env
+
+    assert _triton_env.HAS_GPU == _probe.cuda_available()
+    monkeypatch.setitem(sys.modules, "torch", None)  # "import torch" now raises ImportError
+    assert _probe.cuda_available() is False
