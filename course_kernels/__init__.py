@@ -30,7 +30,7 @@ key/value heads        H_kv          ``kv_heads``       ``KV_HEADS``         GQA
 GQA group size         G             ``G``              ``GROUP_SIZE``       query heads per KV head
 softmax scale          tau           ``scale``          ``scale``            None means 1/sqrt(d)
 scale in base 2        --            --                 ``qk_scale``         scale * ``LOG2E``, exp2
-log2(e)                --            ``LOG2E``          ``LOG2E`` (host)     defined once, ``reference``
+log2(e)                --            ``LOG2E``          ``LOG2E`` constexpr  defined once, ``reference``
 model context length   T             ``context_len``    --                   ``gpt`` only
 query / key length     N_q, N_k      ``n_q``, ``n_k``   ``N_CTX_Q/N_CTX_K``
 head dim               d             ``d``, head_dim    ``HEAD_DIM``
@@ -42,7 +42,8 @@ Inside Triton kernels the tile sizes keep Triton's own names (``BLOCK_M`` rows o
 ``BLOCK_N`` rows of keys), as in Triton's tutorials; the tuning data files record them
 lowercased (``block_m``, ``block_n``). The old keywords ``block_r``/``block_c`` (tile rows),
 ``block`` (``online_softmax``), ``block_n`` (``decode.default_num_splits``), ``block_size``
-(``gpt``) and ``Hkv`` (``ring_bench``) still work for one release with a ``DeprecationWarning``.
+(``gpt``), ``Hkv`` (``ring_bench``) and ``block_m``/``block_n``
+(``bench.forced_forward_config``) still work for one release with a ``DeprecationWarning``.
 """
 
 from . import iosim

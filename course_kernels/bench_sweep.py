@@ -10,6 +10,7 @@ import os
 import sys
 from functools import partial
 
+from ._compat import renamed_kwargs
 from .bench import attention_flops, environment
 
 
@@ -28,7 +29,8 @@ SWEEP_CONFIGS = (
 )
 
 
-def forced_forward_config(block_m, block_n, num_warps, num_stages):
+@renamed_kwargs(block_m="block_q", block_n="block_k")
+def forced_forward_config(block_q, block_k, num_warps, num_stages):
     """Context manager: run the forward kernel with exactly one config (no autotuning).
 
     Clears both Triton's autotuning cache and ``flash``'s per-shape cache of tuned configs, so
@@ -46,7 +48,7 @@ def forced_forward_config(block_m, block_n, num_warps, num_stages):
         saved = kernel.configs
         kernel.configs = [
             triton.Config(
-                {"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=num_warps, num_stages=num_stages
+                {"BLOCK_M": block_q, "BLOCK_N": block_k}, num_warps=num_warps, num_stages=num_stages
             )
         ]
         kernel.cache.clear()
@@ -99,7 +101,7 @@ def run_sweep(
             "batch": batch,
             "heads": heads,
             "dtype": dtype,
-            "block_m": cfg[0],
+            "block_m": cfg[0],  # the record keeps Triton's names (BLOCK_M, BLOCK_N) lowercased
             "block_n": cfg[1],
             "num_warps": cfg[2],
             "num_stages": cfg[3],

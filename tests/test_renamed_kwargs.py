@@ -78,3 +78,14 @@ def test_online_softmax_old_keyword():
     with pytest.warns(DeprecationWarning, match="use 'block_k'"):
         old = online_softmax(x, block=4)
     np.testing.assert_array_equal(old, online_softmax(x, block_k=4))
+
+
+def test_forced_forward_config_old_keywords():
+    pytest.importorskip("triton")
+    from course_kernels import bench_sweep, triton_forward
+
+    with (
+        pytest.warns(DeprecationWarning, match="use 'block_q'"),
+        bench_sweep.forced_forward_config(block_m=16, block_k=16, num_warps=4, num_stages=1),
+    ):
+        assert triton_forward._attn_fwd.configs[0].kwargs == {"BLOCK_M": 16, "BLOCK_N": 16}
