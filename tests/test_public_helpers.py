@@ -67,6 +67,6 @@ def test_one_device_probe(monkeypatch):
     assert _probe.cuda_available() == torch.cuda.is_available()
     from course_kernels import _triton_env
 
-    assert _triton_env.HAS_GPU == _probe.cuda_available()
+    assert _probe.cuda_available() == _triton_env.HAS_GPU
     monkeypatch.setitem(sys.modules, "torch", None)  # "import torch" now raises ImportError
     assert _probe.cuda_available() is False
