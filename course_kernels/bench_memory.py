@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 
 from .bench import _peak_extra_mib, environment, provider_fn
 
@@ -42,9 +43,9 @@ def run_memory(out_dir, ns=(4096, 8192, 16384, 32768, 65536), batch=1, heads=8, 
             }
             try:
                 fn(q, k, v, False)  # compile / autotune outside the measurement
-                row["fwd_extra_mib"] = _peak_extra_mib(lambda: fn(q, k, v, False))  # noqa: B023
+                row["fwd_extra_mib"] = _peak_extra_mib(partial(fn, q, k, v, False))
                 _fwd_bwd(fn, q, k, v, do)
-                row["fwd_bwd_extra_mib"] = _peak_extra_mib(lambda: _fwd_bwd(fn, q, k, v, do))  # noqa: B023
+                row["fwd_bwd_extra_mib"] = _peak_extra_mib(partial(_fwd_bwd, fn, q, k, v, do))
             except torch.OutOfMemoryError:
                 row["error"] = "out of memory"
             torch.cuda.empty_cache()
