@@ -15,6 +15,35 @@ The ladder (one module per concept, one book chapter each):
 - ``split_kv``        split-KV decoding in NumPy (Flash-Decoding's algorithm); ``decode`` runs it in Triton
 - ``apps``            the Applications chapter's GPU runs (training, context length, decode steps)
 - ``distributed``     ring attention: one sequence over several GPUs (``torch.distributed``; import it)
+
+Glossary: one name per concept (the book's appendix has the same table).
+
+=====================  ============  =================  ===================  =========================
+concept                paper         NumPy / Python     Triton kernels       notes
+=====================  ============  =================  ===================  =========================
+query tile rows        B_r           ``block_q``        ``BLOCK_M``          Triton's M x N tile names
+key/value tile rows    B_c           ``block_k``        ``BLOCK_N``          backward: ``BLOCK_M1/N1``
+SRAM rule B            B = M/4d      ``block_size``     --                   floor(M / 4d), nothing else
+keys per decode split  --            ``chunk``          ``KEYS_PER_SPLIT``   a multiple of ``BLOCK_N``
+query heads            H             ``heads``, ``Hq``  ``H_Q``              shape comments say Hq
+key/value heads        H_kv          ``kv_heads``       ``KV_HEADS``         GQA: Hq = G * kv_heads
+GQA group size         G             ``G``              ``GROUP_SIZE``       query heads per KV head
+softmax scale          tau           ``scale``          ``scale``            None means 1/sqrt(d)
+scale in base 2        --            --                 ``qk_scale``         scale * ``LOG2E``, exp2
+log2(e)                --            ``LOG2E``          ``LOG2E`` constexpr  defined once, ``reference``
+model context length   T             ``context_len``    --                   ``gpt`` only
+query / key length     N_q, N_k      ``n_q``, ``n_k``   ``N_CTX_Q/N_CTX_K``
+head dim               d             ``d``, head_dim    ``HEAD_DIM``
+SRAM capacity          M             ``M``, sram_elems  --                   in elements
+logsumexp              L             ``lse``            ``lse2`` (base 2)    lse = lse2 * ln 2
+=====================  ============  =================  ===================  =========================
+
+Inside Triton kernels the tile sizes keep Triton's own names (``BLOCK_M`` rows of queries,
+``BLOCK_N`` rows of keys), as in Triton's tutorials; the tuning data files record them
+lowercased (``block_m``, ``block_n``). The old keywords ``block_r``/``block_c`` (tile rows),
+``block`` (``online_softmax``), ``block_n`` (``decode.default_num_splits``), ``block_size``
+(``gpt``), ``Hkv`` (``ring_bench``) and ``block_m``/``block_n``
+(``bench.forced_forward_config``) still work for one release with a ``DeprecationWarning``.
 """
 
 from . import iosim

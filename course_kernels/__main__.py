@@ -1,13 +1,13 @@
 """Command line: ``python -m course_kernels <command>`` (GPU measurements; see ``bench.py``).
 
-    bench      TFLOP/s of this kernel vs SDPA's backends and naive attention (JSON, CSV, PNG);
-               --providers ...,tutorial adds Triton's fused-attention tutorial, loaded from the
-               file named by $COURSE_KERNELS_TUTORIAL (see course_kernels.bench.load_tutorial)
-    sweep      forward TFLOP/s of each block-size / warps / stages config (tuning chapter)
-    memory     extra memory of one forward / forward+backward vs N
-    dram run   the cases for ``ncu`` (DRAM bytes); ``dram parse`` turns ncu's CSV into data
-    gpu-check  one quick correctness check per dtype, and the versions
-    apps       the Applications chapter's runs: train, context, decode (see ``apps.py``)
+bench      TFLOP/s of this kernel vs SDPA's backends and naive attention (JSON, CSV, PNG);
+           --providers ...,tutorial adds Triton's fused-attention tutorial, loaded from the
+           file named by $COURSE_KERNELS_TUTORIAL (see course_kernels.bench.load_tutorial)
+sweep      forward TFLOP/s of each block-size / warps / stages config (tuning chapter)
+memory     extra memory of one forward / forward+backward vs N
+dram run   the cases for ``ncu`` (DRAM bytes); ``dram parse`` turns ncu's CSV into data
+gpu-check  one quick correctness check per dtype, and the versions
+apps       the Applications chapter's runs: train, context, decode (see ``apps.py``)
 """
 
 from __future__ import annotations
@@ -24,21 +24,24 @@ def _ints(text):
 def _check_choices(ap, flag, text, allowed):
     bad = [x for x in text.split(",") if x not in allowed]
     if bad:
-        ap.error(f"{flag}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)} "
-                 "(comma-separated)")
+        ap.error(
+            f"{flag}: unknown {', '.join(map(repr, bad))}; choose from {', '.join(allowed)} "
+            "(comma-separated)"
+        )
 
 
 def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    from ._probe import cuda_available
+
+    return cuda_available()
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m course_kernels", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m course_kernels",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="TFLOP/s vs SDPA backends and naive attention")
     b.add_argument("--out", default="course_kernels/data/bench")
@@ -66,11 +69,17 @@ def main(argv=None) -> int:
     dr.add_argument("--command", default="", help="parse: the command that produced the CSV")
     sub.add_parser("gpu-check", help="quick correctness check and versions")
     a = sub.add_parser("apps", help="Applications chapter: GPT training, context length, decode")
-    a.add_argument("step", choices=["train", "context", "decode"],
-                   help="train: loss curves per attention; context: tokens/s and memory vs "
-                        "context length; decode: one decode step vs a long KV cache")
-    a.add_argument("--out", default="course_kernels/data/apps",
-                   help="folder for the step's JSON file (default: %(default)s)")
+    a.add_argument(
+        "step",
+        choices=["train", "context", "decode"],
+        help="train: loss curves per attention; context: tokens/s and memory vs "
+        "context length; decode: one decode step vs a long KV cache",
+    )
+    a.add_argument(
+        "--out",
+        default="course_kernels/data/apps",
+        help="folder for the step's JSON file (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
 
     from . import bench
@@ -80,22 +89,34 @@ def main(argv=None) -> int:
         _check_choices(ap, "--modes", args.modes, ("fwd", "bwd"))
         _check_choices(ap, "--providers", args.providers, bench.PROVIDERS)
     if args.cmd == "dram" and args.action == "parse" and not (args.ncu_csv and args.cases):
-        ap.error("dram parse needs --ncu-csv (ncu --csv --page raw output) and --cases (the "
-                 "output of `dram run`, whose last line is the JSON case list)")
+        ap.error(
+            "dram parse needs --ncu-csv (ncu --csv --page raw output) and --cases (the "
+            "output of `dram run`, whose last line is the JSON case list)"
+        )
     gpu_commands = ("bench", "sweep", "memory", "gpu-check", "apps")
     if (args.cmd in gpu_commands or (args.cmd == "dram" and args.action == "run")) and not _cuda():
-        print(f"python -m course_kernels {args.cmd}: needs a CUDA GPU (it times or profiles the "
-              "kernels on one), and torch sees none here. On a CPU, the chapters run the kernels "
-              "in Triton's interpreter, and `dram parse` works on a CSV made elsewhere.",
-              file=sys.stderr)
+        print(
+            f"python -m course_kernels {args.cmd}: needs a CUDA GPU (it times or profiles the "
+            "kernels on one), and torch sees none here. On a CPU, the chapters run the kernels "
+            "in Triton's interpreter, and `dram parse` works on a CSV made elsewhere.",
+            file=sys.stderr,
+        )
         return 2
 
     if args.cmd == "bench":
         causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-        rows = bench.run_bench(args.out, dtypes=tuple(args.dtypes.split(",")), ds=args.ds,
-                               ns=args.ns, causals=causals, modes=tuple(args.modes.split(",")),
-                               providers=tuple(args.providers.split(",")), batch=args.batch,
-                               hidden=args.hidden, check=not args.no_check)
+        rows = bench.run_bench(
+            args.out,
+            dtypes=tuple(args.dtypes.split(",")),
+            ds=args.ds,
+            ns=args.ns,
+            causals=causals,
+            modes=tuple(args.modes.split(",")),
+            providers=tuple(args.providers.split(",")),
+            batch=args.batch,
+            hidden=args.hidden,
+            check=not args.no_check,
+        )
         print(bench.format_ratio_table(rows))
         bad = [r for r in rows if r.get("check") and not r["check"]["ok"]]
         print(f"correctness: {len(bad)} failing shapes")
@@ -103,8 +124,22 @@ def main(argv=None) -> int:
     if args.cmd == "sweep":
         rows = bench.run_sweep(args.out, n=args.n, ds=args.ds)
         for r in rows:
-            print({k: r.get(k) for k in ("d", "causal", "block_m", "block_n", "num_warps",
-                                          "num_stages", "tflops", "max_abs_error", "error")})
+            print(
+                {
+                    k: r.get(k)
+                    for k in (
+                        "d",
+                        "causal",
+                        "block_m",
+                        "block_n",
+                        "num_warps",
+                        "num_stages",
+                        "tflops",
+                        "max_abs_error",
+                        "error",
+                    )
+                }
+            )
         return 0
     if args.cmd == "memory":
         bench.run_memory(args.out, ns=args.ns)
@@ -117,9 +152,11 @@ def main(argv=None) -> int:
             lines = f.readlines()
         cases = json.loads([ln for ln in lines if ln.startswith("[{")][-1])
         envs = [json.loads(ln)["environment"] for ln in lines if ln.startswith('{"environment"')]
-        bench.parse_ncu_csv(args.ncu_csv, cases, args.out, command=args.command,
-                            env=envs[-1] if envs else None)
-        print(open(args.out).read())
+        bench.parse_ncu_csv(
+            args.ncu_csv, cases, args.out, command=args.command, env=envs[-1] if envs else None
+        )
+        with open(args.out) as f:
+            print(f.read())
         return 0
     if args.cmd == "gpu-check":
         return 0 if bench.gpu_check() else 1

@@ -24,13 +24,7 @@ import functools
 import os
 import sys
 
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+from ._probe import cuda_available
 
 
 def _reinterpret_triton_library() -> None:
@@ -57,7 +51,7 @@ def _reinterpret_triton_library() -> None:
                 setattr(module, attr, rebuilt[id(value)])
 
 
-HAS_GPU: bool = _cuda_available()
+HAS_GPU: bool = cuda_available()
 if not HAS_GPU and os.environ.get("TRITON_INTERPRET") is None:
     os.environ["TRITON_INTERPRET"] = "1"  # must happen before the first @triton.jit
     if "triton.language" in sys.modules:
@@ -129,7 +123,7 @@ def gpu_capability() -> tuple[int, int] | None:
     return _capability(torch.cuda.current_device())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(device_index: int) -> tuple[int, int]:
     import torch
 
@@ -168,7 +162,8 @@ def prune_configs(ieee_config, small_config, sm75_table: dict | None = None):
                     f"no kernel config fits this GPU's 64 KiB of shared memory (sm_{cap[0]}{cap[1]}) "
                     f"at head dim {args.get('HEAD_DIM')} with "
                     f"{'fp32' if ieee else 'fp16'} inputs; use fp16 inputs or a head dim <= 128 "
-                    "(notes/t4_sm75.md)")
+                    "(notes/t4_sm75.md)"
+                )
             return [cfg]
         if ieee:
             return [ieee_config]
@@ -202,8 +197,3 @@ def capability() -> tuple[int, int] | None:
     import torch
 
     return torch.cuda.get_device_capability()
-
-
-def is_hopper() -> bool:
-    cap = capability()
-    return cap is not None and cap[0] == 9

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from pathlib import Path
 
 STEPS = ("train", "context", "decode")
@@ -32,9 +33,9 @@ FULL_GPT = dict(n_layer=6, n_head=6, n_embd=384, lr=1e-3)
 
 
 def _require_cuda(what: str) -> None:
-    import torch
+    from ._probe import cuda_available
 
-    if not torch.cuda.is_available():
+    if not cuda_available():
         raise RuntimeError(f"{what} needs a CUDA GPU (it times kernels on one); torch sees none")
 
 
@@ -62,14 +63,24 @@ def train_runs(steps: int = 300, log=print) -> list[dict]:
     runs += [(a, None) for a in ("flash", "standard")]  # fp32: exactness without bf16 rounding
     for attention, amp in runs:
         t = time.time()
-        r = gpt.train(attention, steps=steps, batch_size=64, block_size=256, progress=False,
-                      device="cuda", amp_dtype=amp, **FULL_GPT)
+        r = gpt.train(
+            attention,
+            steps=steps,
+            batch_size=64,
+            context_len=256,
+            progress=False,
+            device="cuda",
+            amp_dtype=amp,
+            **FULL_GPT,
+        )
         row = r.as_dict()
         row["attention"] = attention
         rows.append(row)
-        log(f"{attention} ({amp or 'fp32'}): loss {r.losses[0]:.3f} -> {r.losses[-1]:.3f}, "
+        log(
+            f"{attention} ({amp or 'fp32'}): loss {r.losses[0]:.3f} -> {r.losses[-1]:.3f}, "
             f"{r.tokens_per_s:,.0f} tok/s, peak {r.peak_memory_bytes / 2**30:.2f} GiB, "
-            f"{time.time() - t:.0f} s")
+            f"{time.time() - t:.0f} s"
+        )
     return rows
 
 
@@ -83,19 +94,33 @@ def context_runs(contexts=(256, 512, 1024, 2048, 4096, 8192, 16384), log=print) 
     rows = []
     for context in contexts:
         for attention in ("flash", "standard", "sdpa"):
-            row = {"attention": attention, "block_size": context, "batch_size": 4}
+            row = {"attention": attention, "context_len": context, "batch_size": 4}
             try:
-                r = gpt.train(attention, steps=12, batch_size=4, block_size=context,
-                              progress=False, device="cuda", amp_dtype=torch.bfloat16,
-                              **FULL_GPT)
-                row.update(tokens_per_s=r.tokens_per_s, peak_memory_bytes=r.peak_memory_bytes,
-                           final_loss=r.losses[-1], config=r.config)
+                r = gpt.train(
+                    attention,
+                    steps=12,
+                    batch_size=4,
+                    context_len=context,
+                    progress=False,
+                    device="cuda",
+                    amp_dtype=torch.bfloat16,
+                    **FULL_GPT,
+                )
+                row.update(
+                    tokens_per_s=r.tokens_per_s,
+                    peak_memory_bytes=r.peak_memory_bytes,
+                    final_loss=r.losses[-1],
+                    config=r.config,
+                )
             except torch.cuda.OutOfMemoryError:
                 row.update(tokens_per_s=None, peak_memory_bytes=None, note="OOM")
             torch.cuda.empty_cache()
             rows.append(row)
-            log(row.get("note") or f"T={context} {attention}: {row['tokens_per_s']:,.0f} tok/s "
-                f"{row['peak_memory_bytes'] / 2**30:.2f} GiB")
+            log(
+                row.get("note")
+                or f"T={context} {attention}: {row['tokens_per_s']:,.0f} tok/s "
+                f"{row['peak_memory_bytes'] / 2**30:.2f} GiB"
+            )
     return rows
 
 
@@ -104,12 +129,18 @@ def decode_runs(contexts=(1024, 4096, 16384, 65536, 131072), log=print) -> list[
     _require_cuda("apps decode")
     rows = []
     for heads, kv_heads, model in ((32, 8, "Llama-3-8B shape"), (32, 32, "Llama-2-7B shape")):
-        for row in decode_benchmark(contexts=contexts, batch=1, heads=heads, kv_heads=kv_heads,
-                                    head_dim=128):
+        for row in decode_benchmark(
+            contexts=contexts, batch=1, heads=heads, kv_heads=kv_heads, head_dim=128
+        ):
             row["model"] = model
             rows.append(row)
-            ms = "-" if row["ms"] is None else (
-                f"{row['ms'] * 1e3:8.1f} us {row['gb_per_s']:7.0f} GB/s host {row['host_us']:6.1f} us")
+            ms = (
+                "-"
+                if row["ms"] is None
+                else (
+                    f"{row['ms'] * 1e3:8.1f} us {row['gb_per_s']:7.0f} GB/s host {row['host_us']:6.1f} us"
+                )
+            )
             log(f"{model} N={row['context']:6d} {row['impl']:28s} {ms} {row['note'] or ''}")
     return rows
 
@@ -118,23 +149,40 @@ def run(step: str, out_dir, log=print) -> Path:
     """Run one step (``train``, ``context`` or ``decode``) and save its JSON in ``out_dir``."""
     if step not in STEPS:
         raise ValueError(f"unknown step {step!r}; choose from {', '.join(STEPS)}")
-    fn, name = {"train": (train_runs, "gpt_train.json"), "context": (context_runs, "gpt_context.json"),
-                "decode": (decode_runs, "decode_bench.json")}[step]
+    fn, name = {
+        "train": (train_runs, "gpt_train.json"),
+        "context": (context_runs, "gpt_context.json"),
+        "decode": (decode_runs, "decode_bench.json"),
+    }[step]
     rows = fn(log=log)
     path = save(out_dir, name, rows, f"python -m course_kernels apps {step} --out {out_dir}")
     log(f"wrote {path}: {len(rows)} rows")
     return path
 
 
-def decode_bytes(batch: int, kv_heads: int, n_keys: int, head_dim: int, q_heads: int,
-                 n_q: int = 1, elem_bytes: int = 2) -> int:
+def decode_bytes(
+    batch: int,
+    kv_heads: int,
+    n_keys: int,
+    head_dim: int,
+    q_heads: int,
+    n_q: int = 1,
+    elem_bytes: int = 2,
+) -> int:
     """The least HBM traffic of one decode step: K and V read once, q read, out written."""
     cache = 2 * batch * kv_heads * n_keys * head_dim  # K and V
     return elem_bytes * (cache + 2 * batch * q_heads * n_q * head_dim)  # + q read, out written
 
 
-def decode_benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, kv_heads=8, head_dim=128,
-              dtype="float16", splits=(None, 1)):
+def decode_benchmark(
+    contexts=(4096, 16384, 65536, 131072),
+    batch=1,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    dtype="float16",
+    splits=(None, 1),
+):
     """Time one decode step (GPU only): flash_decode vs the course forward kernel and SDPA.
 
     Returns a list of dicts: milliseconds and achieved GB/s (:func:`decode_bytes` / time) of
@@ -194,43 +242,59 @@ def decode_benchmark(contexts=(4096, 16384, 65536, 131072), batch=1, heads=32, k
             out = flash_decode(q, k, v, num_splits=s)
             err = (out.float() - ref.float()).abs().max().item()
             name = "flash_decode" + ("" if s is None else f"_splits{s}")
-            ms = triton.testing.do_bench(lambda s=s: flash_decode(q, k, v, num_splits=s))
-            host[name] = host_us(lambda s=s: flash_decode(q, k, v, num_splits=s))
+            ms = triton.testing.do_bench(partial(flash_decode, q, k, v, num_splits=s))
+            host[name] = host_us(partial(flash_decode, q, k, v, num_splits=s))
             runs[name] = (ms, err, s or default_num_splits(batch * kv_heads, n))
-        replay = graphed(lambda: flash_decode(q, k, v))
-        runs["flash_decode_cudagraph"] = (triton.testing.do_bench(replay), None,
-                                          default_num_splits(batch * kv_heads, n))
+        replay = graphed(partial(flash_decode, q, k, v))
+        runs["flash_decode_cudagraph"] = (
+            triton.testing.do_bench(replay),
+            None,
+            default_num_splits(batch * kv_heads, n),
+        )
         host["flash_decode_cudagraph"] = host_us(replay)
-        runs["flash_attention_fwd"] = (triton.testing.do_bench(lambda: flash_attention(q, k, v)),
-                                       None, None)
-        host["flash_attention_fwd"] = host_us(lambda: flash_attention(q, k, v))
+        runs["flash_attention_fwd"] = (
+            triton.testing.do_bench(partial(flash_attention, q, k, v)),
+            None,
+            None,
+        )
+        host["flash_attention_fwd"] = host_us(partial(flash_attention, q, k, v))
         for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
             try:
                 with sdpa_kernel(getattr(SDPBackend, backend)):
                     sdpa(q, k, v, enable_gqa=True)
                     torch.cuda.synchronize()
 
-                    def fn():
-                        return sdpa(q, k, v, enable_gqa=True)
+                    fn = partial(sdpa, q, k, v, enable_gqa=True)
 
                     runs[f"sdpa_{backend.lower()}"] = (triton.testing.do_bench(fn), None, None)
                     host[f"sdpa_{backend.lower()}"] = host_us(fn)
                     if backend == "FLASH_ATTENTION":
                         replay = graphed(fn)
-                        runs["sdpa_flash_attention_cudagraph"] = (triton.testing.do_bench(replay),
-                                                                  None, None)
+                        runs["sdpa_flash_attention_cudagraph"] = (
+                            triton.testing.do_bench(replay),
+                            None,
+                            None,
+                        )
                         host["sdpa_flash_attention_cudagraph"] = host_us(replay)
             except (RuntimeError, AttributeError) as exc:  # backend refuses this shape
                 reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
                 runs[f"sdpa_{backend.lower()}"] = (None, f"not run: {reason}", None)
         for name, (ms, note, num_splits) in runs.items():
-            rows.append({
-                "context": n, "batch": batch, "heads": heads, "kv_heads": kv_heads,
-                "head_dim": head_dim, "dtype": str(dtype).replace("torch.", ""), "impl": name,
-                "num_splits": num_splits,
-                "ms": ms, "gb_per_s": None if ms is None else nbytes / (ms * 1e-3) / 1e9,
-                "host_us": host.get(name),
-                "max_abs_err_vs_sdpa": note if isinstance(note, float) else None,
-                "note": note if isinstance(note, str) else None,
-            })
+            rows.append(
+                {
+                    "context": n,
+                    "batch": batch,
+                    "heads": heads,
+                    "kv_heads": kv_heads,
+                    "head_dim": head_dim,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "impl": name,
+                    "num_splits": num_splits,
+                    "ms": ms,
+                    "gb_per_s": None if ms is None else nbytes / (ms * 1e-3) / 1e9,
+                    "host_us": host.get(name),
+                    "max_abs_err_vs_sdpa": note if isinstance(note, float) else None,
+                    "note": note if isinstance(note, str) else None,
+                }
+            )
     return rows

@@ -14,6 +14,10 @@ variable ``COURSE_KERNELS_TUTORIAL``: see :func:`load_tutorial`). FLOPs = 4 B H 
 x2.5 for the backward (the Triton tutorial's and FlashAttention papers' convention); the
 backward is timed alone (``torch.autograd.grad`` on a retained graph). Times are the median of
 ``triton.testing.do_bench``.
+
+One module per job: speed here (:func:`run_bench`, :func:`gpu_check`); reports (ratio table,
+figure) in ``bench_report``; memory in ``bench_memory``; DRAM traffic in ``bench_dram``; the
+config sweep in ``bench_sweep``. Their names stay reachable as ``bench.<name>``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import sys
@@ -31,9 +34,14 @@ import numpy as np
 from .testing import error_budget, max_abs_error
 
 PROVIDERS = ("flash", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "naive", "tutorial")
-PROVIDER_LABELS = {"flash": "this course's kernel", "sdpa-flash": "SDPA FlashAttention-2",
-                   "sdpa-cudnn": "SDPA cuDNN", "sdpa-efficient": "SDPA memory-efficient",
-                   "naive": "naive attention", "tutorial": "Triton tutorial"}
+PROVIDER_LABELS = {
+    "flash": "this course's kernel",
+    "sdpa-flash": "SDPA FlashAttention-2",
+    "sdpa-cudnn": "SDPA cuDNN",
+    "sdpa-efficient": "SDPA memory-efficient",
+    "naive": "naive attention",
+    "tutorial": "Triton tutorial",
+}
 # The ``tutorial`` provider: Triton's fused-attention tutorial, loaded from a file you download
 # (it is not part of this repository). Take the copy of the Triton version you benchmark, e.g.
 # https://github.com/triton-lang/triton/blob/release/3.6.x/python/tutorials/06-fused-attention.py
@@ -58,7 +66,9 @@ def environment() -> dict:
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), "-m", "course_kernels"] + sys.argv[1:]),
+        "command": " ".join(
+            [os.path.basename(sys.executable), "-m", "course_kernels"] + sys.argv[1:]
+        ),
         "autotune": os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0",
         "tutorial": _tutorial_provenance(),
     }
@@ -72,10 +82,13 @@ def _tutorial_provenance():
     path = os.environ.get(TUTORIAL_ENV)
     if not path or not os.path.isfile(path):
         return None
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     origin = [ln for ln in data.decode("utf-8", "replace").splitlines()[:5] if "source:" in ln]
-    return {"sha256": hashlib.sha256(data).hexdigest(),
-            "origin": origin[0].strip("# ") if origin else None}
+    return {
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "origin": origin[0].strip("# ") if origin else None,
+    }
 
 
 def attention_flops(batch, heads, n, d, causal, mode) -> float:
@@ -116,13 +129,16 @@ def load_tutorial(path=None):
             f"the 'tutorial' provider needs Triton's fused-attention tutorial: download "
             f"python/tutorials/06-fused-attention.py of your Triton version from "
             f"https://github.com/triton-lang/triton (e.g. the release/3.6.x branch) and set "
-            f"{TUTORIAL_ENV}=/path/to/it; got {path!r}")
+            f"{TUTORIAL_ENV}=/path/to/it; got {path!r}"
+        )
     spec = importlib.util.spec_from_file_location("triton_fused_attention_tutorial", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if not callable(getattr(module, "attention", None)):
-        raise RuntimeError(f"{path} defines no attention(q, k, v, causal, sm_scale) function: "
-                           "is it python/tutorials/06-fused-attention.py?")
+        raise RuntimeError(
+            f"{path} defines no attention(q, k, v, causal, sm_scale) function: "
+            "is it python/tutorials/06-fused-attention.py?"
+        )
     with open(path, "rb") as f:
         module.__sha256__ = hashlib.sha256(f.read()).hexdigest()
     _TUTORIALS[path] = module
@@ -197,7 +213,7 @@ def check_correctness(q, k, v, do, causal, out, grads, heads=2) -> dict:
     dnai = torch.autograd.grad(nai, nai_in, do[sl])
     pairs = {"O": (out, ref, nai, 2.0)}
     if grads is not None:
-        for name, g, r, n in zip(("dQ", "dK", "dV"), grads, dref, dnai):
+        for name, g, r, n in zip(("dQ", "dK", "dV"), grads, dref, dnai, strict=True):
             pairs[name] = (g, r, n, 3.0)
     ok = True
     for name, (x, r, n, factor) in pairs.items():
@@ -212,9 +228,19 @@ def check_correctness(q, k, v, do, causal, out, grads, heads=2) -> dict:
     return result
 
 
-def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
-              ns=(1024, 2048, 4096, 8192, 16384), causals=(False, True), modes=("fwd", "bwd"),
-              providers=PROVIDERS, batch=4, hidden=2048, check=True, log=print):
+def run_bench(
+    out_dir,
+    dtypes=("float16", "bfloat16"),
+    ds=(64, 128),
+    ns=(1024, 2048, 4096, 8192, 16384),
+    causals=(False, True),
+    modes=("fwd", "bwd"),
+    providers=PROVIDERS,
+    batch=4,
+    hidden=2048,
+    check=True,
+    log=print,
+):
     """Time every provider at every shape; write bench.json, bench.csv, ratios.csv, bench.png."""
     import torch
     from tqdm import tqdm
@@ -228,8 +254,9 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
         heads = hidden // d
         dtype = getattr(torch, dt)
         torch.manual_seed(n + d)
-        q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype)
-                       for _ in range(4))
+        q, k, v, do = (
+            torch.randn(batch, heads, n, d, device="cuda", dtype=dtype) for _ in range(4)
+        )
         for x in (q, k, v):
             x.requires_grad_(True)
         naive_bytes = batch * heads * n * n * q.element_size() * 3
@@ -237,8 +264,15 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
             if p == "naive" and naive_bytes > NAIVE_LIMIT_BYTES:
                 continue
             fn = fns[p]
-            row = {"provider": p, "dtype": dt, "d": d, "heads": heads, "batch": batch, "N": n,
-                   "causal": causal}
+            row = {
+                "provider": p,
+                "dtype": dt,
+                "d": d,
+                "heads": heads,
+                "batch": batch,
+                "N": n,
+                "causal": causal,
+            }
             try:
                 out = fn(q, k, v, causal)
                 grads = bwd_error = None
@@ -258,8 +292,15 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
                         continue
                     ms, mem = _time_one(fn, q, k, v, do, causal, out, mode)
                     flops = attention_flops(batch, heads, n, d, causal, mode)
-                    rows.append({**row, "mode": mode, "ms": ms, "tflops": flops / ms * 1e-9,
-                                 "peak_extra_mib": mem})
+                    rows.append(
+                        {
+                            **row,
+                            "mode": mode,
+                            "ms": ms,
+                            "tflops": flops / ms * 1e-9,
+                            "peak_extra_mib": mem,
+                        }
+                    )
                 out = grads = None
             except Exception as exc:  # a backend that refuses a shape is recorded, not fatal
                 rows.append({**row, "mode": "error", "error": repr(exc)[:300]})
@@ -269,6 +310,8 @@ def run_bench(out_dir, dtypes=("float16", "bfloat16"), ds=(64, 128),
         _write_bench(out_dir, env, rows)
     _write_bench(out_dir, env, rows)
     try:
+        from .bench_report import plot_bench
+
         plot_bench(rows, os.path.join(out_dir, "bench.png"), env)
     except Exception as exc:  # matplotlib missing: the data still stands
         log(f"plot failed: {exc!r}")
@@ -294,209 +337,35 @@ def _time_one(fn, q, k, v, do, causal, out, mode):
 
 
 def _write_bench(out_dir, env, rows):
+    from .bench_report import write_ratios
+
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"environment": env, "results": rows}, f, indent=1)
-    fields = ["provider", "dtype", "d", "heads", "batch", "N", "causal", "mode", "ms", "tflops",
-              "peak_extra_mib", "check_ok"]
+    fields = [
+        "provider",
+        "dtype",
+        "d",
+        "heads",
+        "batch",
+        "N",
+        "causal",
+        "mode",
+        "ms",
+        "tflops",
+        "peak_extra_mib",
+        "check_ok",
+    ]
     with open(os.path.join(out_dir, "bench.csv"), "w", newline="") as f:
-        f.write(f"# {env['gpu']}; torch {env['torch']}; triton {env['triton']}; {env['date']}; "
-                f"{env['command']}\n")
+        f.write(
+            f"# {env['gpu']}; torch {env['torch']}; triton {env['triton']}; {env['date']}; "
+            f"{env['command']}\n"
+        )
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             if r.get("mode") in ("fwd", "bwd"):
                 w.writerow({**r, "check_ok": r.get("check", {}).get("ok", "")})
     write_ratios(os.path.join(out_dir, "ratios.csv"), env, rows)
-
-
-def write_ratios(path, env, rows):
-    """:func:`ratio_table` as CSV, headed by the run's GPU, versions, date and command."""
-    with open(path, "w", newline="") as f:
-        f.write(f"# flash / sdpa TFLOP/s ratios; {env['gpu']}; torch {env['torch']}; "
-                f"triton {env['triton']}; {env['date']}; {env['command']}\n")
-        fields = ["dtype", "d", "N", "causal", "mode", "flash", "vs_sdpa_flash", "vs_sdpa_cudnn",
-                  "vs_tutorial"]
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(ratio_table(rows))
-
-
-def ratio_table(rows) -> list[dict]:
-    """flash / sdpa-flash and flash / sdpa-cudnn TFLOP/s per shape."""
-    by = {}
-    for r in rows:
-        if r.get("mode") in ("fwd", "bwd"):
-            by[(r["dtype"], r["d"], r["N"], r["causal"], r["mode"], r["provider"])] = r["tflops"]
-    table = []
-    for (dt, d, n, c, mode, p), t in sorted(by.items(), key=lambda kv: kv[0][:5]):
-        if p != "flash":
-            continue
-        fa2 = by.get((dt, d, n, c, mode, "sdpa-flash"))
-        cud = by.get((dt, d, n, c, mode, "sdpa-cudnn"))
-        tut = by.get((dt, d, n, c, mode, "tutorial"))
-        table.append({"dtype": dt, "d": d, "N": n, "causal": c, "mode": mode, "flash": t,
-                      "vs_sdpa_flash": t / fa2 if fa2 else math.nan,
-                      "vs_sdpa_cudnn": t / cud if cud else math.nan,
-                      "vs_tutorial": t / tut if tut else math.nan})
-    return table
-
-
-def format_ratio_table(rows) -> str:
-    lines = ["| dtype | d | N | causal | mode | flash TFLOP/s | / sdpa-flash | / sdpa-cudnn |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in ratio_table(rows):
-        lines.append(f"| {r['dtype']} | {r['d']} | {r['N']} | {'yes' if r['causal'] else 'no'} | "
-                     f"{r['mode']} | {r['flash']:.0f} | {r['vs_sdpa_flash']:.2f} | "
-                     f"{r['vs_sdpa_cudnn']:.2f} |")
-    return "\n".join(lines)
-
-
-def plot_bench(rows, path, env):
-    """TFLOP/s vs N per (dtype, d, causal, mode) panel, saved to ``path``; returns the Figure.
-
-    Uses matplotlib's object API (no pyplot), so it neither needs nor changes the backend of a
-    notebook that calls it. Each provider keeps one colour in every panel.
-    """
-    from matplotlib.figure import Figure
-
-    keys = sorted({(r["dtype"], r["d"], r["causal"], r["mode"]) for r in rows
-                   if r.get("mode") in ("fwd", "bwd")})
-    ncol = 4
-    nrow = max(1, math.ceil(len(keys) / ncol))
-    fig = Figure(figsize=(4.2 * ncol, 3.2 * nrow))
-    axes = fig.subplots(nrow, ncol, squeeze=False)
-    for ax, key in zip(axes.flat, keys):
-        dt, d, causal, mode = key
-        for p in PROVIDERS:
-            pts = sorted((r["N"], r["tflops"]) for r in rows if r.get("mode") == mode
-                         and r["provider"] == p and (r["dtype"], r["d"], r["causal"]) == key[:3])
-            if pts:
-                ax.plot(*zip(*pts), marker="o", color=f"C{PROVIDERS.index(p)}",
-                        label=PROVIDER_LABELS.get(p, p))
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{dt} d={d} {'causal' if causal else 'full'} {mode}", fontsize=9)
-        ax.set_xlabel("N")
-        ax.set_ylabel("TFLOP/s")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{env['gpu']}, torch {env['torch']}, Triton {env['triton']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return fig
-
-
-def _fwd_bwd(fn, q, k, v, do):
-    """One forward and backward on fresh leaf copies of q, k, v (their copies count as input)."""
-    import torch
-
-    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-    return torch.autograd.grad(fn(q, k, v, False), (q, k, v), do)
-
-
-def run_memory(out_dir, ns=(4096, 8192, 16384, 32768, 65536), batch=1, heads=8, d=64,
-               log=print):
-    """Extra memory of one forward (and forward + backward) vs N: naive vs this kernel."""
-    import torch
-
-    os.makedirs(out_dir, exist_ok=True)
-    env = environment()
-    rows = []
-    for n in ns:
-        q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
-                       for _ in range(4))
-        for p in ("naive", "sdpa-flash", "flash"):
-            fn = provider_fn(p)
-            row = {"provider": p, "N": n, "batch": batch, "heads": heads, "d": d,
-                   "dtype": "float16"}
-            try:
-                fn(q, k, v, False)  # compile / autotune outside the measurement
-                row["fwd_extra_mib"] = _peak_extra_mib(lambda: fn(q, k, v, False))  # noqa: B023
-                _fwd_bwd(fn, q, k, v, do)
-                row["fwd_bwd_extra_mib"] = _peak_extra_mib(lambda: _fwd_bwd(fn, q, k, v, do))  # noqa: B023
-            except torch.OutOfMemoryError:
-                row["error"] = "out of memory"
-            torch.cuda.empty_cache()
-            log(json.dumps(row))
-            rows.append(row)
-        q = k = v = do = None
-    with open(os.path.join(out_dir, "memory.json"), "w") as f:
-        json.dump({"environment": env, "results": rows}, f, indent=1)
-    return rows
-
-
-DRAM_NS = (1024, 2048, 4096, 8192, 16384, 32768)
-
-
-def dram_cases(ns=DRAM_NS, batch=1, heads=4, d=64):
-    """Run one forward per (provider, N) between cudaProfilerStart/Stop, each on its own
-    stream, so that ``ncu --profile-from-start off`` sees exactly these kernels, grouped by
-    stream in this order. Prints the run's environment as JSON, then the case list as JSON on
-    the last line (``dram parse`` reads both)."""
-    import torch
-
-    print(json.dumps({"environment": environment()}))
-    cases = []
-    for n in ns:
-        q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
-                   for _ in range(3))
-        for p in ("naive", "sdpa-flash", "flash"):
-            fn = provider_fn(p)
-            fn(q, k, v, False)  # warm-up: compile, cuBLAS handles, allocator
-            torch.cuda.synchronize()
-            stream = torch.cuda.Stream()
-            torch.cuda.profiler.start()
-            with torch.cuda.stream(stream):
-                fn(q, k, v, False)  # the output is freed in stream order, after the kernel
-            stream.synchronize()
-            torch.cuda.profiler.stop()
-            cases.append({"provider": p, "N": n, "batch": batch, "heads": heads, "d": d})
-        q = k = v = None
-        torch.cuda.empty_cache()
-    print(json.dumps(cases))
-    return cases
-
-
-def parse_ncu_csv(ncu_csv, cases, out_csv, command="", env=None):
-    """Sum ncu's dram__bytes_{read,write}.sum per case (kernels grouped by stream, in order).
-
-    ``env``: the measuring run's :func:`environment` (``dram run`` prints it), written into the
-    CSV's header with the command so the file names its GPU, versions and date.
-    """
-    with open(ncu_csv) as f:
-        lines = [ln for ln in f if ln.startswith('"')]
-    reader = csv.DictReader(lines)
-    streams: dict[str, dict] = {}
-    order = []
-    for r in reader:
-        try:
-            read = float(r["dram__bytes_read.sum"].replace(",", ""))
-            write = float(r["dram__bytes_write.sum"].replace(",", ""))
-        except (KeyError, ValueError):
-            continue  # the units row
-        s = r.get("Stream", "?")
-        if s not in streams:
-            streams[s] = {"read": 0.0, "write": 0.0, "kernels": []}
-            order.append(s)
-        streams[s]["read"] += read
-        streams[s]["write"] += write
-        streams[s]["kernels"].append(r.get("Kernel Name", "?")[:40])
-    if len(order) != len(cases):
-        raise RuntimeError(f"ncu reported {len(order)} streams for {len(cases)} cases")
-    with open(out_csv, "w", newline="") as f:
-        where = ("" if not env else f"{env.get('gpu')}; torch {env.get('torch')}; "
-                 f"triton {env.get('triton')}; {env.get('date')}; ")
-        f.write(f"# DRAM bytes per forward, Nsight Compute; {where}{command}\n")
-        w = csv.writer(f)
-        w.writerow(["provider", "N", "batch", "heads", "d", "dtype", "dram_read_bytes",
-                    "dram_write_bytes", "n_kernels", "kernels"])
-        for case, s in zip(cases, order):
-            st = streams[s]
-            w.writerow([case["provider"], case["N"], case["batch"], case["heads"], case["d"],
-                        "float16", int(st["read"]), int(st["write"]), len(st["kernels"]),
-                        ";".join(st["kernels"])])
-    return out_csv
 
 
 def gpu_check(log=print) -> bool:
@@ -511,8 +380,9 @@ def gpu_check(log=print) -> bool:
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         q, k, v, do = (torch.randn(2, 4, 1000, 80, device="cuda", dtype=dtype) for _ in range(4))
         k, v = k[:, :2], v[:, :2]
-        ref = naive_attention(q.float(), k.float().repeat_interleave(2, 1),
-                              v.float().repeat_interleave(2, 1), True)
+        ref = naive_attention(
+            q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), True
+        )
         out = flash_attention(q, k, v, causal=True)
         err = (out.float() - ref).abs().max().item()
         log(f"{dtype}: max abs error vs fp32 math {err:.2e}")
@@ -520,79 +390,26 @@ def gpu_check(log=print) -> bool:
     return ok
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) swept by ``python -m course_kernels sweep``.
-SWEEP_CONFIGS = (
-    (64, 32, 4, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (128, 64, 4, 2),
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3),
-)
+# Speed lives here; the other jobs live in their own modules. Their names stay reachable as
+# ``bench.<name>`` (resolved on first use, so that no module imports another in a cycle).
+_MOVED = {
+    "write_ratios": "bench_report",
+    "ratio_table": "bench_report",
+    "format_ratio_table": "bench_report",
+    "plot_bench": "bench_report",
+    "run_memory": "bench_memory",
+    "DRAM_NS": "bench_dram",
+    "dram_cases": "bench_dram",
+    "parse_ncu_csv": "bench_dram",
+    "SWEEP_CONFIGS": "bench_sweep",
+    "forced_forward_config": "bench_sweep",
+    "run_sweep": "bench_sweep",
+}
 
 
-def forced_forward_config(block_m, block_n, num_warps, num_stages):
-    """Context manager: run the forward kernel with exactly one config (no autotuning).
+def __getattr__(name):
+    if name in _MOVED:
+        import importlib
 
-    Clears both Triton's autotuning cache and ``flash``'s per-shape cache of tuned configs, so
-    the forced config is really the one launched; restores everything on exit.
-    """
-    import contextlib
-
-    import triton
-
-    from . import flash, triton_forward
-
-    @contextlib.contextmanager
-    def forced():
-        kernel = triton_forward._attn_fwd
-        saved = kernel.configs
-        kernel.configs = [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n},
-                                        num_warps=num_warps, num_stages=num_stages)]
-        kernel.cache.clear()
-        flash._TUNED.clear()
-        try:
-            yield
-        finally:
-            kernel.configs = saved
-            kernel.cache.clear()
-            flash._TUNED.clear()
-
-    return forced()
-
-
-def run_sweep(out_dir, n=4096, ds=(64, 128), causals=(False, True), batch=4, hidden=2048,
-              dtype="float16", configs=SWEEP_CONFIGS, log=print):
-    """Forward TFLOP/s of each (BLOCK_M, BLOCK_N, warps, stages) config; writes sweep.json."""
-    import torch
-    import torch.nn.functional as F
-    import triton
-    from tqdm import tqdm
-
-    from .flash import flash_attention
-
-    os.makedirs(out_dir, exist_ok=True)
-    env = environment()
-    env["autotune"] = False  # every config is forced alone (forced_forward_config): no autotuning
-    rows = []
-    cases = [(d, c, cfg) for d in ds for c in causals for cfg in configs]
-    for d, causal, cfg in tqdm(cases, desc="sweep", file=sys.stdout, mininterval=5):
-        heads = hidden // d
-        torch.manual_seed(d)
-        q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=getattr(torch, dtype))
-                   for _ in range(3))
-        row = {"d": d, "causal": causal, "N": n, "batch": batch, "heads": heads, "dtype": dtype,
-               "block_m": cfg[0], "block_n": cfg[1], "num_warps": cfg[2], "num_stages": cfg[3]}
-        try:
-            with forced_forward_config(*cfg):
-                out = flash_attention(q, k, v, causal=causal)
-                ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                     is_causal=causal)
-                row["max_abs_error"] = float((out.float() - ref).abs().max())
-                ms = triton.testing.do_bench(lambda: flash_attention(q, k, v, causal=causal),
-                                             warmup=10, rep=40, return_mode="median")
-            row["ms"] = ms
-            row["tflops"] = attention_flops(batch, heads, n, d, causal, "fwd") / ms * 1e-9
-        except Exception as exc:  # e.g. out of shared memory: recorded, not fatal
-            row["error"] = repr(exc)[:300]
-            log(f"config {cfg} d={d} causal={causal}: {exc!r}"[:300])
-        rows.append(row)
-        with open(os.path.join(out_dir, "sweep.json"), "w") as f:
-            json.dump({"environment": env, "results": rows}, f, indent=1)
-    return rows
+        return getattr(importlib.import_module(f".{_MOVED[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,13 +38,18 @@ COPIES_BRANCH = "gh-pages"
 COPIES_DIR = "_colab"
 
 #: The committed line of :data:`SETUP_CELL` that the build replaces by the repository's address.
-URL_LINE = 'COURSE_REPO_URL = os.environ.get("COURSE_REPO_URL", "")  # the book build writes it here'
+URL_LINE = (
+    'COURSE_REPO_URL = os.environ.get("COURSE_REPO_URL", "")  # the book build writes it here'
+)
 
 # No braces in the template: grading/sources.py passes it through str.format.
-SETUP_CELL = """\
+SETUP_CELL = (
+    """\
 #@title Setup: run me first (installs course_kernels on Colab; reports the device)
 import importlib, importlib.util, os, subprocess, sys
-""" + URL_LINE + """
+"""
+    + URL_LINE
+    + """
 if COURSE_REPO_URL:
     os.environ["COURSE_REPO_URL"] = COURSE_REPO_URL  # chapters link their exercises with it
 
@@ -86,6 +91,7 @@ if importlib.util.find_spec("course_kernels") is None:
     importlib.invalidate_caches()
 from course_kernels.colab import setup
 DEVICE, SMALL, ON_COLAB = setup()"""
+)
 
 
 def stamp_setup_cell(source: str, url: str) -> str:
@@ -95,19 +101,29 @@ def stamp_setup_cell(source: str, url: str) -> str:
     not a GitHub repository address.
     """
     url = url.rstrip("/") if isinstance(url, str) else url
-    if not isinstance(url, str) or not url.startswith("https://github.com/") or \
-            len(url.removeprefix("https://github.com/").split("/")) != 2 or any(c in url for c in "\"'\\ \n"):
-        raise ValueError(f"url must be a GitHub repository address https://github.com/OWNER/REPO, got {url!r}")
+    if (
+        not isinstance(url, str)
+        or not url.startswith("https://github.com/")
+        or len(url.removeprefix("https://github.com/").split("/")) != 2
+        or any(c in url for c in "\"'\\ \n")
+    ):
+        raise ValueError(
+            f"url must be a GitHub repository address https://github.com/OWNER/REPO, got {url!r}"
+        )
     if source.count(URL_LINE) != 1:
-        raise ValueError("the setup cell does not contain the template's address line exactly once "
-                         f"({URL_LINE!r}); regenerate it from course_kernels.colab.SETUP_CELL")
+        raise ValueError(
+            "the setup cell does not contain the template's address line exactly once "
+            f"({URL_LINE!r}); regenerate it from course_kernels.colab.SETUP_CELL"
+        )
     return source.replace(URL_LINE, f'COURSE_REPO_URL = "{url}"  # written by the book build')
 
 
 def colab_copy_url(url: str, path: str) -> str:
     """Colab's address of the book build's copy of ``path`` (e.g. ``"exercises/01_x.ipynb"``)."""
     repo = url.rstrip("/").removeprefix("https://github.com/")
-    return f"https://colab.research.google.com/github/{repo}/blob/{COPIES_BRANCH}/{COPIES_DIR}/{path}"
+    return (
+        f"https://colab.research.google.com/github/{repo}/blob/{COPIES_BRANCH}/{COPIES_DIR}/{path}"
+    )
 
 
 class Setup(NamedTuple):
@@ -120,9 +136,9 @@ def has_cuda_gpu() -> bool:
     """True if a CUDA GPU is usable. Cheap when there is no NVIDIA driver (torch not imported)."""
     if shutil.which("nvidia-smi") is None or importlib.util.find_spec("torch") is None:
         return False
-    import torch
+    from ._probe import cuda_available
 
-    return bool(torch.cuda.is_available())
+    return cuda_available()
 
 
 def describe(result: Setup) -> str:
@@ -207,4 +223,31 @@ def exercises_link(topic: str, *notebooks: str):
         f"[open in Colab]({colab_copy_url(url, f'exercises/{name}.ipynb')})"
         for name in notebooks
     ]
-    return Markdown(f"**Exercises on {topic}** (in {folder}, graded automatically):\n\n" + "\n".join(items))
+    return Markdown(
+        f"**Exercises on {topic}** (in {folder}, graded automatically):\n\n" + "\n".join(items)
+    )
+
+
+# The package code the chapters print as listings: public names for private functions, so a
+# chapter shows the code the package runs without reaching into a private name.
+LISTINGS = {
+    "tiled.forward_fa2": ("course_kernels.tiled", "_forward_fa2"),
+    "tiled.forward_fa1": ("course_kernels.tiled", "_forward_fa1"),
+    "triton_forward.attn_fwd": ("course_kernels.triton_forward", "_attn_fwd"),
+    "triton_forward.attn_fwd_inner": ("course_kernels.triton_forward", "_attn_fwd_inner"),
+}
+
+
+def listing(name: str) -> str:
+    """The source text of a package function named in :data:`LISTINGS` (Triton's
+    ``@autotune``/``@jit`` wrappers unwrapped), read from the module (never a pasted copy)."""
+    import importlib
+    import inspect
+
+    if name not in LISTINGS:
+        raise ValueError(f"no listing named {name!r}; the listings are {sorted(LISTINGS)}")
+    module, attr = LISTINGS[name]
+    obj = getattr(importlib.import_module(module), attr)
+    while not inspect.isfunction(obj) and hasattr(obj, "fn"):
+        obj = obj.fn
+    return inspect.getsource(obj)

@@ -27,14 +27,26 @@ def data_path(name: str) -> Path:
 
     Raises FileNotFoundError naming the folder looked in and the files it has.
     """
-    if not isinstance(name, str) or not name or name.startswith(("/", "\\")) or ".." in Path(name).parts:
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith(("/", "\\"))
+        or ".." in Path(name).parts
+    ):
         raise ValueError(f"data file name must be a relative path inside data/, got {name!r}")
     root = _data_dir()
     path = root / name
     if path.is_file():
         return path
-    have = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()
-                  and "__pycache__" not in p.parts) if root.is_dir() else []
+    have = (
+        sorted(
+            p.relative_to(root).as_posix()
+            for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        )
+        if root.is_dir()
+        else []
+    )
     raise FileNotFoundError(
         f"measured data file {name!r} is not in {root} (the package's data folder); it has: "
         + (", ".join(have) if have else "nothing (an install without package data?)")

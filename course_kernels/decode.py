@@ -5,7 +5,7 @@ Chapter: "Applications" (book part two), section "Inference: prefill vs decode".
 Layout (batch, heads, seq, head_dim), like PyTorch's SDPA:
 
     q: (B, Hq, Nq, d)   Nq = 1 in plain decoding, a few tokens in speculative decoding
-    k, v: (B, Hkv, Nk, d)   the KV cache; Hq = G * Hkv (GQA; Hkv = 1 is MQA)
+    k, v: (B, kv_heads, Nk, d)   the KV cache; Hq = G * kv_heads (GQA; kv_heads = 1 is MQA)
     cache_seqlens: (B,) how many cached keys each sequence really has (<= Nk)
     out: (B, Hq, Nq, d)   lse: (B, Hq, Nq) float32, natural log
 
@@ -17,7 +17,7 @@ is 8 programs on a GPU with 132 SMs, and each streams the whole cache alone. Fla
 (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference", PyTorch blog) also
 splits the *keys*:
 
-1. ``_decode_split_kv``: grid (num_splits, B * Hkv). Program (s, b, kv head) reads keys
+1. ``_decode_split_kv``: grid (num_splits, B * kv_heads). Program (s, b, kv head) reads keys
    [s * chunk, (s + 1) * chunk) and computes the partial result of every query row that uses
    this KV head (the G query heads of the group times Nq tokens, packed into one tile so the
    cache is read once per group, not once per query head)::
@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import functools
 
-from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
+from . import _triton_env  # noqa: F401  (first: decides GPU vs interpreter before any kernel)
+from ._compat import renamed_kwargs
 from ._triton_env import INTERPRET, next_power_of_2, require_triton
-from ._validate import check_positive_int, resolve_scale
+from ._validate import check_positive_int
 from .online_softmax import PartialAttention
 from .split_kv import check_seqlens, check_shapes, split_chunk
 
@@ -57,30 +58,58 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
+from .triton_forward import LOG2E  # noqa: E402
 
 
 # -- Triton -----------------------------------------------------------------------------------
 @triton.jit
 def _decode_split_kv(
-    Q, K, V, SEQLENS, M_part, L_part, Acc_part, sm_scale,
-    stride_qz, stride_qh, stride_qm, stride_qk,
-    stride_kz, stride_kh, stride_kn, stride_kk,
-    stride_vz, stride_vh, stride_vn, stride_vk,
-    H_KV, GROUP_SIZE, N_Q, N_KEYS, CHUNK, NUM_SPLITS,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+    Q,
+    K,
+    V,
+    SEQLENS,
+    M_part,
+    L_part,
+    Acc_part,
+    scale,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qk,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kk,
+    stride_vz,
+    stride_vh,
+    stride_vn,
+    stride_vk,
+    KV_HEADS,
+    GROUP_SIZE,
+    N_Q,
+    N_KEYS,
+    KEYS_PER_SPLIT,
+    NUM_SPLITS,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """Partial (m, l, acc) of the G * Nq query rows of one KV head over one chunk of keys.
 
-    Grid (NUM_SPLITS, B * H_KV). Row r of the tile is query head kvh * G + r // N_Q, token
+    Grid (NUM_SPLITS, B * KV_HEADS). Row r of the tile is query head kvh * G + r // N_Q, token
     r % N_Q. Writes m (natural log), l: (B, Hq, Nq, S) and acc: (B, Hq, Nq, S, HEAD_DIM) float32.
     """
     split = tl.program_id(0)
     off_zkv = tl.program_id(1)
-    off_z = (off_zkv // H_KV).to(tl.int64)
-    off_kvh = (off_zkv % H_KV).to(tl.int64)
-    if HAS_SEQLENS:
+    off_z = (off_zkv // KV_HEADS).to(tl.int64)
+    off_kvh = (off_zkv % KV_HEADS).to(tl.int64)
+    # A constexpr if-statement is pruned by Triton at compile time; it stays a statement.
+    if HAS_SEQLENS:  # noqa: SIM108
         seqlen = tl.load(SEQLENS + off_z)  # keys this sequence really has
     else:
         seqlen = N_KEYS  # every cache is full: no lengths tensor to build or read
@@ -92,8 +121,13 @@ def _decode_split_kv(
     off_h = off_kvh * GROUP_SIZE + offs_r // N_Q  # (BLOCK_M,) query head of each row
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
 
-    q_ptrs = (Q + off_z * stride_qz + off_h[:, None] * stride_qh + tok[:, None] * stride_qm
-              + offs_d[None, :] * stride_qk)
+    q_ptrs = (
+        Q
+        + off_z * stride_qz
+        + off_h[:, None] * stride_qh
+        + tok[:, None] * stride_qm
+        + offs_d[None, :] * stride_qk
+    )
     q = tl.load(q_ptrs, mask=r_ok[:, None] & d_ok, other=0.0)  # (BLOCK_M, D)
     k_base = K + off_z * stride_kz + off_kvh * stride_kh
     v_base = V + off_z * stride_vz + off_kvh * stride_vh
@@ -101,17 +135,20 @@ def _decode_split_kv(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # base 2, like triton_forward
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # exp(x) = exp2(x * log2 e)
+    qk_scale = scale * LOG2E  # exp(x) = exp2(x * log2 e)
     last_key = seqlen - N_Q + tok  # (BLOCK_M,) causal: row sees keys j <= last_key
 
-    lo = split * CHUNK
-    hi = tl.minimum(lo + CHUNK, seqlen)
+    lo = split * KEYS_PER_SPLIT
+    hi = tl.minimum(lo + KEYS_PER_SPLIT, seqlen)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
         n_ok = offs_n < hi
         kv_mask = n_ok[:, None] & d_ok  # (BLOCK_N, D)
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk,
-                    mask=kv_mask, other=0.0)  # (BLOCK_N, D)
+        k = tl.load(
+            k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk,
+            mask=kv_mask,
+            other=0.0,
+        )  # (BLOCK_N, D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         keep = n_ok[None, :]
         if CAUSAL:
@@ -122,13 +159,16 @@ def _decode_split_kv(
         p = tl.math.exp2(qk - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
         alpha = tl.math.exp2(m_i - m_sub)  # (BLOCK_M,)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk,
-                    mask=kv_mask, other=0.0)  # (BLOCK_N, D)
+        v = tl.load(
+            v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk,
+            mask=kv_mask,
+            other=0.0,
+        )  # (BLOCK_N, D)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_ij
 
     # Partials go to (B, Hq, Nq, S[, d]); m in natural log so they read like online_softmax's.
-    h_q = H_KV * GROUP_SIZE
+    h_q = KV_HEADS * GROUP_SIZE
     row = ((off_z * h_q + off_h) * N_Q + tok) * NUM_SPLITS + split  # (BLOCK_M,)
     tl.store(M_part + row, m_i * 0.6931471805599453, mask=r_ok)
     tl.store(L_part + row, l_i, mask=r_ok)
@@ -137,10 +177,21 @@ def _decode_split_kv(
 
 @triton.jit
 def _decode_combine(
-    M_part, L_part, Acc_part, Out, LSE,
-    stride_oz, stride_oh, stride_om, stride_ok,
-    H_Q, N_Q, NUM_SPLITS,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_S: tl.constexpr,
+    M_part,
+    L_part,
+    Acc_part,
+    Out,
+    LSE,
+    stride_oz,
+    stride_oh,
+    stride_om,
+    stride_ok,
+    H_Q,
+    N_Q,
+    NUM_SPLITS,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     """Merge the NUM_SPLITS partials of one (batch, query head, token) row and normalise.
 
@@ -154,8 +205,11 @@ def _decode_combine(
     d_ok = offs_d < HEAD_DIM
     m = tl.load(M_part + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
     l = tl.load(L_part + row * NUM_SPLITS + offs_s, mask=s_ok, other=0.0)
-    acc = tl.load(Acc_part + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)  # (BLOCK_S, D)
+    acc = tl.load(
+        Acc_part + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )  # (BLOCK_S, D)
     m_max = tl.max(m, 0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
     w = tl.exp(m - m_safe)  # (BLOCK_S,) the rescaling; 0 for splits that saw no key
@@ -167,12 +221,15 @@ def _decode_combine(
     z = row // (H_Q * N_Q)
     h = (row // N_Q) % H_Q
     i = row % N_Q
-    tl.store(Out + z * stride_oz + h * stride_oh + i * stride_om + offs_d * stride_ok,
-             o.to(Out.dtype.element_ty), mask=d_ok)
+    tl.store(
+        Out + z * stride_oz + h * stride_oh + i * stride_om + offs_d * stride_ok,
+        o.to(Out.dtype.element_ty),
+        mask=d_ok,
+    )
     tl.store(LSE + row, lse)
 
 
-def _block_n(dtype=None) -> int:
+def _block_k(dtype=None) -> int:
     """Keys per step: 16 in the interpreter; on a GPU 64, or 32 for fp32 inputs (IEEE products
     run on FMA units and big tiles spill, see ``_triton_env.pick_configs``)."""
     if INTERPRET:
@@ -180,20 +237,21 @@ def _block_n(dtype=None) -> int:
     return 32 if dtype == torch.float32 else 64
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index: int) -> int:
     """Multiprocessors of a GPU (asked once: the query costs time on every decode step)."""
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_splits(batch_kv_heads: int, n_keys: int, block_n: int | None = None) -> int:
+@renamed_kwargs(block_n="block_k")
+def default_num_splits(batch_kv_heads: int, n_keys: int, block_k: int | None = None) -> int:
     """How many chunks to split the keys into.
 
     On a GPU: enough programs for about two per SM, but no chunk shorter than two key blocks.
     Under the interpreter (every program costs CPU time): at most 4.
     """
-    block_n = block_n or _block_n()
-    blocks = -(-n_keys // block_n)
+    block_k = block_k or _block_k()
+    blocks = -(-n_keys // block_k)
     if INTERPRET:
         return max(1, min(4, blocks))
     want = -(-2 * _sm_count(torch.cuda.current_device()) // batch_kv_heads)
@@ -201,26 +259,11 @@ def default_num_splits(batch_kv_heads: int, n_keys: int, block_n: int | None = N
 
 
 def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, d); got "
-                            f"{type(x).__name__}")
-        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
-        if x.numel() == 0:
-            raise ValueError(f"{name} must not be empty; got shape {tuple(x.shape)}")
+    check_tensors(q, k, v)
     B, Hq, Nq, d = check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
     if d > 256:
         raise ValueError(f"head dim must be at most 256; got {d}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
-    want = _triton_env.device_kind()
-    if q.device.type != want:
-        raise ValueError(f"tensors must be on a {want} device here (Triton runs "
-                         f"{'in its CPU interpreter' if want == 'cpu' else 'on the GPU'}); got "
-                         f"{q.device}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    check_causal(causal)
     Nk = k.shape[2]
     if cache_seqlens is None:
         # The common decode step: every cache is full. No check, so no GPU -> CPU sync: a sync
@@ -230,31 +273,43 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
         lens = None
     elif isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.shape != (B,) or cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"cache_seqlens must be an integer tensor of shape ({B},); got "
-                             f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+            raise ValueError(
+                f"cache_seqlens must be an integer tensor of shape ({B},); got "
+                f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+            )
         lens = cache_seqlens.to(device=q.device, dtype=torch.int32)
         lo, hi = (int(x) for x in torch.aminmax(lens))  # one sync, only for user-given lengths
         if lo < 1 or hi > Nk:
             raise ValueError(f"cache_seqlens must lie in 1..Nk={Nk}; got {lens.tolist()}")
     else:
-        lens = torch.as_tensor(check_seqlens(cache_seqlens, B, Nk), dtype=torch.int32,
-                               device=q.device)
+        lens = torch.as_tensor(
+            check_seqlens(cache_seqlens, B, Nk), dtype=torch.int32, device=q.device
+        )
     if num_splits is None:
         num_splits = default_num_splits(B * k.shape[1], Nk)
     num_splits = check_positive_int(num_splits, "num_splits")
-    return lens, num_splits, resolve_scale(scale, d)
+    return lens, num_splits, check_scale(scale, d)
 
 
-def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = False,
-                 scale=None, return_lse: bool = False, return_partials: bool = False):
+def flash_decode(
+    q,
+    k,
+    v,
+    cache_seqlens=None,
+    num_splits=None,
+    causal: bool = False,
+    scale=None,
+    return_lse: bool = False,
+    return_partials: bool = False,
+):
     """Attention of a few new query tokens over a KV cache, split over the keys (Triton).
 
     The same result as ``scaled_dot_product_attention(q, k[:, :, :L], v[:, :, :L],
     enable_gqa=True)`` for each sequence's cache length L.
 
     Args:
-        q: (B, Hq, Nq, d) new queries; (Hq / Hkv) * Nq <= 128.
-        k, v: (B, Hkv, Nk, d) the cache (GQA: Hq a multiple of Hkv). Any Nk >= 1.
+        q: (B, Hq, Nq, d) new queries; (Hq / kv_heads) * Nq <= 128.
+        k, v: (B, kv_heads, Nk, d) the cache (GQA: Hq a multiple of kv_heads). Any Nk >= 1.
         cache_seqlens: (B,) int tensor or list, valid length of each sequence; None = Nk.
         num_splits: chunks of keys (>= 1); None = :func:`default_num_splits`.
         causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
@@ -273,29 +328,58 @@ def flash_decode(q, k, v, cache_seqlens=None, num_splits=None, causal: bool = Fa
         # triton-lang/triton#11584: bf16 tl.dot is wrong in the interpreter; compute in fp32.
         q, k, v = q.float(), k.float(), v.float()
     B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    block_n = _block_n(q.dtype)
-    chunk = split_chunk(Nk, num_splits, block_n)
+    kv_heads, Nk = k.shape[1], k.shape[2]
+    G = Hq // kv_heads
+    block_k = _block_k(q.dtype)
+    chunk = split_chunk(Nk, num_splits, block_k)
     dpad = max(16, next_power_of_2(d))
     f32 = dict(device=q.device, dtype=torch.float32)
     m_part = torch.empty((B, Hq, Nq, num_splits), **f32)
     l_part = torch.empty((B, Hq, Nq, num_splits), **f32)
     acc_part = torch.empty((B, Hq, Nq, num_splits, d), **f32)
     launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 2}
-    _decode_split_kv[(num_splits, B * Hkv)](
-        q, k, v, k if lens is None else lens, m_part, l_part, acc_part, scale,
-        *q.stride(), *k.stride(), *v.stride(),
-        Hkv, G, Nq, Nk, chunk, num_splits,
-        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, HAS_SEQLENS=lens is not None,
+    _decode_split_kv[(num_splits, B * kv_heads)](
+        q,
+        k,
+        v,
+        k if lens is None else lens,
+        m_part,
+        l_part,
+        acc_part,
+        scale,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        kv_heads,
+        G,
+        Nq,
+        Nk,
+        chunk,
+        num_splits,
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=dpad,
+        CAUSAL=causal,
+        HAS_SEQLENS=lens is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=max(16, next_power_of_2(G * Nq)), BLOCK_N=block_n, **launch,
+        BLOCK_M=max(16, next_power_of_2(G * Nq)),
+        BLOCK_N=block_k,
+        **launch,
     )
     out = torch.empty((B, Hq, Nq, d), device=q.device, dtype=q.dtype)
     lse = torch.empty((B, Hq, Nq), **f32)
     _decode_combine[(B * Hq * Nq,)](
-        m_part, l_part, acc_part, out, lse, *out.stride(), Hq, Nq, num_splits,
-        HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_S=max(2, next_power_of_2(num_splits)),
+        m_part,
+        l_part,
+        acc_part,
+        out,
+        lse,
+        *out.stride(),
+        Hq,
+        Nq,
+        num_splits,
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=dpad,
+        BLOCK_S=max(2, next_power_of_2(num_splits)),
     )
     result = [out.to(out_dtype)]
     if return_lse:

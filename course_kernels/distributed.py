@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .reference import LN2
+
 LAYOUTS = ("contiguous", "zigzag")
-LN2 = math.log(2.0)  # natural logsumexp = base-2 logsumexp * ln 2 (the kernel returns base 2)
 
 __all__ = [
     "LAYOUTS",
@@ -102,7 +103,8 @@ def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
             f"a sequence of {n} tokens cannot be cut into {chunks} non-empty chunks of "
             f"ceil({n}/{chunks}) = {c} tokens with only the last one shorter; accepted: any n with "
             f"(chunks - 1) * ceil(n / chunks) < n (for example n = {ok[0]}, or any multiple of "
-            f"{chunks}). Pad the sequence or use fewer ranks.")
+            f"{chunks}). Pad the sequence or use fewer ranks."
+        )
     return [(i * c, min((i + 1) * c, n)) for i in range(chunks)]
 
 
@@ -120,8 +122,9 @@ def shard_lengths(n: int, world: int, layout: str = "contiguous") -> list[int]:
     return [sum(b[i][1] - b[i][0] for i in rank_chunks(r, world, layout)) for r in range(world)]
 
 
-def shard_sequence(x: torch.Tensor, world: int, rank: int, layout: str = "contiguous",
-                   dim: int = 2) -> torch.Tensor:
+def shard_sequence(
+    x: torch.Tensor, world: int, rank: int, layout: str = "contiguous", dim: int = 2
+) -> torch.Tensor:
     """Rank ``rank``'s shard of the full tensor ``x`` (sequence along ``dim``, default 2 of
     (B, H, N, d)): its chunk(s) concatenated in sequence order. A new contiguous tensor."""
     b = chunk_bounds(x.shape[dim], n_chunks(world, layout))
@@ -135,9 +138,11 @@ def unshard_sequence(shards, layout: str = "contiguous", dim: int = 2) -> torch.
     n = sum(s.shape[dim] for s in shards)
     b = chunk_bounds(n, n_chunks(world, layout))
     if [s.shape[dim] for s in shards] != shard_lengths(n, world, layout):
-        raise ValueError(f"shard lengths {[s.shape[dim] for s in shards]} are not the "
-                         f"{layout} split of {n} tokens over {world} ranks "
-                         f"({shard_lengths(n, world, layout)})")
+        raise ValueError(
+            f"shard lengths {[s.shape[dim] for s in shards]} are not the "
+            f"{layout} split of {n} tokens over {world} ranks "
+            f"({shard_lengths(n, world, layout)})"
+        )
     pieces = {}
     for r, s in enumerate(shards):
         off = 0
@@ -147,8 +152,9 @@ def unshard_sequence(shards, layout: str = "contiguous", dim: int = 2) -> torch.
     return torch.cat([pieces[i] for i in range(len(b))], dim=dim)
 
 
-def gather_sequence(x_local: torch.Tensor, layout: str = "contiguous", group=None,
-                    dim: int = 2) -> torch.Tensor:
+def gather_sequence(
+    x_local: torch.Tensor, layout: str = "contiguous", group=None, dim: int = 2
+) -> torch.Tensor:
     """All-gather every rank's shard and unshard: the full tensor, on every rank (a collective)."""
     world = dist.get_world_size(group)
     lens = torch.tensor([x_local.shape[dim]], device=x_local.device)
@@ -163,7 +169,9 @@ def gather_sequence(x_local: torch.Tensor, layout: str = "contiguous", group=Non
         x = torch.cat([x, x.new_zeros(shape)], dim=dim)
     bufs = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(bufs, x, group=group)
-    return unshard_sequence([t.narrow(dim, 0, n) for t, n in zip(bufs, lens)], layout, dim)
+    return unshard_sequence(
+        [t.narrow(dim, 0, n) for t, n in zip(bufs, lens, strict=True)], layout, dim
+    )
 
 
 # --------------------------------------------------------------------------- the schedule
@@ -214,10 +222,12 @@ def ring_schedule(world: int, layout: str = "contiguous", causal: bool = False):
         row = []
         for r in range(world):
             src = (r - s) % world
-            tasks = tuple(BlockTask(i, j, causal and i == j)
-                          for i in rank_chunks(r, world, layout)
-                          for j in rank_chunks(src, world, layout)
-                          if not causal or i >= j)
+            tasks = tuple(
+                BlockTask(i, j, causal and i == j)
+                for i in rank_chunks(r, world, layout)
+                for j in rank_chunks(src, world, layout)
+                if not causal or i >= j
+            )
             row.append(RingStep(s, r, src, tasks))
         plan.append(row)
     return plan
@@ -235,12 +245,18 @@ def ring_balance(world: int, layout: str = "contiguous", causal: bool = False) -
     work = [[st.work for st in row] for row in plan]
     critical = sum(max(row) for row in work)
     ideal = sum(map(sum, work)) / world
-    return {"work": work, "critical_path": critical, "ideal": ideal,
-            "imbalance": critical / ideal}
+    return {"work": work, "critical_path": critical, "ideal": ideal, "imbalance": critical / ideal}
 
 
-def ring_bytes(batch: int, kv_heads: int, n: int, head_dim: int, world: int,
-               element_bytes: int = 2, backward: bool = False) -> int:
+def ring_bytes(
+    batch: int,
+    kv_heads: int,
+    n: int,
+    head_dim: int,
+    world: int,
+    element_bytes: int = 2,
+    backward: bool = False,
+) -> int:
     """Bytes one rank sends (N divisible by W). Forward: W-1 K/V shards. ``backward=True``:
     the backward pass alone, W-1 K/V shards plus W dK/dV shards in float32 (4 bytes each)."""
     shard = 2 * batch * kv_heads * (n // world) * head_dim  # K and V elements
@@ -249,31 +265,45 @@ def ring_bytes(batch: int, kv_heads: int, n: int, head_dim: int, world: int,
     return (world - 1) * shard * element_bytes + world * shard * 4
 
 
-def ring_step_times(shard_len: int, heads: int, kv_heads: int, head_dim: int, flops: float,
-                    link_bandwidth: float, element_bytes: int = 2, batch: int = 1) -> dict:
+def ring_step_times(
+    shard_len: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    flops: float,
+    link_bandwidth: float,
+    element_bytes: int = 2,
+    batch: int = 1,
+) -> dict:
     """The overlap model of one forward ring step with a full (non-causal) block.
 
-    compute = 4 B H L^2 d / flops (two matmuls of an L x L block), transfer = 2 B Hkv L d bytes
+    compute = 4 B H L^2 d / flops (two matmuls of an L x L block), transfer = 2 B kv_heads L d bytes
     / link_bandwidth (the next K and V shards). With the transfer posted before the compute, the
     step takes max(compute, transfer): the transfer is hidden when compute >= transfer, that is
     when the shard holds at least :func:`ring_min_shard` tokens. Returns seconds and ``hidden``.
     """
     compute = 4.0 * batch * heads * shard_len**2 * head_dim / flops
     transfer = 2.0 * batch * kv_heads * shard_len * head_dim * element_bytes / link_bandwidth
-    return {"compute_s": compute, "transfer_s": transfer, "step_s": max(compute, transfer),
-            "hidden": compute >= transfer}
+    return {
+        "compute_s": compute,
+        "transfer_s": transfer,
+        "step_s": max(compute, transfer),
+        "hidden": compute >= transfer,
+    }
 
 
-def ring_min_shard(heads: int, kv_heads: int, flops: float, link_bandwidth: float,
-                   element_bytes: int = 2) -> float:
+def ring_min_shard(
+    heads: int, kv_heads: int, flops: float, link_bandwidth: float, element_bytes: int = 2
+) -> float:
     """Shard length L above which a step's compute hides its transfer:
-    4 H L^2 d / F >= 2 Hkv L d e / bw  <=>  L >= (Hkv / H) e F / (2 bw). Independent of d and B;
+    4 H L^2 d / F >= 2 kv_heads L d e / bw  <=>  L >= (kv_heads / H) e F / (2 bw). Independent of d and B;
     GQA (fewer K/V heads) lowers it."""
     return kv_heads / heads * element_bytes * flops / (2.0 * link_bandwidth)
 
 
-def ring_memory_bytes(n: int, world: int, batch: int, heads: int, kv_heads: int, head_dim: int,
-                      element_bytes: int = 2) -> dict:
+def ring_memory_bytes(
+    n: int, world: int, batch: int, heads: int, kv_heads: int, head_dim: int, element_bytes: int = 2
+) -> dict:
     """What one rank holds during forward + backward, term by term (N divisible by W, L = N/W).
 
     Every term is O(L) = O(N / W): the inputs and dO, the saved O and logsumexp, the K/V shard
@@ -322,8 +352,9 @@ def _local_calls(tasks, q_chunks, kv_chunks, bounds):
     if not any(pairs.values()) and len(pairs) == len(qs) * len(ks):
         q_span = (qo[qs[0]][0], qo[qs[-1]][1])
         k_span = (ko[ks[0]][0], ko[ks[-1]][1])
-        if (q_span[1] - q_span[0] == sum(qo[i][1] - qo[i][0] for i in qs)
-                and k_span[1] - k_span[0] == sum(ko[j][1] - ko[j][0] for j in ks)):
+        if q_span[1] - q_span[0] == sum(qo[i][1] - qo[i][0] for i in qs) and k_span[1] - k_span[
+            0
+        ] == sum(ko[j][1] - ko[j][0] for j in ks):
             return [(*q_span, *k_span, False)]
     return [(*qo[t.q_chunk], *ko[t.k_chunk], t.causal) for t in tasks]
 
@@ -391,16 +422,29 @@ class RingStats:
     bytes_received: dict = field(default_factory=lambda: {"fwd": 0, "bwd": 0})
 
     def rows(self) -> list[dict]:
-        return [{"phase": p, "step": s, "pairs": w, "compute_ms": c.ms(t0, t1),
-                 "step_ms": c.ms(t0, t2)} for p, s, w, c, t0, t1, t2 in self.marks]
+        return [
+            {"phase": p, "step": s, "pairs": w, "compute_ms": c.ms(t0, t1), "step_ms": c.ms(t0, t2)}
+            for p, s, w, c, t0, t1, t2 in self.marks
+        ]
 
 
 # --------------------------------------------------------------------------- the ring
 
 
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
-_FIELDS = ("q length", "k/v length", "batch", "query heads", "key/value heads", "head dim",
-           "dtype", "causal", "layout", "scale", "inputs valid")
+_FIELDS = (
+    "q length",
+    "k/v length",
+    "batch",
+    "query heads",
+    "key/value heads",
+    "head dim",
+    "dtype",
+    "causal",
+    "layout",
+    "scale",
+    "inputs valid",
+)
 
 
 @dataclass
@@ -423,8 +467,10 @@ def _setup(q, k, v, causal, scale, layout, group) -> tuple[_Ring, float]:
     from . import flash
 
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("ring_attention needs an initialised torch.distributed process group "
-                           "(dist.init_process_group('nccl' on GPUs, 'gloo' on CPU))")
+        raise RuntimeError(
+            "ring_attention needs an initialised torch.distributed process group "
+            "(dist.init_process_group('nccl' on GPUs, 'gloo' on CPU))"
+        )
     _check_layout(layout)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     local_error = None
@@ -433,11 +479,25 @@ def _setup(q, k, v, causal, scale, layout, group) -> tuple[_Ring, float]:
     except (TypeError, ValueError) as exc:
         local_error = exc
     # the device of the small agreement message: NCCL talks between GPUs, gloo on the CPU
-    device = (torch.device("cuda", torch.cuda.current_device())
-              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend(group) == "nccl"
+        else torch.device("cpu")
+    )
     if local_error is None:
-        meta = [q.shape[2], k.shape[2], q.shape[0], q.shape[1], k.shape[1], q.shape[3],
-                _DTYPES[q.dtype], float(causal), LAYOUTS.index(layout), scale, 1.0]
+        meta = [
+            q.shape[2],
+            k.shape[2],
+            q.shape[0],
+            q.shape[1],
+            k.shape[1],
+            q.shape[3],
+            _DTYPES[q.dtype],
+            float(causal),
+            LAYOUTS.index(layout),
+            scale,
+            1.0,
+        ]
     else:
         meta = [0.0] * (len(_FIELDS) - 1) + [0.0]
     mine = torch.tensor(meta, dtype=torch.float64, device=device)
@@ -448,41 +508,64 @@ def _setup(q, k, v, causal, scale, layout, group) -> tuple[_Ring, float]:
         raise local_error
     bad = [r for r in range(world) if table[r][-1] != 1.0]
     if bad:
-        raise ValueError(f"ring_attention: the inputs of rank(s) {bad} are invalid (their error "
-                         "says why); every rank stops")
+        raise ValueError(
+            f"ring_attention: the inputs of rank(s) {bad} are invalid (their error "
+            "says why); every rank stops"
+        )
     for f in range(2, len(_FIELDS) - 1):
         vals = [row[f] for row in table]
         if len(set(vals)) > 1:
-            raise ValueError(f"ring_attention: every rank must pass the same {_FIELDS[f]}; got "
-                             f"{vals} (by rank)")
+            raise ValueError(
+                f"ring_attention: every rank must pass the same {_FIELDS[f]}; got {vals} (by rank)"
+            )
     lengths = [int(row[0]) for row in table]
     if any(int(row[1]) != int(row[0]) for row in table):
-        raise ValueError("ring_attention is self-attention over one sequence: each rank's q, k "
-                         f"and v shards must have the same length; got q {lengths}, k/v "
-                         f"{[int(row[1]) for row in table]}")
+        raise ValueError(
+            "ring_attention is self-attention over one sequence: each rank's q, k "
+            f"and v shards must have the same length; got q {lengths}, k/v "
+            f"{[int(row[1]) for row in table]}"
+        )
     n = sum(lengths)
     expected = shard_lengths(n, world, layout)  # raises if the split leaves an empty chunk
     if lengths != expected:
-        raise ValueError(f"ring_attention: shard lengths by rank {lengths} are not the {layout} "
-                         f"split of N = {n} over {world} ranks, which is {expected} (chunks of "
-                         f"ceil(N / {n_chunks(world, layout)}) tokens, the last one shorter); "
-                         "make shards with shard_sequence")
+        raise ValueError(
+            f"ring_attention: shard lengths by rank {lengths} are not the {layout} "
+            f"split of N = {n} over {world} ranks, which is {expected} (chunks of "
+            f"ceil(N / {n_chunks(world, layout)}) tokens, the last one shorter); "
+            "make shards with shard_sequence"
+        )
     bounds = chunk_bounds(n, n_chunks(world, layout))
     plan = ring_schedule(world, layout, causal)
     mine_chunks = list(rank_chunks(rank, world, layout))
-    calls = [_local_calls(plan[s][rank].tasks, mine_chunks,
-                          list(rank_chunks(plan[s][rank].kv_rank, world, layout)), bounds)
-             for s in range(world)]
+    calls = [
+        _local_calls(
+            plan[s][rank].tasks,
+            mine_chunks,
+            list(rank_chunks(plan[s][rank].kv_rank, world, layout)),
+            bounds,
+        )
+        for s in range(world)
+    ]
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-    ring = _Ring(group, rank, world, ranks[(rank + 1) % world], ranks[(rank - 1) % world],
-                 lengths, layout, calls)
+    ring = _Ring(
+        group,
+        rank,
+        world,
+        ranks[(rank + 1) % world],
+        ranks[(rank - 1) % world],
+        lengths,
+        layout,
+        calls,
+    )
     return ring, scale
 
 
 def _exchange(ring: _Ring, send, recv, tag: int, stats, phase):
     """Post send(next) / recv(previous) together; returns the requests (wait on them later)."""
-    ops = [dist.P2POp(dist.isend, send, ring.nxt, ring.group, tag),
-           dist.P2POp(dist.irecv, recv, ring.prv, ring.group, tag)]
+    ops = [
+        dist.P2POp(dist.isend, send, ring.nxt, ring.group, tag),
+        dist.P2POp(dist.irecv, recv, ring.prv, ring.group, tag),
+    ]
     if stats is not None:
         stats.bytes_sent[phase] += send.numel() * send.element_size()
         stats.bytes_received[phase] += recv.numel() * recv.element_size()
@@ -491,8 +574,10 @@ def _exchange(ring: _Ring, send, recv, tag: int, stats, phase):
 
 def _pairs(calls) -> int:
     """(query, key) pairs one step's calls compute (per batch and head)."""
-    return sum((q1 - q0) * (q1 - q0 + 1) // 2 if c else (q1 - q0) * (k1 - k0)
-               for q0, q1, k0, k1, c in calls)
+    return sum(
+        (q1 - q0) * (q1 - q0 + 1) // 2 if c else (q1 - q0) * (k1 - k0)
+        for q0, q1, k0, k1, c in calls
+    )
 
 
 def _wait(reqs):
@@ -501,27 +586,32 @@ def _wait(reqs):
 
 
 def _ring_forward(q, k, v, causal, scale, ring: _Ring, stats):
-    """q (B, Hq, L, d), k/v (B, Hkv, L, d) contiguous -> o (B, Hq, L, d) in q.dtype, lse2 base 2."""
+    """q (B, Hq, L, d), k/v (B, kv_heads, L, d) contiguous -> o (B, Hq, L, d) in q.dtype, lse2 base 2."""
     from . import flash
 
-    B, Hkv, _, d = k.shape
+    B, kv_heads, _, d = k.shape
     clock = _Clock(q.device, enabled=stats is not None)
     o = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # (B, Hq, L, d)
     lse = torch.full(q.shape[:3], -math.inf, device=q.device)  # (B, Hq, L) natural log
-    kv = torch.stack([k, v])  # (2, B, Hkv, L_src, d): K and V travel as one message
+    kv = torch.stack([k, v])  # (2, B, kv_heads, L_src, d): K and V travel as one message
     for s in range(ring.world):
         t0 = clock.now()
         reqs, kv_next = [], None
         if s < ring.world - 1:  # post the next block's transfer before computing this one
             n_next = ring.lengths[(ring.rank - s - 1) % ring.world]
-            kv_next = kv.new_empty((2, B, Hkv, n_next, d))
+            kv_next = kv.new_empty((2, B, kv_heads, n_next, d))
             reqs = _exchange(ring, kv, kv_next, 0, stats, "fwd")
         for q0, q1, k0, k1, c in ring.calls[s]:
-            o_blk, lse2_blk = flash._forward(q[:, :, q0:q1].contiguous(),
-                                             kv[0, :, :, k0:k1].contiguous(),
-                                             kv[1, :, :, k0:k1].contiguous(), c, scale)
+            o_blk, lse2_blk = flash._forward(
+                q[:, :, q0:q1].contiguous(),
+                kv[0, :, :, k0:k1].contiguous(),
+                kv[1, :, :, k0:k1].contiguous(),
+                c,
+                scale,
+            )
             o[:, :, q0:q1], lse[:, :, q0:q1] = merge_attention(
-                o[:, :, q0:q1], lse[:, :, q0:q1], o_blk, lse2_blk * LN2)
+                o[:, :, q0:q1], lse[:, :, q0:q1], o_blk, lse2_blk * LN2
+            )
         t1 = clock.now()
         _wait(reqs)
         if kv_next is not None:
@@ -536,25 +626,31 @@ def _ring_backward(do, q, k, v, o, lse2, causal, scale, ring: _Ring, stats):
     with its block and, one hop after the last step, reaches the block's owner."""
     from . import flash
 
-    B, Hkv, _, d = k.shape
+    B, kv_heads, _, d = k.shape
     clock = _Clock(q.device, enabled=stats is not None)
     do = do.contiguous()
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # (B, Hq, L, d)
-    kv = torch.stack([k, v])  # (2, B, Hkv, L_src, d)
+    kv = torch.stack([k, v])  # (2, B, kv_heads, L_src, d)
     dkv_reqs, dkv_in = [], None
     for s in range(ring.world):
         t0 = clock.now()
         kv_reqs, kv_next = [], None
         if s < ring.world - 1:
             n_next = ring.lengths[(ring.rank - s - 1) % ring.world]
-            kv_next = kv.new_empty((2, B, Hkv, n_next, d))
+            kv_next = kv.new_empty((2, B, kv_heads, n_next, d))
             kv_reqs = _exchange(ring, kv, kv_next, 0, stats, "bwd")
         dkv = torch.zeros(kv.shape, device=q.device, dtype=torch.float32)  # this block's dK, dV
         for q0, q1, k0, k1, c in ring.calls[s]:
             dq_b, dk_b, dv_b = flash._backward(
-                do[:, :, q0:q1].contiguous(), q[:, :, q0:q1].contiguous(),
-                kv[0, :, :, k0:k1].contiguous(), kv[1, :, :, k0:k1].contiguous(),
-                o[:, :, q0:q1].contiguous(), lse2[:, :, q0:q1].contiguous(), c, scale)
+                do[:, :, q0:q1].contiguous(),
+                q[:, :, q0:q1].contiguous(),
+                kv[0, :, :, k0:k1].contiguous(),
+                kv[1, :, :, k0:k1].contiguous(),
+                o[:, :, q0:q1].contiguous(),
+                lse2[:, :, q0:q1].contiguous(),
+                c,
+                scale,
+            )
             dq[:, :, q0:q1] += dq_b.float()
             dkv[0, :, :, k0:k1] += dk_b.float()
             dkv[1, :, :, k0:k1] += dv_b.float()
@@ -564,7 +660,7 @@ def _ring_backward(do, q, k, v, o, lse2, causal, scale, ring: _Ring, stats):
             dkv += dkv_in
         if ring.world > 1:  # pass the accumulator on with the block; the last hop goes home
             n_in = ring.lengths[(ring.rank - s - 1) % ring.world]
-            dkv_in = dkv.new_empty((2, B, Hkv, n_in, d))
+            dkv_in = dkv.new_empty((2, B, kv_heads, n_in, d))
             dkv_reqs = _exchange(ring, dkv, dkv_in, 1, stats, "bwd")
         else:
             dkv_in = dkv
@@ -591,20 +687,29 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.ring,
-                                    ctx.stats)
+        dq, dk, dv = _ring_backward(
+            do, q, k, v, o, lse2, ctx.causal, ctx.scale, ctx.ring, ctx.stats
+        )
         return dq, dk, dv, None, None, None, None
 
 
-def ring_attention(q, k, v, causal: bool = False, scale: float | None = None, group=None,
-                   layout: str = "contiguous", stats: RingStats | None = None):
+def ring_attention(
+    q,
+    k,
+    v,
+    causal: bool = False,
+    scale: float | None = None,
+    group=None,
+    layout: str = "contiguous",
+    stats: RingStats | None = None,
+):
     """Exact attention over a sequence sharded across the ranks of ``group``; differentiable.
 
     Call it on every rank of the group (it is a collective), each with its own shard.
 
     Args:
         q: (B, Hq, L_r, d) this rank's query shard, layout (batch, heads, seq, head_dim).
-        k, v: (B, Hkv, L_r, d) this rank's key/value shards (Hq a multiple of Hkv: GQA/MQA).
+        k, v: (B, kv_heads, L_r, d) this rank's key/value shards (Hq a multiple of kv_heads: GQA/MQA).
             The shards are the ``layout`` split of one sequence of N = sum of L_r tokens, as
             :func:`shard_sequence` makes it: ``"contiguous"``, rank r holds chunk r of W;
             ``"zigzag"``, chunks r and 2W-1-r of 2W. Chunks have ceil(N / chunks) tokens, the

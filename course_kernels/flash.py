@@ -28,8 +28,6 @@ the inputs are cast to the autocast dtype first, as SDPA's are. Double backward 
 from __future__ import annotations
 
 import contextlib
-import math
-import numbers
 
 from . import _triton_env  # first: decides GPU vs interpreter before any kernel is defined
 from ._triton_env import INTERPRET, capability, require_triton
@@ -38,12 +36,11 @@ require_triton()
 
 import torch  # noqa: E402
 
+from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
+from .reference import LN2, LOG2E  # noqa: E402
 from .triton_backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .triton_forward import _attn_fwd  # noqa: E402
 
-LN2 = math.log(2.0)  # natural lse = base-2 lse * ln 2
-LOG2E = 1.0 / LN2
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
 
@@ -54,7 +51,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _head_dim_padded(d: int) -> int:
+def head_dim_padded(d: int) -> int:
     """Next power of two >= d, at least 16 (the smallest tl.dot size)."""
     return max(16, _triton_env.next_power_of_2(d))
 
@@ -100,58 +97,43 @@ def _launch(kernel, grid, args, key, **constexprs):
 
 def _check_inputs(q, k, v, causal, scale) -> float:
     """Validate the arguments; return the scale. Raises TypeError / ValueError, never crashes."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, N, d); got "
-                            f"{type(x).__name__}")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4:
-            raise ValueError(f"{name} must have rank 4, layout (batch, heads, seq, head_dim); got "
-                             f"shape {tuple(x.shape)}")
-        if x.numel() == 0:
-            raise ValueError(f"{name} must not be empty; got shape {tuple(x.shape)}")
-        if x.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must be float16, bfloat16 or float32; got {x.dtype}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, "
-                         f"{v.device}")
-    want = _triton_env.device_kind()
-    if q.device.type != want:
-        where = ("no CUDA GPU was found, so kernels run in Triton's CPU interpreter"
-                 if want == "cpu" else "Triton compiles these kernels for the CUDA GPU")
-        raise ValueError(f"tensors must be on a {want} device here ({where}); got {q.device}")
+    check_tensors(q, k, v)
+    _check_shapes(q, k, v)
+    check_causal(causal)
+    return check_scale(scale, q.shape[3])
+
+
+def _check_shapes(q, k, v) -> None:
+    """k, v of one shape; batch and head dim shared with q; GQA head counts; supported d."""
     B, Hq, Nq, d = q.shape
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape (B, Hkv, Nk, d); got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same shape (B, kv_heads, Nk, d); got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if k.shape[0] != B:
         raise ValueError(f"q, k, v must share the batch size; got q {B} and k/v {k.shape[0]}")
     if k.shape[3] != d:
         raise ValueError(f"q, k, v must share the head dim; got q {d} and k/v {k.shape[3]}")
-    Hkv = k.shape[1]
-    if Hq % Hkv != 0:
-        raise ValueError(f"the number of query heads must be a multiple of the number of key/value "
-                         f"heads (GQA/MQA); got Hq={Hq}, Hkv={Hkv}")
+    kv_heads = k.shape[1]
+    if Hq % kv_heads != 0:
+        raise ValueError(
+            f"the number of query heads must be a multiple of the number of key/value "
+            f"heads (GQA/MQA); got Hq={Hq}, kv_heads={kv_heads}"
+        )
     if d % 8 != 0 or d > MAX_HEAD_DIM:
         raise ValueError(f"head dim must be a multiple of 8 and at most {MAX_HEAD_DIM}; got {d}")
     if q.dtype == torch.bfloat16 and not INTERPRET:
         cap = capability()
         if cap is not None and cap < (8, 0):
-            raise ValueError(f"bfloat16 needs a GPU of compute capability 8.0 or newer; this one "
-                             f"is sm_{cap[0]}{cap[1]}. Use float16.")
-    if not isinstance(causal, (bool,)):
-        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite real number or None; got {scale!r}")
-    return float(scale)
+            raise ValueError(
+                f"bfloat16 needs a GPU of compute capability 8.0 or newer; this one "
+                f"is sm_{cap[0]}{cap[1]}. Use float16."
+            )
 
 
 def _forward(q, k, v, causal: bool, scale: float):
-    """Run ``_attn_fwd``. q (B, Hq, Nq, d), k/v (B, Hkv, Nk, d), already checked.
+    """Run ``_attn_fwd``. q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
 
     Returns o (B, Hq, Nq, d) contiguous in q.dtype and lse2 (B, Hq, Nq) float32 in base 2.
     Non-contiguous inputs are made contiguous. Under the interpreter bf16 is computed in fp32
@@ -162,18 +144,39 @@ def _forward(q, k, v, causal: bool, scale: float):
         return o.to(torch.bfloat16), lse2
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
+    kv_heads, Nk = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
     lse2 = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
 
     def grid(meta):
         return (_cdiv(Nq, meta["BLOCK_M"]), B * Hq)
 
-    args = (q, k, v, scale, lse2, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            Hq, Hq // Hkv, Nq, Nk)
-    _launch(_attn_fwd, grid, args, (q.device, q.dtype, Nq, Nk, d, causal),
-            HEAD_DIM=d, HEAD_DIM_PADDED=_head_dim_padded(d), CAUSAL=causal,
-            DOT_PRECISION=_dot_precision(q.dtype))
+    args = (
+        q,
+        k,
+        v,
+        scale,
+        lse2,
+        o,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *o.stride(),
+        Hq,
+        Hq // kv_heads,
+        Nq,
+        Nk,
+    )
+    _launch(
+        _attn_fwd,
+        grid,
+        args,
+        (q.device, q.dtype, Nq, Nk, d, causal),
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=head_dim_padded(d),
+        CAUSAL=causal,
+        DOT_PRECISION=_dot_precision(q.dtype),
+    )
     return o, lse2
 
 
@@ -190,22 +193,22 @@ def _backward_one_key(do, q, k, v, o, lse2, scale):
     NaN or inf in the inputs still propagate to the gradients they reach.
     """
     B, Hq, Nq, d = q.shape
-    Hkv = k.shape[1]
-    G = Hq // Hkv
+    kv_heads = k.shape[1]
+    G = Hq // kv_heads
     f = torch.float32
-    qf = q.to(f).reshape(B, Hkv, G, Nq, d)
-    kf = k.to(f).reshape(B, Hkv, 1, 1, d)
-    vf = v.to(f).reshape(B, Hkv, 1, 1, d)
-    dof = do.to(f).reshape(B, Hkv, G, Nq, d)
-    of = o.to(f).reshape(B, Hkv, G, Nq, d)
-    s2 = (qf * kf).sum(-1, keepdim=True) * (scale * LOG2E)  # (B, Hkv, G, Nq, 1), base 2
-    p = torch.exp2(s2 - lse2.reshape(B, Hkv, G, Nq, 1))
+    qf = q.to(f).reshape(B, kv_heads, G, Nq, d)
+    kf = k.to(f).reshape(B, kv_heads, 1, 1, d)
+    vf = v.to(f).reshape(B, kv_heads, 1, 1, d)
+    dof = do.to(f).reshape(B, kv_heads, G, Nq, d)
+    of = o.to(f).reshape(B, kv_heads, G, Nq, d)
+    s2 = (qf * kf).sum(-1, keepdim=True) * (scale * LOG2E)  # (B, kv_heads, G, Nq, 1), base 2
+    p = torch.exp2(s2 - lse2.reshape(B, kv_heads, G, Nq, 1))
     dp = (dof * vf).sum(-1, keepdim=True)
     delta = (dof * of).sum(-1, keepdim=True)  # bitwise dp when o = v: same shapes, same order
     ds = p * (dp - delta)
     dq = (ds * kf * scale).reshape(B, Hq, Nq, d)
-    dk = (ds * qf).sum((2, 3)).reshape(B, Hkv, 1, d) * scale
-    dv = (p * dof).sum((2, 3)).reshape(B, Hkv, 1, d)
+    dk = (ds * qf).sum((2, 3)).reshape(B, kv_heads, 1, d) * scale
+    dv = (p * dof).sum((2, 3)).reshape(B, kv_heads, 1, d)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -217,29 +220,74 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
     if k.shape[2] == 1:
         return _backward_one_key(do, q, k, v, o, lse2, scale)
     if INTERPRET and q.dtype == torch.bfloat16:
-        grads = _backward(do.float(), q.float(), k.float(), v.float(), o.float(), lse2, causal,
-                          scale)
+        grads = _backward(
+            do.float(), q.float(), k.float(), v.float(), o.float(), lse2, causal, scale
+        )
         return tuple(g.to(torch.bfloat16) for g in grads)
     q, k, v, o, do, lse2 = (x.contiguous() for x in (q, k, v, o, do, lse2))
     B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    dpad = _head_dim_padded(d)
+    kv_heads, Nk = k.shape[1], k.shape[2]
+    dpad = head_dim_padded(d)
     prec = _dot_precision(q.dtype)
     delta = torch.empty_like(lse2)  # (B, Hq, Nq) float32, written by the dQ kernel
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    key = (q.device, q.dtype, Nq, Nk, d, causal, Hq // Hkv)
+    key = (q.device, q.dtype, Nq, Nk, d, causal, Hq // kv_heads)
     # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
     # preprocessing pass folded in: one launch fewer).
-    _launch(_attn_bwd_dq, lambda meta: (_cdiv(Nq, meta["BLOCK_M2"]), B * Hq),
-            (q, k, v, do, o, lse2, delta, dq, scale, *q.stride(), *k.stride(),
-             Hq, Hq // Hkv, Nq, Nk),
-            key, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, DOT_PRECISION=prec)
-    _launch(_attn_bwd_dkdv, lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * Hkv),
-            (q, k, v, do, lse2, delta, dk, dv, scale, *q.stride(), *k.stride(),
-             Hkv, Hq // Hkv, Nq, Nk),
-            key, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal, DOT_PRECISION=prec)
+    _launch(
+        _attn_bwd_dq,
+        lambda meta: (_cdiv(Nq, meta["BLOCK_M2"]), B * Hq),
+        (
+            q,
+            k,
+            v,
+            do,
+            o,
+            lse2,
+            delta,
+            dq,
+            scale,
+            *q.stride(),
+            *k.stride(),
+            Hq,
+            Hq // kv_heads,
+            Nq,
+            Nk,
+        ),
+        key,
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=dpad,
+        CAUSAL=causal,
+        DOT_PRECISION=prec,
+    )
+    _launch(
+        _attn_bwd_dkdv,
+        lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * kv_heads),
+        (
+            q,
+            k,
+            v,
+            do,
+            lse2,
+            delta,
+            dk,
+            dv,
+            scale,
+            *q.stride(),
+            *k.stride(),
+            kv_heads,
+            Hq // kv_heads,
+            Nq,
+            Nk,
+        ),
+        key,
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=dpad,
+        CAUSAL=causal,
+        DOT_PRECISION=prec,
+    )
     return dq, dk, dv
 
 
@@ -295,9 +343,11 @@ class _FlashAttention(torch.autograd.Function):
 
 # ---- the torch.library op: what torch.compile sees -------------------------------------------
 
+
 @torch.library.custom_op("course_kernels::flash_attn_fwd", mutates_args=())
-def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_attn_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(o, lse2) = the forward kernel on checked inputs; lse2 is the base-2 logsumexp."""
     return _forward(q, k, v, causal, scale)
 
@@ -309,9 +359,16 @@ def _flash_attn_fwd_fake(q, k, v, causal, scale):
 
 
 @torch.library.custom_op("course_kernels::flash_attn_bwd", mutates_args=())
-def flash_attn_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   o: torch.Tensor, lse2: torch.Tensor, causal: bool,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flash_attn_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse2: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) = the backward kernels (``_backward``)."""
     return _backward(do, q, k, v, o, lse2, causal, scale)
 
@@ -331,8 +388,9 @@ def _fwd_setup_context(ctx, inputs, output):
 
 def _fwd_backward(ctx, do, _dlse2):
     q, k, v, o, lse2 = ctx.saved_tensors
-    dq, dk, dv = torch.ops.course_kernels.flash_attn_bwd(do, q, k, v, o, lse2, ctx.causal,
-                                                         ctx.scale)
+    dq, dk, dv = torch.ops.course_kernels.flash_attn_bwd(
+        do, q, k, v, o, lse2, ctx.causal, ctx.scale
+    )
     return dq, dk, dv, None, None
 
 
@@ -361,8 +419,9 @@ def _autocast(q, k, v):
     return tuple(x.to(dt) if x.is_floating_point() and x.dtype != dt else x for x in (q, k, v))
 
 
-def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
-                    return_lse: bool = False):
+def flash_attention(
+    q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False
+):
     """Exact attention, O = softmax(scale * Q K^T [+ causal mask]) V, in Triton.
 
     The same function as ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
@@ -370,9 +429,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
 
     Args:
         q: (B, Hq, Nq, d) queries, layout (batch, heads, seq, head_dim).
-        k: (B, Hkv, Nk, d) keys. Hq must be a multiple of Hkv (GQA; Hkv = 1 is MQA);
+        k: (B, kv_heads, Nk, d) keys. Hq must be a multiple of kv_heads (GQA; kv_heads = 1 is MQA);
             Nk may differ from Nq. Any N >= 1.
-        v: (B, Hkv, Nk, d) values.
+        v: (B, kv_heads, Nk, d) values.
         causal: query i sees keys j <= i (PyTorch ``is_causal``, top-left aligned, also when
             Nq != Nk). For Nq = 3, Nk = 4::
 
@@ -396,8 +455,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
         lse: only if ``return_lse``: (B, Hq, Nq) float32, the natural-log logsumexp of each row
             of scaled, masked scores (not differentiable).
     """
-    if (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
-            and isinstance(v, torch.Tensor)):
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         q, k, v = _autocast(q, k, v)
     scale = _check_inputs(q, k, v, causal, scale)
     if not isinstance(return_lse, bool):

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _triton_env  # decides GPU vs interpreter before any kernel is defined
+from ._compat import renamed_kwargs
 
 TEXT = "text/tiny_corpus.txt"  # package data: course_kernels/data/text/ (its README: the source)
 
@@ -43,7 +44,7 @@ def load_text(name: str = TEXT) -> str:
     from .datafiles import data_path
 
     if isinstance(name, str) and name.startswith("data/"):
-        name = name[len("data/"):]  # the older spelling, relative to the repository root
+        name = name[len("data/") :]  # the older spelling, relative to the repository root
     return data_path(name).read_text(encoding="utf-8")
 
 
@@ -70,11 +71,11 @@ class CharTokenizer:
         return "".join(self.chars[int(i)] for i in ids)
 
 
-def get_batch(data: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator):
+def get_batch(data: torch.Tensor, batch_size: int, context_len: int, generator: torch.Generator):
     """Random windows of the text: x (B, T) and the next characters y (B, T)."""
-    start = torch.randint(len(data) - block_size - 1, (batch_size,), generator=generator)
-    x = torch.stack([data[i : i + block_size] for i in start.tolist()])  # (B, T)
-    y = torch.stack([data[i + 1 : i + 1 + block_size] for i in start.tolist()])  # (B, T)
+    start = torch.randint(len(data) - context_len - 1, (batch_size,), generator=generator)
+    x = torch.stack([data[i : i + context_len] for i in start.tolist()])  # (B, T)
+    y = torch.stack([data[i + 1 : i + 1 + context_len] for i in start.tolist()])  # (B, T)
     return x, y
 
 
@@ -109,25 +110,32 @@ class GPTConfig:
     """Model shape. ``n_embd / n_head`` is the head dim (a multiple of 8 for the flash kernel)."""
 
     vocab_size: int
-    block_size: int = 32  # context length T
+    context_len: int = 32  # context length T
     n_layer: int = 2
     n_head: int = 2
     n_embd: int = 32
     attention: str = "standard"  # a key of ATTENTION
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "context_len", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {sorted(ATTENTION)}; got "
-                             f"{self.attention!r}")
+            raise ValueError(
+                f"attention must be one of {sorted(ATTENTION)}; got {self.attention!r}"
+            )
         if self.attention == "flash" and (self.n_embd // self.n_head) % 8:
-            raise ValueError(f"the flash kernel needs a head dim that is a multiple of 8; got "
-                             f"{self.n_embd // self.n_head}")
+            raise ValueError(
+                f"the flash kernel needs a head dim that is a multiple of 8; got "
+                f"{self.n_embd // self.n_head}"
+            )
+
+
+# The constructor's old keyword (block_size=) keeps working for one release.
+GPTConfig.__init__ = renamed_kwargs(block_size="context_len")(GPTConfig.__init__)
 
 
 class CausalSelfAttention(nn.Module):
@@ -153,8 +161,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.n_embd)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(),
-                                 nn.Linear(4 * cfg.n_embd, cfg.n_embd))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.n_embd, 4 * cfg.n_embd), nn.GELU(), nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
@@ -166,7 +175,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.pos = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.pos = nn.Embedding(cfg.context_len, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -174,8 +183,8 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         """idx (B, T) token ids -> logits (B, T, vocab) [, mean cross-entropy loss]."""
         B, T = idx.shape
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
+        if self.cfg.context_len < T:
+            raise ValueError(f"sequence length {T} exceeds context_len {self.cfg.context_len}")
         x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))  # (B, T, C)
         for block in self.blocks:
             x = block(x)
@@ -188,7 +197,7 @@ class GPT(nn.Module):
     def generate(self, idx, n_new: int, generator: torch.Generator | None = None):
         """Sample ``n_new`` tokens after idx (B, T0), one at a time."""
         for _ in range(n_new):
-            logits = self(idx[:, -self.cfg.block_size :])[:, -1].float()  # (B, vocab)
+            logits = self(idx[:, -self.cfg.context_len :])[:, -1].float()  # (B, vocab)
             nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
@@ -214,10 +223,23 @@ def _default_device(device):
     return _triton_env.device_kind() if device is None else device
 
 
-def train(attention: str = "standard", steps: int = 200, batch_size: int = 16, block_size: int = 32,
-          n_layer: int = 2, n_head: int = 2, n_embd: int = 32, lr: float = 3e-3, seed: int = 0,
-          device: str | None = None, amp_dtype: torch.dtype | None = None, text: str | None = None,
-          progress: bool = True, cpu_threads: int | None = 1) -> TrainResult:
+@renamed_kwargs(block_size="context_len")
+def train(
+    attention: str = "standard",
+    steps: int = 200,
+    batch_size: int = 16,
+    context_len: int = 32,
+    n_layer: int = 2,
+    n_head: int = 2,
+    n_embd: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    device: str | None = None,
+    amp_dtype: torch.dtype | None = None,
+    text: str | None = None,
+    progress: bool = True,
+    cpu_threads: int | None = 1,
+) -> TrainResult:
     """Train a fresh tiny GPT on the shipped text with AdamW; deterministic for a seed.
 
     Both the weights (``torch.manual_seed(seed)``) and the batches (a separate generator) depend
@@ -233,42 +255,71 @@ def train(attention: str = "standard", steps: int = 200, batch_size: int = 16, b
     if cpu_threads is not None and not str(device).startswith("cuda"):
         torch.set_num_threads(cpu_threads)
     try:
-        return _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr, seed,
-                      device, amp_dtype, text, progress)
+        return _train(
+            attention,
+            steps,
+            batch_size,
+            context_len,
+            n_layer,
+            n_head,
+            n_embd,
+            lr,
+            seed,
+            device,
+            amp_dtype,
+            text,
+            progress,
+        )
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr, seed, device,
-           amp_dtype, text, progress) -> TrainResult:
+def _train(
+    attention,
+    steps,
+    batch_size,
+    context_len,
+    n_layer,
+    n_head,
+    n_embd,
+    lr,
+    seed,
+    device,
+    amp_dtype,
+    text,
+    progress,
+) -> TrainResult:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer; got {steps!r}")
     text = load_text() if text is None else text
     tok = CharTokenizer(text)
     data = tok.encode(text)
-    if len(data) < block_size + 2:  # long contexts on a short text: repeat it (for timing runs)
-        data = data.repeat(-(-(block_size + 2) // len(data)))
-    cfg = GPTConfig(tok.vocab_size, block_size, n_layer, n_head, n_embd, attention)
+    if len(data) < context_len + 2:  # long contexts on a short text: repeat it (for timing runs)
+        data = data.repeat(-(-(context_len + 2) // len(data)))
+    cfg = GPTConfig(tok.vocab_size, context_len, n_layer, n_head, n_embd, attention)
     torch.manual_seed(seed)
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    result = TrainResult(config={**asdict(cfg), "steps": steps, "batch_size": batch_size,
-                                 "lr": lr, "seed": seed},
-                         device=str(device),
-                         amp_dtype=None if amp_dtype is None else str(amp_dtype))
+    result = TrainResult(
+        config={**asdict(cfg), "steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed},
+        device=str(device),
+        amp_dtype=None if amp_dtype is None else str(amp_dtype),
+    )
     cuda = str(device).startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     from tqdm import tqdm
 
     t0 = None
-    for step in tqdm(range(steps), desc=f"train ({attention})", disable=not progress,
-                     mininterval=2):
-        x, y = get_batch(data, batch_size, block_size, gen)
+    for step in tqdm(
+        range(steps), desc=f"train ({attention})", disable=not progress, mininterval=2
+    ):
+        x, y = get_batch(data, batch_size, context_len, gen)
         x, y = x.to(device), y.to(device)
-        with torch.autocast(device_type="cuda" if cuda else "cpu", dtype=amp_dtype,
-                            enabled=amp_dtype is not None):
+        with torch.autocast(
+            device_type="cuda" if cuda else "cpu", dtype=amp_dtype, enabled=amp_dtype is not None
+        ):
             _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -278,15 +329,23 @@ def _train(attention, steps, batch_size, block_size, n_layer, n_head, n_embd, lr
             t0 = time.perf_counter()
     elapsed = time.perf_counter() - t0
     result.seconds = elapsed
-    result.tokens_per_s = (steps - 1) * batch_size * block_size / elapsed if steps > 1 else 0.0
+    result.tokens_per_s = (steps - 1) * batch_size * context_len / elapsed if steps > 1 else 0.0
     if cuda:
         result.peak_memory_bytes = int(torch.cuda.max_memory_allocated())
     return result
 
 
-def saved_activation_bytes(attention: str, batch_size: int = 4, block_size: int = 64,
-                           n_layer: int = 2, n_head: int = 2, n_embd: int = 32,
-                           device: str | None = None, vocab_size: int = 64) -> int:
+@renamed_kwargs(block_size="context_len")
+def saved_activation_bytes(
+    attention: str,
+    batch_size: int = 4,
+    context_len: int = 64,
+    n_layer: int = 2,
+    n_head: int = 2,
+    n_embd: int = 32,
+    device: str | None = None,
+    vocab_size: int = 64,
+) -> int:
     """Bytes of the distinct tensors autograd saves for the backward of one forward pass.
 
     Counted with ``torch.autograd.graph.saved_tensors_hooks`` (each storage once; parameters
@@ -294,7 +353,7 @@ def saved_activation_bytes(attention: str, batch_size: int = 4, block_size: int 
     of every layer; the flash kernel saves O and the logsumexp. ``device``: as in :func:`train`.
     """
     device = _default_device(device)
-    cfg = GPTConfig(vocab_size, block_size, n_layer, n_head, n_embd, attention)
+    cfg = GPTConfig(vocab_size, context_len, n_layer, n_head, n_embd, attention)
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -306,7 +365,7 @@ def saved_activation_bytes(attention: str, batch_size: int = 4, block_size: int 
             seen[ptr] = t.untyped_storage().nbytes()
         return t
 
-    idx = torch.randint(vocab_size, (batch_size, block_size), device=device)
+    idx = torch.randint(vocab_size, (batch_size, context_len), device=device)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _, loss = model(idx, idx)
     del loss

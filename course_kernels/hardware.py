@@ -88,10 +88,19 @@ class GPU:
 
 GPUS: dict[str, GPU] = {
     "T4": GPU(
-        name="NVIDIA T4 (Colab free tier)", compute_capability="7.5", sms=40,
-        smem_per_sm_kib=64, smem_per_block_kib=64, smem_per_block_default_kib=48,
-        l2_mb=4, memory_gb=16, memory_type="GDDR6", bandwidth_gbs=320,
-        fp16_tensor_tflops=65, bf16_tensor_tflops=None, boost_clock_mhz=1590,
+        name="NVIDIA T4 (Colab free tier)",
+        compute_capability="7.5",
+        sms=40,
+        smem_per_sm_kib=64,
+        smem_per_block_kib=64,
+        smem_per_block_default_kib=48,
+        l2_mb=4,
+        memory_gb=16,
+        memory_type="GDDR6",
+        bandwidth_gbs=320,
+        fp16_tensor_tflops=65,
+        bf16_tensor_tflops=None,
+        boost_clock_mhz=1590,
         fp32_tflops=8.1,
         sources={
             "datasheet": "NVIDIA T4 Tensor Core GPU datasheet: 320 GB/s, 16 GB GDDR6, "
@@ -101,10 +110,19 @@ GPUS: dict[str, GPU] = {
         },
     ),
     "A100-40GB": GPU(
-        name="NVIDIA A100 SXM 40 GB", compute_capability="8.0", sms=108,
-        smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
-        l2_mb=40, memory_gb=40, memory_type="HBM2", bandwidth_gbs=1555,
-        fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        name="NVIDIA A100 SXM 40 GB",
+        compute_capability="8.0",
+        sms=108,
+        smem_per_sm_kib=164,
+        smem_per_block_kib=163,
+        smem_per_block_default_kib=48,
+        l2_mb=40,
+        memory_gb=40,
+        memory_type="HBM2",
+        bandwidth_gbs=1555,
+        fp16_tensor_tflops=312,
+        bf16_tensor_tflops=312,
+        boost_clock_mhz=1410,
         fp32_tflops=19.5,
         sources={
             "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 1,555 GB/s (40 GB), "
@@ -115,10 +133,19 @@ GPUS: dict[str, GPU] = {
         },
     ),
     "A100-80GB": GPU(
-        name="NVIDIA A100 SXM 80 GB", compute_capability="8.0", sms=108,
-        smem_per_sm_kib=164, smem_per_block_kib=163, smem_per_block_default_kib=48,
-        l2_mb=40, memory_gb=80, memory_type="HBM2e", bandwidth_gbs=2039,
-        fp16_tensor_tflops=312, bf16_tensor_tflops=312, boost_clock_mhz=1410,
+        name="NVIDIA A100 SXM 80 GB",
+        compute_capability="8.0",
+        sms=108,
+        smem_per_sm_kib=164,
+        smem_per_block_kib=163,
+        smem_per_block_default_kib=48,
+        l2_mb=40,
+        memory_gb=80,
+        memory_type="HBM2e",
+        bandwidth_gbs=2039,
+        fp16_tensor_tflops=312,
+        bf16_tensor_tflops=312,
+        boost_clock_mhz=1410,
         fp32_tflops=19.5,
         sources={
             "datasheet": "NVIDIA A100 Tensor Core GPU datasheet: 2,039 GB/s (80 GB SXM; "
@@ -128,10 +155,19 @@ GPUS: dict[str, GPU] = {
         },
     ),
     "H100-SXM": GPU(
-        name="NVIDIA H100 SXM 80 GB", compute_capability="9.0", sms=132,
-        smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
-        l2_mb=50, memory_gb=80, memory_type="HBM3", bandwidth_gbs=3350,
-        fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        name="NVIDIA H100 SXM 80 GB",
+        compute_capability="9.0",
+        sms=132,
+        smem_per_sm_kib=228,
+        smem_per_block_kib=227,
+        smem_per_block_default_kib=48,
+        l2_mb=50,
+        memory_gb=80,
+        memory_type="HBM3",
+        bandwidth_gbs=3350,
+        fp16_tensor_tflops=989,
+        bf16_tensor_tflops=989,
+        boost_clock_mhz=1980,
         fp32_tflops=67,
         sources={
             "datasheet": "NVIDIA H100 Tensor Core GPU datasheet (SXM): 3.35 TB/s, "
@@ -141,10 +177,19 @@ GPUS: dict[str, GPU] = {
         },
     ),
     "H200-SXM": GPU(
-        name="NVIDIA H200 SXM 141 GB", compute_capability="9.0", sms=132,
-        smem_per_sm_kib=228, smem_per_block_kib=227, smem_per_block_default_kib=48,
-        l2_mb=50, memory_gb=141, memory_type="HBM3e", bandwidth_gbs=4800,
-        fp16_tensor_tflops=989, bf16_tensor_tflops=989, boost_clock_mhz=1980,
+        name="NVIDIA H200 SXM 141 GB",
+        compute_capability="9.0",
+        sms=132,
+        smem_per_sm_kib=228,
+        smem_per_block_kib=227,
+        smem_per_block_default_kib=48,
+        l2_mb=50,
+        memory_gb=141,
+        memory_type="HBM3e",
+        bandwidth_gbs=4800,
+        fp16_tensor_tflops=989,
+        bf16_tensor_tflops=989,
+        boost_clock_mhz=1980,
         fp32_tflops=67,
         sources={
             "datasheet": "NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, "
@@ -170,8 +215,6 @@ class MeasuredCeilings:
 
 
 # H200_MEASURED is read from the committed measurement at the end of this module.
-
-
 
 
 @dataclass(frozen=True)
@@ -201,8 +244,12 @@ class PaperMeasurement:
 
 
 FA_PAPER_FIG2 = PaperMeasurement(
-    hbm_gb_standard=40.3, hbm_gb_flash=4.4, runtime_ms_standard=41.7, runtime_ms_flash=7.3,
-    gflops_standard=66.6, gflops_flash=75.2,
+    hbm_gb_standard=40.3,
+    hbm_gb_flash=4.4,
+    runtime_ms_standard=41.7,
+    runtime_ms_flash=7.3,
+    gflops_standard=66.6,
+    gflops_flash=75.2,
     source="Dao et al. 2022, FlashAttention (arXiv 2205.14135), Fig. 2 left: GPT-2 medium "
     "(seq. length 1024, head dim 64, 16 heads, batch size 64) on an A100",
 )
@@ -229,17 +276,23 @@ class Link:
 # Chapter "Beyond one GPU" (book/part2/beyond_one_gpu.ipynb): what a ring step's transfer costs.
 LINKS: dict[str, Link] = {
     "NVLink 4 (H200 SXM)": Link(
-        "NVLink 4, one H200 SXM to the NVSwitch fabric (18 links)", 900,
+        "NVLink 4, one H200 SXM to the NVSwitch fabric (18 links)",
+        900,
         "NVIDIA H200 Tensor Core GPU datasheet: 'NVIDIA NVLink: 900GB/s' (SXM), "
-        "'PCIe Gen5: 128GB/s'"),
+        "'PCIe Gen5: 128GB/s'",
+    ),
     "PCIe Gen5 x16": Link(
-        "PCIe Gen5 x16", 128,
+        "PCIe Gen5 x16",
+        128,
         "NVIDIA H200 Tensor Core GPU datasheet: 'PCIe Gen5: 128GB/s' (both directions; 32 GT/s "
-        "x 16 lanes, PCI-SIG PCIe 5.0 specification)"),
+        "x 16 lanes, PCI-SIG PCIe 5.0 specification)",
+    ),
     "InfiniBand NDR (one 400 Gb/s NIC per GPU)": Link(
-        "InfiniBand NDR, one ConnectX-7 400 Gb/s port per GPU (between hosts)", 100,
+        "InfiniBand NDR, one ConnectX-7 400 Gb/s port per GPU (between hosts)",
+        100,
         "NVIDIA ConnectX-7 datasheet: 400 Gb/s per port = 50 GB/s each way (HGX H200 systems "
-        "pair each GPU with one such NIC)"),
+        "pair each GPU with one such NIC)",
+    ),
 }
 
 
@@ -311,7 +364,7 @@ def load_measurements(name: str) -> list[dict]:
     from .datafiles import data_path
 
     if isinstance(name, str) and name.startswith("data/"):
-        name = name[len("data/"):]
+        name = name[len("data/") :]
     text = data_path(name).read_text(encoding="utf-8")
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     rows = []
@@ -326,7 +379,9 @@ def load_measurements(name: str) -> list[dict]:
     return rows
 
 
-def bank_conflict_degree(byte_addresses, banks: int = SMEM_BANKS, bank_bytes: int = SMEM_BANK_BYTES) -> int:
+def bank_conflict_degree(
+    byte_addresses, banks: int = SMEM_BANKS, bank_bytes: int = SMEM_BANK_BYTES
+) -> int:
     """How many serialised shared-memory transactions one warp-wide access needs (1 = no conflict).
 
     Shared memory is split into ``banks`` banks of ``bank_bytes``-byte words; word ``w`` lives in
@@ -367,8 +422,9 @@ def _median_seconds(fn, repeats: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_ceilings(device: str = "cuda", matmul_n: int = 8192, copy_bytes: int = 2**30,
-                     timer=None) -> dict:
+def measure_ceilings(
+    device: str = "cuda", matmul_n: int = 8192, copy_bytes: int = 2**30, timer=None
+) -> dict:
     """Measure the two roofline ceilings of one device, the way ``H200_MEASURED`` was measured.
 
     - copy bandwidth: ``b.copy_(a)`` of ``copy_bytes`` fp16 bytes, counted as bytes read plus
@@ -422,10 +478,13 @@ def ceilings_from_record(record: dict, gpu: str | None = None) -> MeasuredCeilin
     try:
         env, res = record["environment"], record["ceilings"]
         return MeasuredCeilings(
-            gpu=gpu or env["gpu"], copy_bandwidth=float(res["copy_bandwidth"]),
-            fp16_matmul_flops=float(res["fp16_matmul_flops"]), date=env["date"],
+            gpu=gpu or env["gpu"],
+            copy_bandwidth=float(res["copy_bandwidth"]),
+            fp16_matmul_flops=float(res["fp16_matmul_flops"]),
+            date=env["date"],
             software=f"torch {env['torch']}, Triton {env['triton']}",
-            source=f"measured with: {env['command']}", matmul_n=int(res["matmul_n"]),
+            source=f"measured with: {env['command']}",
+            matmul_n=int(res["matmul_n"]),
         )
     except (KeyError, TypeError) as e:
         raise ValueError(
@@ -445,4 +504,3 @@ def _h200_measured() -> MeasuredCeilings:
 # repeat on the same machine minutes later (h200_ceilings_run2.json) gave the same copy bandwidth
 # and a 4% lower matmul rate: the matmul ceiling is good to a few percent.
 H200_MEASURED = _h200_measured()
-

@@ -9,8 +9,8 @@ alloc that would make the resident tiles exceed M raises :class:`SRAMOverflowErr
 
 The model (the article's, and the paper's Theorem 2 up to constants): blocks of Q, K, V and O
 are charged to M; the score tile S/P and the per-row statistics m, l live in registers and are
-not charged, unless ``model="paper"`` is asked for, which charges the Br x Bc score tile and
-uses the paper's Bc = M/4d, Br = min(Bc, d). Elements are counted, not bytes.
+not charged, unless ``model="paper"`` is asked for, which charges the block_q x block_k score tile and
+uses the paper's block_k = M/4d, block_q = min(block_k, d). Elements are counted, not bytes.
 
 Three programs run against it: standard attention (three passes that write S and P),
 FlashAttention's loop order (FA1, outer loop over K/V) and FlashAttention-2's (FA2, outer loop
@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from ._validate import check_positive_int
-from .blocks import block_size, paper_block_sizes
+from ._compat import renamed_kwargs
+from .blocks import _block_size, _paper_block_sizes
 
 MODELS = ("article", "paper")
 
@@ -76,9 +77,20 @@ class TwoLevelMemory:
     """
 
     def __init__(self, sram_elements: int | None, **hbm):
-        self.capacity = None if sram_elements is None else check_positive_int(
-            sram_elements, "sram_elements"
+        self._setup(
+            None if sram_elements is None else check_positive_int(sram_elements, "sram_elements"),
+            hbm,
         )
+
+    @classmethod
+    def _trusted(cls, capacity: int, **hbm) -> TwoLevelMemory:
+        """A memory whose capacity the caller has already checked."""
+        mem = cls.__new__(cls)
+        mem._setup(capacity, hbm)
+        return mem
+
+    def _setup(self, capacity, hbm) -> None:
+        self.capacity = capacity
         self.hbm = {}
         for name, arr in hbm.items():
             self.hbm[name] = arr if isinstance(arr, Virtual) else np.asarray(arr)
@@ -219,8 +231,13 @@ def standard_attention_io(N: int, d: int, n_k: int | None = None, dv: int | None
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
     mem = TwoLevelMemory(
-        None, Q=Virtual((n_q, d)), K=Virtual((n_k, d)), V=Virtual((n_k, dv)),
-        S=Virtual((n_q, n_k)), P=Virtual((n_q, n_k)), O=Virtual((n_q, dv)),
+        None,
+        Q=Virtual((n_q, d)),
+        K=Virtual((n_k, d)),
+        V=Virtual((n_k, dv)),
+        S=Virtual((n_q, n_k)),
+        P=Virtual((n_q, n_k)),
+        O=Virtual((n_q, dv)),
     )
     every = slice(None)
     q, k = mem.load("Q", every), mem.load("K", every)  # pass 1: S = Q K^T
@@ -245,19 +262,37 @@ def standard_attention_io_formula(N: int, d: int, n_k: int | None = None, dv: in
 
 # -- flash attention ------------------------------------------------------------------------
 def flash_block_sizes(d: int, M: int, model: str = "article") -> tuple[int, int]:
-    """(Br, Bc) of a model: "article" uses B = floor(M/4d) for both; "paper" Bc = that, Br = min(Bc, d)."""
+    """(block_q, block_k) of a model: "article" uses B = floor(M/4d) for both; "paper" has
+    block_k = that and block_q = min(block_k, d)."""
+    _check_model(model)
+    m = check_positive_int(M, "sram_elements")
+    return _flash_block_sizes(check_positive_int(d, "head_dim"), m, model)
+
+
+def _check_model(model) -> None:
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}; got {model!r}")
+
+
+def _flash_block_sizes(d: int, M: int, model: str) -> tuple[int, int]:
+    """:func:`flash_block_sizes` for checked arguments."""
     if model == "article":
-        b = block_size(M, d)
+        b = _block_size(M, d)
         return b, b
-    pb = paper_block_sizes(M, d)
-    return pb.block_r, pb.block_c
+    pb = _paper_block_sizes(M, d)
+    return pb.block_q, pb.block_k
 
 
 def flash_attention_io(
-    N: int, d: int, M: int, loop_order: str = "fa2", causal: bool = False,
-    model: str = "article", n_k: int | None = None, dv: int | None = None, exact: bool = False,
+    N: int,
+    d: int,
+    M: int,
+    loop_order: str = "fa2",
+    causal: bool = False,
+    model: str = "article",
+    n_k: int | None = None,
+    dv: int | None = None,
+    exact: bool = False,
 ) -> IOCount:
     """Flash Attention's HBM traffic under an SRAM of M elements, by simulation.
 
@@ -268,34 +303,40 @@ def flash_attention_io(
         loop_order: "fa2" (outer loop over Q blocks) or "fa1" (outer loop over K/V blocks).
         causal: skip key blocks a query block cannot see (PyTorch ``is_causal``).
         model: "article" (blocks of B = block_size(M, d); S in registers) or "paper"
-            (Br x Bc score tile charged to SRAM too).
+            (block_q x block_k score tile charged to SRAM too).
         exact: simulate every inner iteration instead of charging repetitions.
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
-    check_positive_int(M, "M")
+    M = check_positive_int(M, "M")  # checked once: the helpers below trust it
     if loop_order not in ("fa1", "fa2"):
         raise ValueError(f"loop_order must be 'fa1' or 'fa2'; got {loop_order!r}")
-    br, bc = flash_block_sizes(d, M, model)
-    mem = TwoLevelMemory(
-        M, Q=Virtual((n_q, d)), K=Virtual((n_k, d)), V=Virtual((n_k, dv)),
-        O=Virtual((n_q, dv)), L=Virtual((n_q,)), m=Virtual((n_q,)),
+    _check_model(model)
+    block_q, block_k = _flash_block_sizes(d, M, model)
+    mem = TwoLevelMemory._trusted(
+        M,
+        Q=Virtual((n_q, d)),
+        K=Virtual((n_k, d)),
+        V=Virtual((n_k, dv)),
+        O=Virtual((n_q, dv)),
+        L=Virtual((n_q,)),
+        m=Virtual((n_q,)),
     )
     program = _fa2_program if loop_order == "fa2" else _fa1_program
-    program(mem, n_q, n_k, br, bc, bool(causal), model == "paper", exact)
+    program(mem, n_q, n_k, block_q, block_k, bool(causal), model == "paper", exact)
     return mem.count()
 
 
-def _fa2_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
+def _fa2_program(mem, n_q, n_k, block_q, block_k, causal, charge_scores, exact):
     """FlashAttention-2 Alg. 1 against the memory (article model: Q_i, O_i, K_j, V_j in SRAM)."""
     dv = mem.hbm["V"].shape[-1]
-    for i0 in range(0, n_q, br):  # line 3
-        i1 = min(i0 + br, n_q)
+    for i0 in range(0, n_q, block_q):  # line 3
+        i1 = min(i0 + block_q, n_q)
         q_i = mem.load("Q", slice(i0, i1))  # line 4
         o_i = mem.alloc((i1 - i0, dv))  # line 5: the accumulator stays on chip
         key_end = min(n_k, i1) if causal else n_k
-        for count, size in _runs(0, key_end, bc):
+        for count, size in _runs(0, key_end, block_k):
 
-            def body(size=size):
+            def body(size=size, i0=i0, i1=i1):
                 k_j = mem.load("K", slice(0, size))  # line 7 (rows stand in for any block)
                 v_j = mem.load("V", slice(0, size))
                 s_ij = mem.alloc((i1 - i0, size)) if charge_scores else None  # line 8
@@ -307,18 +348,18 @@ def _fa2_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
         mem.free(q_i, o_i)
 
 
-def _fa1_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
+def _fa1_program(mem, n_q, n_k, block_q, block_k, causal, charge_scores, exact):
     """FlashAttention Alg. 1 against the memory: K_j, V_j once; Q_i, O_i, l_i, m_i re-read."""
     mem.store("O", slice(None))  # line 2: initialise O = 0, l = 0, m = -inf in HBM
     mem.store("L", slice(None))
     mem.store("m", slice(None))
-    for j0 in range(0, n_k, bc):  # line 5
-        j1 = min(j0 + bc, n_k)
+    for j0 in range(0, n_k, block_k):  # line 5
+        j1 = min(j0 + block_k, n_k)
         k_j, v_j = mem.load("K", slice(j0, j1)), mem.load("V", slice(j0, j1))  # line 6
-        first_i = (j0 // br) * br if causal else 0
-        for count, size in _runs(first_i, n_q, br):
+        first_i = (j0 // block_q) * block_q if causal else 0
+        for count, size in _runs(first_i, n_q, block_q):
 
-            def body(size=size):
+            def body(size=size, j0=j0, j1=j1):
                 rows = slice(0, size)
                 q_i, o_i = mem.load("Q", rows), mem.load("O", rows)  # line 8
                 mem.load("L", rows, registers=True)  # l_i, m_i: per-row statistics
@@ -334,37 +375,50 @@ def _fa1_program(mem, n_q, n_k, br, bc, causal, charge_scores, exact):
 
 
 def flash_attention_io_formula(
-    N: int, d: int, M: int, loop_order: str = "fa2", model: str = "article",
-    n_k: int | None = None, dv: int | None = None,
+    N: int,
+    d: int,
+    M: int,
+    loop_order: str = "fa2",
+    model: str = "article",
+    n_k: int | None = None,
+    dv: int | None = None,
 ):
     """Closed form (non-causal) of :func:`flash_attention_io`: (reads, writes), exact for any N.
 
-    With Tr = ceil(Nq/Br), Tc = ceil(Nk/Bc):
+    With Tr = ceil(Nq/block_q), Tc = ceil(Nk/block_k):
       FA2: reads = Nq d + Tr Nk (d + dv);          writes = Nq dv + Nq
       FA1: reads = Nk (d + dv) + Tc Nq (d + dv + 2); writes = (1 + Tc) Nq (dv + 2)
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
-    br, bc = flash_block_sizes(d, check_positive_int(M, "M"), model)
-    return flash_attention_io_blocks(n_q, d, br, bc, loop_order, n_k=n_k, dv=dv)
+    M = check_positive_int(M, "M")
+    _check_model(model)
+    block_q, block_k = _flash_block_sizes(d, M, model)
+    return flash_attention_io_blocks(n_q, d, block_q, block_k, loop_order, n_k=n_k, dv=dv)
 
 
+@renamed_kwargs(block_r="block_q", block_c="block_k")
 def flash_attention_io_blocks(
-    N: int, d: int, block_r: int, block_c: int, loop_order: str = "fa2",
-    n_k: int | None = None, dv: int | None = None,
+    N: int,
+    d: int,
+    block_q: int,
+    block_k: int,
+    loop_order: str = "fa2",
+    n_k: int | None = None,
+    dv: int | None = None,
 ):
-    """(reads, writes) in elements of the tiled loops with explicit blocks Br x Bc (non-causal).
+    """(reads, writes) in elements of the tiled loops with blocks block_q x block_k (non-causal).
 
     What a kernel with these tiles *asks* HBM for, whatever SRAM it has (no capacity check): a real
     kernel's tiles (64 or 128 rows) are set by tuning, not by M/4d. Term by term, with
-    Tr = ceil(Nq/Br), Tc = ceil(Nk/Bc):
+    Tr = ceil(Nq/block_q), Tc = ceil(Nk/block_k):
       FA2: Q once (Nq d) + K, V once per query block (Tr Nk (d + dv)); O and L written once.
       FA1: K, V once (Nk (d + dv)) + Q, O, l, m once per key block (Tc Nq (d + dv + 2));
            O, l, m initialised once and rewritten once per key block ((1 + Tc) Nq (dv + 2)).
     """
     n_q, d, n_k, dv = _check_sizes(N, d, n_k, dv)
-    br = check_positive_int(block_r, "block_r")
-    bc = check_positive_int(block_c, "block_c")
-    t_r, t_c = math.ceil(n_q / br), math.ceil(n_k / bc)
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    t_r, t_c = math.ceil(n_q / block_q), math.ceil(n_k / block_k)
     if loop_order == "fa2":
         return n_q * d + t_r * n_k * (d + dv), n_q * dv + n_q
     if loop_order == "fa1":
@@ -392,7 +446,10 @@ def count_io(fn: Callable, q, k, v, sram_elements: int, **kwargs):
     q, k, v = (np.asarray(x) for x in (q, k, v))
     acc = np.float32 if q.dtype == np.float16 else q.dtype
     mem = TwoLevelMemory(
-        sram_elements, Q=q, K=k, V=v,
+        sram_elements,
+        Q=q,
+        K=k,
+        V=v,
         O=np.zeros((*q.shape[:-1], v.shape[-1]), dtype=acc),
         L=np.full(q.shape[:-1], -np.inf, dtype=acc),
     )

@@ -65,40 +65,70 @@ class ModelConfig:
 # (num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size / heads).
 MODELS: dict[str, ModelConfig] = {
     "GPT-2": ModelConfig(
-        "GPT-2 (124M)", layers=12, heads=12, kv_heads=12, head_dim=64, params=124e6,
+        "GPT-2 (124M)",
+        layers=12,
+        heads=12,
+        kv_heads=12,
+        head_dim=64,
+        params=124e6,
         max_context=1024,
         source="Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', "
         "smallest model; Hugging Face openai-community/gpt2 config.json (n_layer 12, n_head 12, "
         "n_embd 768)",
     ),
     "Llama-2-7B": ModelConfig(
-        "Llama-2-7B", layers=32, heads=32, kv_heads=32, head_dim=128, params=6.74e9,
+        "Llama-2-7B",
+        layers=32,
+        heads=32,
+        kv_heads=32,
+        head_dim=128,
+        params=6.74e9,
         max_context=4096,
         source="Touvron et al. 2023, 'Llama 2' (arXiv 2307.09288), Table 1 and the published "
         "config.json of meta-llama/Llama-2-7b-hf (num_hidden_layers 32, num_attention_heads 32, "
         "num_key_value_heads 32, hidden_size 4096)",
     ),
     "Llama-2-13B": ModelConfig(
-        "Llama-2-13B", layers=40, heads=40, kv_heads=40, head_dim=128, params=13.0e9,
+        "Llama-2-13B",
+        layers=40,
+        heads=40,
+        kv_heads=40,
+        head_dim=128,
+        params=13.0e9,
         max_context=4096,
         source="Touvron et al. 2023 (arXiv 2307.09288); meta-llama/Llama-2-13b-hf config.json "
         "(num_hidden_layers 40, num_attention_heads 40, hidden_size 5120)",
     ),
     "Llama-2-70B": ModelConfig(
-        "Llama-2-70B", layers=80, heads=64, kv_heads=8, head_dim=128, params=69.0e9,
+        "Llama-2-70B",
+        layers=80,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        params=69.0e9,
         max_context=4096,
         source="Touvron et al. 2023 (arXiv 2307.09288), GQA with 8 key/value heads; "
         "meta-llama/Llama-2-70b-hf config.json (num_hidden_layers 80, num_attention_heads 64, "
         "num_key_value_heads 8, hidden_size 8192)",
     ),
     "Mistral-7B": ModelConfig(
-        "Mistral-7B", layers=32, heads=32, kv_heads=8, head_dim=128, params=7.24e9,
+        "Mistral-7B",
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        params=7.24e9,
         max_context=32768,
         source="Jiang et al. 2023, 'Mistral 7B' (arXiv 2310.06825), Table 1: n_layers 32, "
         "head_dim 128, n_heads 32, n_kv_heads 8",
     ),
     "Llama-3-8B": ModelConfig(
-        "Llama-3-8B", layers=32, heads=32, kv_heads=8, head_dim=128, params=8.03e9,
+        "Llama-3-8B",
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        params=8.03e9,
         max_context=8192,
         source="Meta 2024, 'The Llama 3 Herd of Models' (arXiv 2407.21783), Table 3; "
         "meta-llama/Meta-Llama-3-8B config.json (num_hidden_layers 32, num_attention_heads 32, "
@@ -150,8 +180,14 @@ def weight_bytes(model, dtype="float16") -> float:
     return _config(model).params * dtype_bytes(dtype)
 
 
-def max_context(model, memory_bytes: float, batch: int = 1, dtype="float16",
-                weights_dtype="float16", reserve_bytes: float = 0.0) -> int:
+def max_context(
+    model,
+    memory_bytes: float,
+    batch: int = 1,
+    dtype="float16",
+    weights_dtype="float16",
+    reserve_bytes: float = 0.0,
+) -> int:
     """The longest context whose KV cache fits next to the weights in ``memory_bytes``.
 
     ``reserve_bytes`` sets aside memory for activations, the CUDA context and fragmentation.

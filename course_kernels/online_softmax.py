@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._compat import renamed_kwargs
 from ._validate import check_positive_int
 
 
@@ -42,7 +43,7 @@ class PartialAttention(NamedTuple):
     acc: np.ndarray
 
 
-def _safe(m: np.ndarray) -> np.ndarray:
+def safe_max(m: np.ndarray) -> np.ndarray:
     """m with -inf replaced by 0, so exp(x - m_safe) is 0 (not NaN) for fully masked rows."""
     return np.where(np.isneginf(m), np.zeros_like(m), m)
 
@@ -53,23 +54,24 @@ def init_state(shape, dtype=np.float64) -> SoftmaxState:
 
 
 def update(state: SoftmaxState, scores: np.ndarray):
-    """Absorb a block of scores (..., Bc) into the running state.
+    """Absorb a block of scores (..., block_k) into the running state.
 
-    Returns ``(new_state, p, alpha)`` where ``p = exp(scores - m_new)`` (..., Bc) are the block's
+    Returns ``(new_state, p, alpha)`` where ``p = exp(scores - m_new)`` (..., block_k) are the block's
     unnormalised probabilities and ``alpha = exp(m_old - m_new)`` (...,) is the factor by which
     anything accumulated so far (l, and the output accumulator) must be rescaled.
     FA2 Alg. 1 lines 9-10: m_new = max(m_old, rowmax(S)), l_new = alpha * l_old + rowsum(P).
     """
     scores = np.asarray(scores)
     m_new = np.maximum(state.m, scores.max(axis=-1))  # (...,)
-    m_safe = _safe(m_new)
-    p = np.exp(scores - m_safe[..., None])  # (..., Bc); 0 where scores are -inf
+    m_safe = safe_max(m_new)
+    p = np.exp(scores - m_safe[..., None])  # (..., block_k); 0 where scores are -inf
     alpha = np.exp(state.m - m_safe)  # (...,); exp(-inf) = 0 when nothing was seen yet
     l_new = alpha * state.l + p.sum(axis=-1)
     return SoftmaxState(m_new, l_new), p, alpha
 
 
-def online_softmax(x, block: int = 128) -> np.ndarray:
+@renamed_kwargs(block="block_k")
+def online_softmax(x, block_k: int = 128) -> np.ndarray:
     """Row softmax of ``x`` (..., N) computed block by block with the online update.
 
     Pass 1 streams the blocks through :func:`update` to get (m, l); pass 2 normalises. The result
@@ -81,11 +83,11 @@ def online_softmax(x, block: int = 128) -> np.ndarray:
         raise ValueError(f"x must have a non-empty last axis; got shape {x.shape}")
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"x must be floating point; got {x.dtype}")
-    block = check_positive_int(block, "block")
+    block_k = check_positive_int(block_k, "block_k")
     state = init_state(x.shape[:-1], dtype=x.dtype)
-    for j0 in range(0, x.shape[-1], block):
-        state, _, _ = update(state, x[..., j0 : j0 + block])
-    p = np.exp(x - _safe(state.m)[..., None])
+    for j0 in range(0, x.shape[-1], block_k):
+        state, _, _ = update(state, x[..., j0 : j0 + block_k])
+    p = np.exp(x - safe_max(state.m)[..., None])
     return p / np.where(state.l == 0, 1, state.l)[..., None]
 
 
@@ -120,7 +122,7 @@ def merge(a: PartialAttention, b: PartialAttention) -> PartialAttention:
     (the same rescaling as FA1 Alg. 1 lines 11-12).
     """
     m = np.maximum(a.m, b.m)
-    m_safe = _safe(m)
+    m_safe = safe_max(m)
     wa = np.exp(a.m - m_safe)  # (..., Nq); 0 for a side that has seen nothing
     wb = np.exp(b.m - m_safe)
     return PartialAttention(m, wa * a.l + wb * b.l, wa[..., None] * a.acc + wb[..., None] * b.acc)
@@ -134,5 +136,5 @@ def finalize(p: PartialAttention):
     l_safe = np.where(p.l == 0, np.ones_like(p.l), p.l)
     out = p.acc / l_safe[..., None]
     with np.errstate(divide="ignore"):
-        lse = np.where(p.l == 0, -np.inf, _safe(p.m) + np.log(l_safe))
+        lse = np.where(p.l == 0, -np.inf, safe_max(p.m) + np.log(l_safe))
     return out, lse.astype(p.l.dtype)

@@ -9,9 +9,15 @@ arXiv 2205.14135, Sec. 2.2): S = scale * Q K^T, P = softmax(S) row-wise, O = P V
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._validate import check_bool, check_qkv, resolve_scale
+
+# The package's one definition of the base change: exp(x) = exp2(x * LOG2E); lse = lse2 * LN2.
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2  # log2(e) = 1.4426950408889634
 
 
 def causal_mask(n_q: int, n_k: int) -> np.ndarray:
@@ -32,7 +38,11 @@ def scores(q, k, causal: bool = False, scale=None) -> np.ndarray:
     """S = scale * Q K^T in float64, with masked entries set to -inf. Shape (..., Nq, Nk)."""
     q, k, _ = check_qkv(q, k, k)
     causal = check_bool(causal, "causal")
-    scale = resolve_scale(scale, q.shape[-1])
+    return _scores(q, k, causal, resolve_scale(scale, q.shape[-1]))
+
+
+def _scores(q, k, causal: bool, scale: float) -> np.ndarray:
+    """:func:`scores` for checked arrays, a bool and a resolved scale."""
     s = scale * (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2))  # (..., Nq, Nk)
     if causal:
         s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
@@ -55,7 +65,13 @@ def attention_reference(q, k, v, causal: bool = False, scale=None):
             A row with every score masked has lse = -inf and output 0.
     """
     q, k, v = check_qkv(q, k, v)
-    s = scores(q, k, causal=causal, scale=scale)  # (..., Nq, Nk)
+    causal = check_bool(causal, "causal")
+    s = _scores(q, k, causal, resolve_scale(scale, q.shape[-1]))  # (..., Nq, Nk)
+    return _softmax_times_v(s, v)
+
+
+def _softmax_times_v(s, v):
+    """(out, lse) of softmax(s) @ v in float64, from checked scores s (..., Nq, Nk)."""
     m = s.max(axis=-1, keepdims=True)  # (..., Nq, 1)
     m_safe = np.where(np.isneginf(m), 0.0, m)  # a fully masked row would give -inf - -inf = NaN
     p = np.exp(s - m_safe)  # (..., Nq, Nk)

@@ -31,6 +31,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from ._compat import renamed_kwargs
 from .distributed import (
     RingStats,
     gather_sequence,
@@ -54,8 +55,13 @@ def _child(rank, world, init_file, backend, fn, args, queue, timeout_s):
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
-                                world_size=world, timeout=_dt.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=_dt.timedelta(seconds=timeout_s),
+        )
         torch.set_num_threads(1)
         queue.put((rank, "ok", fn(*args)))
     except BaseException:  # noqa: BLE001 - report any failure to the parent, then exit
@@ -81,9 +87,14 @@ def spawn(fn, world: int, args=(), backend: str = "gloo", timeout_s: float = 300
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        procs = [ctx.Process(target=_child, args=(r, world, init_file, backend, fn, args, queue,
-                                                  timeout_s), daemon=True)
-                 for r in range(world)]
+        procs = [
+            ctx.Process(
+                target=_child,
+                args=(r, world, init_file, backend, fn, args, queue, timeout_s),
+                daemon=True,
+            )
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         results, deadline = {}, time.monotonic() + timeout_s
@@ -91,16 +102,23 @@ def spawn(fn, world: int, args=(), backend: str = "gloo", timeout_s: float = 300
             while len(results) < world:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"{world} ranks running {fn.__name__} did not finish in "
-                                       f"{timeout_s:.0f} s (ranks done: {sorted(results)})")
+                    raise TimeoutError(
+                        f"{world} ranks running {fn.__name__} did not finish in "
+                        f"{timeout_s:.0f} s (ranks done: {sorted(results)})"
+                    )
                 try:
                     rank, status, value = queue.get(timeout=min(left, 1.0))
                 except Exception:  # queue.Empty: check that nobody died silently
-                    dead = [r for r, p in enumerate(procs)
-                            if p.exitcode not in (None, 0) and r not in results]
+                    dead = [
+                        r
+                        for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in results
+                    ]
                     if dead:
-                        raise RuntimeError(f"rank(s) {dead} of {fn.__name__} died (exit codes "
-                                           f"{[procs[r].exitcode for r in dead]})") from None
+                        raise RuntimeError(
+                            f"rank(s) {dead} of {fn.__name__} died (exit codes "
+                            f"{[procs[r].exitcode for r in dead]})"
+                        ) from None
                     continue
                 if status == "error":
                     raise RuntimeError(f"rank {rank} of {fn.__name__} failed:\n{value}")
@@ -124,11 +142,11 @@ def device_here():
 # --------------------------------------------------------------------------- correctness
 
 
-def _inputs(B, Hq, Hkv, n, d, seed):
+def _inputs(B, Hq, kv_heads, n, d, seed):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, n, d, generator=g)
-    k = torch.randn(B, Hkv, n, d, generator=g)
-    v = torch.randn(B, Hkv, n, d, generator=g)
+    k = torch.randn(B, kv_heads, n, d, generator=g)
+    v = torch.randn(B, kv_heads, n, d, generator=g)
     do = torch.randn(B, Hq, n, d, generator=g)
     return q, k, v, do
 
@@ -147,7 +165,8 @@ def _reference(q, k, v, do, causal, device):
         o = torch.softmax(s, -1) @ vv
     else:  # K/V heads repeated by hand: SDPA's fused kernels take no GQA in every version
         o = torch.nn.functional.scaled_dot_product_attention(
-            q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=causal)
+            q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=causal
+        )
     o.backward(do.to(device, dt))
     return [x.detach().cpu().double() for x in (o, q.grad, k.grad, v.grad)]
 
@@ -156,8 +175,19 @@ def _err(a, b) -> float:
     return (a.double().cpu() - b).abs().max().item()
 
 
-def check_case(B=1, Hq=2, Hkv=1, n=24, d=16, causal=True, layout="zigzag", dtype="float32",
-               seed=0, backward=True) -> dict | None:
+@renamed_kwargs(Hkv="kv_heads")
+def check_case(
+    B=1,
+    Hq=2,
+    kv_heads=1,
+    n=24,
+    d=16,
+    causal=True,
+    layout="zigzag",
+    dtype="float32",
+    seed=0,
+    backward=True,
+) -> dict | None:
     """Inside a process group: ring_attention (gathered) vs a reference and vs flash_attention.
 
     Every rank computes the same full inputs from ``seed`` and its shard of them. Returns, on
@@ -168,9 +198,10 @@ def check_case(B=1, Hq=2, Hkv=1, n=24, d=16, causal=True, layout="zigzag", dtype
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device, dt = device_here(), DTYPES[dtype]
-    q, k, v, do = _inputs(B, Hq, Hkv, n, d, seed)
-    shard = [shard_sequence(x, world, rank, layout).to(device, dt).requires_grad_()
-             for x in (q, k, v)]
+    q, k, v, do = _inputs(B, Hq, kv_heads, n, d, seed)
+    shard = [
+        shard_sequence(x, world, rank, layout).to(device, dt).requires_grad_() for x in (q, k, v)
+    ]
     out = ring_attention(*shard, causal=causal, layout=layout)
     got = [out.detach()]
     if backward:
@@ -187,9 +218,19 @@ def check_case(B=1, Hq=2, Hkv=1, n=24, d=16, causal=True, layout="zigzag", dtype
         fo.backward(do.to(device, dt))
         mine += [x.grad for x in fl]
     names = ["o", "dq", "dk", "dv"]
-    row = {"B": B, "Hq": Hq, "Hkv": Hkv, "n": n, "d": d, "causal": causal, "layout": layout,
-           "dtype": dtype, "world": world, "ok": True}
-    for i, (a, b) in enumerate(zip(got, mine)):
+    row = {
+        "B": B,
+        "Hq": Hq,
+        "kv_heads": kv_heads,
+        "n": n,
+        "d": d,
+        "causal": causal,
+        "layout": layout,
+        "dtype": dtype,
+        "world": world,
+        "ok": True,
+    }
+    for i, (a, b) in enumerate(zip(got, mine, strict=True)):
         e_ring, e_flash = _err(a, ref[i]), _err(b, ref[i])
         factor = FWD_FACTOR if i == 0 else BWD_FACTOR
         row[f"{names[i]}_err"], row[f"{names[i]}_flash_err"] = e_ring, e_flash
@@ -213,9 +254,14 @@ def demo(cases, n=24, heads=2, kv_heads=1, head_dim=16) -> dict:
     stats = RingStats()
     out = ring_attention(*sh, causal=True, layout="zigzag", stats=stats)
     out.backward(shard_sequence(do, world, rank, "zigzag"))
-    return {"rows": check_cases(cases), "rank": rank, "tokens": sh[0].shape[2],
-            "bytes_sent": dict(stats.bytes_sent), "bytes_received": dict(stats.bytes_received),
-            "steps": stats.rows()}
+    return {
+        "rows": check_cases(cases),
+        "rank": rank,
+        "tokens": sh[0].shape[2],
+        "bytes_sent": dict(stats.bytes_sent),
+        "bytes_received": dict(stats.bytes_received),
+        "steps": stats.rows(),
+    }
 
 
 # --------------------------------------------------------------------------- measurement
@@ -258,9 +304,20 @@ def _all(x):
     return out
 
 
-def benchmark(ns=(4096, 16384), B=1, Hq=16, Hkv=16, d=128, dtype="bfloat16",
-              layouts=("contiguous", "zigzag"), causals=(False, True), repeats=5,
-              single=True, log=print) -> list[dict]:
+@renamed_kwargs(Hkv="kv_heads")
+def benchmark(
+    ns=(4096, 16384),
+    B=1,
+    Hq=16,
+    kv_heads=16,
+    d=128,
+    dtype="bfloat16",
+    layouts=("contiguous", "zigzag"),
+    causals=(False, True),
+    repeats=5,
+    single=True,
+    log=print,
+) -> list[dict]:
     """Times, bytes and memory per rank of ring_attention vs N (call on every rank).
 
     Each row (the same on every rank): N, layout, causal; ``fwd_ms`` / ``fwd_bwd_ms`` (slowest
@@ -275,18 +332,20 @@ def benchmark(ns=(4096, 16384), B=1, Hq=16, Hkv=16, d=128, dtype="bfloat16",
     device, dt = device_here(), DTYPES[dtype]
     rows = []
     for n in ns:
-        q, k, v, do = _inputs(B, Hq, Hkv, n, d, seed=n)  # the same full inputs on every rank
+        q, k, v, do = _inputs(B, Hq, kv_heads, n, d, seed=n)  # the same full inputs on every rank
         for causal in causals:
             for layout in layouts:
-                sh = [shard_sequence(x, world, rank, layout).to(device, dt).requires_grad_()
-                      for x in (q, k, v)]
+                sh = [
+                    shard_sequence(x, world, rank, layout).to(device, dt).requires_grad_()
+                    for x in (q, k, v)
+                ]
                 dsh = shard_sequence(do, world, rank, layout).to(device, dt)
 
-                def fwd():
+                def fwd(sh=sh, causal=causal, layout=layout):
                     with torch.no_grad():
                         ring_attention(*sh, causal=causal, layout=layout)
 
-                def fwd_bwd(stats=None):
+                def fwd_bwd(stats=None, sh=sh, causal=causal, layout=layout, dsh=dsh):
                     ring_attention(*sh, causal=causal, layout=layout, stats=stats).backward(dsh)
 
                 fwd_bwd()  # warm-up: compiles / autotunes every block shape
@@ -300,18 +359,30 @@ def benchmark(ns=(4096, 16384), B=1, Hq=16, Hkv=16, d=128, dtype="bfloat16",
                 fwd_steps = [s for s in steps if s["phase"] == "fwd"]
                 bwd_steps = [s for s in steps if s["phase"] == "bwd"]
                 row = {
-                    "n": n, "B": B, "Hq": Hq, "Hkv": Hkv, "d": d, "dtype": dtype,
-                    "world": world, "layout": layout, "causal": causal, "repeats": repeats,
-                    "fwd_ms": max(_all(fwd_ms)), "fwd_bwd_ms": max(_all(fb_ms)),
-                    "fwd_ms_by_rank": _all(fwd_ms), "fwd_bwd_ms_by_rank": _all(fb_ms),
+                    "n": n,
+                    "B": B,
+                    "Hq": Hq,
+                    "kv_heads": kv_heads,
+                    "d": d,
+                    "dtype": dtype,
+                    "world": world,
+                    "layout": layout,
+                    "causal": causal,
+                    "repeats": repeats,
+                    "fwd_ms": max(_all(fwd_ms)),
+                    "fwd_bwd_ms": max(_all(fb_ms)),
+                    "fwd_ms_by_rank": _all(fwd_ms),
+                    "fwd_bwd_ms_by_rank": _all(fb_ms),
                     "fwd_step_ms_by_rank": _all([s["step_ms"] for s in fwd_steps]),
                     "fwd_compute_ms_by_rank": _all([s["compute_ms"] for s in fwd_steps]),
                     "bwd_step_ms_by_rank": _all([s["step_ms"] for s in bwd_steps]),
                     "bwd_compute_ms_by_rank": _all([s["compute_ms"] for s in bwd_steps]),
                     "pairs_by_rank": _all([s["pairs"] for s in fwd_steps]),
                     "bytes_sent_by_rank": _all(dict(stats.bytes_sent)),
-                    "bytes_model": {"fwd": ring_bytes(B, Hkv, n, d, world, dt.itemsize),
-                                    "bwd": ring_bytes(B, Hkv, n, d, world, dt.itemsize, True)},
+                    "bytes_model": {
+                        "fwd": ring_bytes(B, kv_heads, n, d, world, dt.itemsize),
+                        "bwd": ring_bytes(B, kv_heads, n, d, world, dt.itemsize, True),
+                    },
                     "peak_bytes_by_rank": _all(peak),
                     "schedule_imbalance": ring_balance(world, layout, causal)["imbalance"],
                 }
@@ -320,11 +391,11 @@ def benchmark(ns=(4096, 16384), B=1, Hq=16, Hkv=16, d=128, dtype="bfloat16",
                     fq, fk, fv = (x.to(device, dt).requires_grad_() for x in (q, k, v))
                     fdo = do.to(device, dt)
 
-                    def f_fwd():
+                    def f_fwd(fq=fq, fk=fk, fv=fv, causal=causal):
                         with torch.no_grad():
                             flash_attention(fq, fk, fv, causal=causal)
 
-                    def f_fb():
+                    def f_fb(fq=fq, fk=fk, fv=fv, causal=causal, fdo=fdo):
                         flash_attention(fq, fk, fv, causal=causal).backward(fdo)
 
                     f_fb()
@@ -352,9 +423,11 @@ def link_bandwidth(sizes_mib=(1, 16, 256, 1024), repeats=10) -> list[dict]:
         send = torch.ones(int(mib * 2**20), dtype=torch.uint8, device=device)
         recv = torch.empty_like(send)
 
-        def exchange():
-            ops = [dist.P2POp(dist.isend, send, ring[(rank + 1) % world]),
-                   dist.P2POp(dist.irecv, recv, ring[(rank - 1) % world])]
+        def exchange(send=send, recv=recv):
+            ops = [
+                dist.P2POp(dist.isend, send, ring[(rank + 1) % world]),
+                dist.P2POp(dist.irecv, recv, ring[(rank - 1) % world]),
+            ]
             for r in dist.batch_isend_irecv(ops):
                 r.wait()
 
@@ -372,17 +445,20 @@ def format_row(r) -> str:
     if "single_fwd_ms" in r:
         single = f" | 1 device: fwd {r['single_fwd_ms']:.2f} fwd+bwd {r['single_fwd_bwd_ms']:.2f}"
     sent = r["bytes_sent_by_rank"][0]
-    return (f"N={r['n']:6d} {'causal' if r['causal'] else 'full  '} {r['layout']:10s} "
-            f"fwd {r['fwd_ms']:8.2f} ms fwd+bwd {r['fwd_bwd_ms']:8.2f} ms | busy/rank {busy} ms"
-            f" | sent/rank fwd {sent['fwd'] / 2**20:.3g} bwd {sent['bwd'] / 2**20:.3g} MiB"
-            f" | peak/rank {peak}{single}")
+    return (
+        f"N={r['n']:6d} {'causal' if r['causal'] else 'full  '} {r['layout']:10s} "
+        f"fwd {r['fwd_ms']:8.2f} ms fwd+bwd {r['fwd_bwd_ms']:8.2f} ms | busy/rank {busy} ms"
+        f" | sent/rank fwd {sent['fwd'] / 2**20:.3g} bwd {sent['bwd'] / 2**20:.3g} MiB"
+        f" | peak/rank {peak}{single}"
+    )
 
 
 # --------------------------------------------------------------------------- PyTorch's CP
 
 
-def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(False, True),
-                     repeats=5, log=print) -> list[dict]:
+def compare_torch_cp(
+    ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(False, True), repeats=5, log=print
+) -> list[dict]:
     """PyTorch's context parallelism vs ring_attention (zigzag) on the same inputs.
 
     Runs ``F.scaled_dot_product_attention`` inside
@@ -399,8 +475,17 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
     rows, mesh = [], None
     for n in ns:
         for causal in causals:
-            row = {"n": n, "B": B, "Hq": Hq, "Hkv": Hq, "d": d, "dtype": dtype, "causal": causal,
-                   "world": world, "torch": torch.__version__}
+            row = {
+                "n": n,
+                "B": B,
+                "Hq": Hq,
+                "kv_heads": Hq,
+                "d": d,
+                "dtype": dtype,
+                "causal": causal,
+                "world": world,
+                "torch": torch.__version__,
+            }
             q, k, v, do = _inputs(B, Hq, Hq, n, d, seed=n)
             try:
                 from torch.distributed.device_mesh import init_device_mesh
@@ -431,16 +516,19 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
                         out.backward(bufs[3])
                         res = [out.detach()] + [b.grad.clone() for b in bufs[:3]]
 
-                        def cp_fwd():
+                        def cp_fwd(bufs=bufs, causal=causal):
                             with torch.no_grad():
                                 F.scaled_dot_product_attention(*bufs[:3], is_causal=causal)
 
-                        def cp_fwd_bwd():
-                            F.scaled_dot_product_attention(*bufs[:3],
-                                                           is_causal=causal).backward(bufs[3])
+                        def cp_fwd_bwd(bufs=bufs, causal=causal):
+                            F.scaled_dot_product_attention(*bufs[:3], is_causal=causal).backward(
+                                bufs[3]
+                            )
 
-                        cp_ms = (_time_ms(cp_fwd, device, repeats),
-                                 _time_ms(cp_fwd_bwd, device, repeats))
+                        cp_ms = (
+                            _time_ms(cp_fwd, device, repeats),
+                            _time_ms(cp_fwd_bwd, device, repeats),
+                        )
                     finally:
                         for b in bufs[:3]:
                             b.requires_grad_(False)
@@ -454,30 +542,34 @@ def compare_torch_cp(ns=(4096,), B=1, Hq=16, d=128, dtype="bfloat16", causals=(F
                 if rank == 0:
                     log(f"torch CP N={n} causal={causal}: {row['error']}")
                 continue
-            sh = [shard_sequence(x, world, rank, "zigzag").to(device, dt).requires_grad_()
-                  for x in (q, k, v)]
+            sh = [
+                shard_sequence(x, world, rank, "zigzag").to(device, dt).requires_grad_()
+                for x in (q, k, v)
+            ]
             dsh = shard_sequence(do, world, rank, "zigzag").to(device, dt)
 
-            def ours_fwd():
+            def ours_fwd(sh=sh, causal=causal):
                 with torch.no_grad():
                     ring_attention(*sh, causal=causal, layout="zigzag")
 
-            def ours_fwd_bwd():
+            def ours_fwd_bwd(sh=sh, causal=causal, dsh=dsh):
                 ring_attention(*sh, causal=causal, layout="zigzag").backward(dsh)
 
             out = ring_attention(*sh, causal=causal, layout="zigzag")
             out.backward(dsh)
             mine = [gather_sequence(x, "zigzag") for x in [out.detach()] + [s.grad for s in sh]]
-            for name, a, b in zip(("o", "dq", "dk", "dv"), mine, theirs):
+            for name, a, b in zip(("o", "dq", "dk", "dv"), mine, theirs, strict=True):
                 row[f"{name}_max_diff"] = (a.float() - b.float()).abs().max().item()
             row["ours_fwd_ms"] = max(_all(_time_ms(ours_fwd, device, repeats)))
             row["ours_fwd_bwd_ms"] = max(_all(_time_ms(ours_fwd_bwd, device, repeats)))
             rows.append(row)
             if rank == 0:
-                log(f"torch CP vs ring (zigzag) N={n} causal={causal}: max |diff| o "
+                log(
+                    f"torch CP vs ring (zigzag) N={n} causal={causal}: max |diff| o "
                     f"{row['o_max_diff']:.2e} dq {row['dq_max_diff']:.2e} dk "
                     f"{row['dk_max_diff']:.2e} dv {row['dv_max_diff']:.2e}; fwd+bwd ms: CP "
-                    f"{row['cp_fwd_bwd_ms']:.2f}, ours {row['ours_fwd_bwd_ms']:.2f}")
+                    f"{row['cp_fwd_bwd_ms']:.2f}, ours {row['ours_fwd_bwd_ms']:.2f}"
+                )
     return rows
 
 
@@ -495,15 +587,17 @@ def environment(command: str) -> dict:
         "gpus": torch.cuda.device_count() if cuda else 0,
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "world": dist.get_world_size() if dist.is_initialized() else 1,
-        "torch": torch.__version__, "triton": triton.__version__,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
         "cuda": torch.version.cuda,
         "nccl": _nccl_version() if cuda else None,
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "autotune": os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0",
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",
-                                                "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+        "env": {
+            k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
+        },
     }
 
 
@@ -519,12 +613,19 @@ def _ints(text):
 def main(argv=None) -> int:
     """Run under torchrun (``python -m torch.distributed.run --nproc_per_node W -m
     course_kernels.ring_bench ...``): each process joins the group from the environment."""
-    ap = argparse.ArgumentParser(prog="python -m course_kernels.ring_bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m course_kernels.ring_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("step", choices=["check", "bench", "cp"])
     ap.add_argument("--out", default="course_kernels/data/ring")
-    ap.add_argument("--backend", choices=["nccl", "gloo"], default=None,
-                    help="default: nccl when CUDA GPUs are visible, else gloo")
+    ap.add_argument(
+        "--backend",
+        choices=["nccl", "gloo"],
+        default=None,
+        help="default: nccl when CUDA GPUs are visible, else gloo",
+    )
     ap.add_argument("--ns", type=_ints, default=None, help="sequence lengths, comma-separated")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None)
     ap.add_argument("--heads", type=int, default=None)
@@ -534,20 +635,26 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for one collective")
     args = ap.parse_args(argv)
     if "RANK" not in os.environ:
-        ap.error("run it under torchrun: python -m torch.distributed.run --nproc_per_node 2 "
-                 "-m course_kernels.ring_bench " + " ".join(argv or sys.argv[1:]))
+        ap.error(
+            "run it under torchrun: python -m torch.distributed.run --nproc_per_node 2 "
+            "-m course_kernels.ring_bench " + " ".join(argv or sys.argv[1:])
+        )
     cuda = torch.cuda.is_available()
     backend = args.backend or ("nccl" if cuda else "gloo")
     if backend == "nccl":
         if not cuda or torch.cuda.device_count() < int(os.environ["LOCAL_WORLD_SIZE"]):
-            ap.error(f"nccl needs one GPU per process; {torch.cuda.device_count()} visible for "
-                     f"{os.environ['LOCAL_WORLD_SIZE']} processes")
+            ap.error(
+                f"nccl needs one GPU per process; {torch.cuda.device_count()} visible for "
+                f"{os.environ['LOCAL_WORLD_SIZE']} processes"
+            )
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend, timeout=_dt.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     gpu = backend == "nccl"
-    command = ("python -m torch.distributed.run --standalone --nproc_per_node "
-               f"{world} -m course_kernels.ring_bench " + " ".join(argv or sys.argv[1:]))
+    command = (
+        "python -m torch.distributed.run --standalone --nproc_per_node "
+        f"{world} -m course_kernels.ring_bench " + " ".join(argv or sys.argv[1:])
+    )
     env = environment(command)
     os.makedirs(args.out, exist_ok=True)
     extra = {}
@@ -555,45 +662,59 @@ def main(argv=None) -> int:
         if args.step == "check":
             dtype = args.dtype or ("bfloat16" if gpu else "float32")
             ns = args.ns or ((16384, 17001) if gpu else (24, 21))  # 17001: uneven shards
-            H, Hkv = args.heads or (16 if gpu else 2), args.kv_heads or (4 if gpu else 1)
+            H, kv_heads = args.heads or (16 if gpu else 2), args.kv_heads or (4 if gpu else 1)
             d = args.head_dim or (128 if gpu else 16)
-            cases = [dict(B=1, Hq=H, Hkv=Hkv, n=n, d=d, causal=c, layout=lay, dtype=dt)
-                     for n in ns for c in (False, True) for lay in ("contiguous", "zigzag")
-                     for dt in sorted({dtype, "float16"} if gpu else {dtype})]
+            cases = [
+                dict(B=1, Hq=H, kv_heads=kv_heads, n=n, d=d, causal=c, layout=lay, dtype=dt)
+                for n in ns
+                for c in (False, True)
+                for lay in ("contiguous", "zigzag")
+                for dt in sorted({dtype, "float16"} if gpu else {dtype})
+            ]
             rows = []
             for c in cases:
                 row = check_case(**c)
                 if rank == 0:
                     rows.append(row)
-                    print(f"check N={row['n']} {row['dtype']} causal={row['causal']} "
-                          f"{row['layout']}: max err vs reference o {row['o_err']:.2e} (flash "
-                          f"{row['o_flash_err']:.2e}) dq {row['dq_err']:.2e} dk "
-                          f"{row['dk_err']:.2e} dv {row['dv_err']:.2e} -> "
-                          f"{'ok' if row['ok'] else 'FAIL'}", flush=True)
+                    print(
+                        f"check N={row['n']} {row['dtype']} causal={row['causal']} "
+                        f"{row['layout']}: max err vs reference o {row['o_err']:.2e} (flash "
+                        f"{row['o_flash_err']:.2e}) dq {row['dq_err']:.2e} dk "
+                        f"{row['dk_err']:.2e} dv {row['dv_err']:.2e} -> "
+                        f"{'ok' if row['ok'] else 'FAIL'}",
+                        flush=True,
+                    )
             name, payload = "ring_check.json", rows
             failed = rank == 0 and not all(r["ok"] for r in rows)
         elif args.step == "bench":
             link = link_bandwidth((1, 16, 256, 1024) if gpu else (1,))
             if rank == 0:
                 for row in link:
-                    print(f"link: {row['mib']:5d} MiB per exchange, {row['ms']:.3f} ms, "
-                          f"{row['gb_per_s']:.1f} GB/s per direction per rank", flush=True)
+                    print(
+                        f"link: {row['mib']:5d} MiB per exchange, {row['ms']:.3f} ms, "
+                        f"{row['gb_per_s']:.1f} GB/s per direction per rank",
+                        flush=True,
+                    )
             extra["link"] = link
-            rows = benchmark(ns=args.ns or ((4096, 16384, 65536) if gpu else (32, 64)),
-                             Hq=args.heads or (16 if gpu else 2),
-                             Hkv=args.kv_heads or (16 if gpu else 2),
-                             d=args.head_dim or (128 if gpu else 16),
-                             dtype=args.dtype or ("bfloat16" if gpu else "float32"),
-                             repeats=args.repeats or (5 if gpu else 1),
-                             log=lambda s: print(s, flush=True))
+            rows = benchmark(
+                ns=args.ns or ((4096, 16384, 65536) if gpu else (32, 64)),
+                Hq=args.heads or (16 if gpu else 2),
+                kv_heads=args.kv_heads or (16 if gpu else 2),
+                d=args.head_dim or (128 if gpu else 16),
+                dtype=args.dtype or ("bfloat16" if gpu else "float32"),
+                repeats=args.repeats or (5 if gpu else 1),
+                log=lambda s: print(s, flush=True),
+            )
             name, payload, failed = "ring_bench.json", rows, False
         else:
-            rows = compare_torch_cp(ns=args.ns or ((8192, 32768) if gpu else (32,)),
-                                    Hq=args.heads or (16 if gpu else 2),
-                                    d=args.head_dim or (128 if gpu else 16),
-                                    dtype=args.dtype or ("bfloat16" if gpu else "float32"),
-                                    repeats=args.repeats or (5 if gpu else 1),
-                                    log=lambda s: print(s, flush=True))
+            rows = compare_torch_cp(
+                ns=args.ns or ((8192, 32768) if gpu else (32,)),
+                Hq=args.heads or (16 if gpu else 2),
+                d=args.head_dim or (128 if gpu else 16),
+                dtype=args.dtype or ("bfloat16" if gpu else "float32"),
+                repeats=args.repeats or (5 if gpu else 1),
+                log=lambda s: print(s, flush=True),
+            )
             name, payload, failed = "ring_torch_cp.json", rows, False
         if rank == 0:
             path = os.path.join(args.out, name)

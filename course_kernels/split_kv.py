@@ -6,7 +6,7 @@ kernels that run the same algorithm are in :mod:`course_kernels.decode`.
 Layout (batch, heads, seq, head_dim), like PyTorch's SDPA:
 
     q: (B, Hq, Nq, d)   Nq = 1 in plain decoding, a few tokens in speculative decoding
-    k, v: (B, Hkv, Nk, d)   the KV cache; Hq = G * Hkv (GQA; Hkv = 1 is MQA)
+    k, v: (B, kv_heads, Nk, d)   the KV cache; Hq = G * kv_heads (GQA; kv_heads = 1 is MQA)
     cache_seqlens: (B,) how many cached keys each sequence really has (<= Nk)
 
 One decode step splits the cache's keys into ``num_splits`` chunks, computes a partial result
@@ -48,14 +48,23 @@ def visible_keys(lo, hi, lens, n_q, group, causal):
     return ok
 
 
-def split_kv_decode_numpy(q, k, v, num_splits: int = 4, cache_seqlens=None, causal=False,
-                          scale=None, chunk: int | None = None, return_partials: bool = False):
+def split_kv_decode_numpy(
+    q,
+    k,
+    v,
+    num_splits: int = 4,
+    cache_seqlens=None,
+    causal=False,
+    scale=None,
+    chunk: int | None = None,
+    return_partials: bool = False,
+):
     """Split-KV decoding in NumPy: partial attention per chunk of keys, then the merge.
 
     Args:
         q: (B, Hq, Nq, d) queries.
-        k: (B, Hkv, Nk, d) key cache; Hq must be a multiple of Hkv (GQA).
-        v: (B, Hkv, Nk, dv) value cache.
+        k: (B, kv_heads, Nk, d) key cache; Hq must be a multiple of kv_heads (GQA).
+        v: (B, kv_heads, Nk, dv) value cache.
         num_splits: number of key chunks (>= 1).
         cache_seqlens: (B,) valid cache length of each sequence (1..Nk); None = Nk.
         causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
@@ -69,28 +78,30 @@ def split_kv_decode_numpy(q, k, v, num_splits: int = 4, cache_seqlens=None, caus
     """
     q, k, v = (as_float_array(x, name) for x, name in ((q, "q"), (k, "k"), (v, "v")))
     B, Hq, Nq, d = check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
-    Hkv, Nk, dv = k.shape[1], k.shape[2], v.shape[3]
-    G = Hq // Hkv
+    kv_heads, Nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    G = Hq // kv_heads
     num_splits = check_positive_int(num_splits, "num_splits")
     causal = check_bool(causal, "causal")
     scale = resolve_scale(scale, d)
     lens = check_seqlens(cache_seqlens, B, Nk)
     chunk = split_chunk(Nk, num_splits) if chunk is None else check_positive_int(chunk, "chunk")
 
-    qg = q.reshape(B, Hkv, G * Nq, d)  # (B, Hkv, G*Nq, d): the group's rows share one KV head
+    qg = q.reshape(
+        B, kv_heads, G * Nq, d
+    )  # (B, kv_heads, G*Nq, d): the group's rows share one KV head
     parts = []
     for s in range(num_splits):
         lo, hi = min(s * chunk, Nk), min((s + 1) * chunk, Nk)
         if lo == hi:  # a split past the end of the cache has seen nothing
             acc_t = np.float32 if q.dtype == np.float16 else q.dtype
-            parts.append(empty_partial((B, Hkv, G * Nq), dv, acc_t))
+            parts.append(empty_partial((B, kv_heads, G * Nq), dv, acc_t))
             continue
         mask = visible_keys(lo, hi, lens, Nq, G, causal)  # (B, 1, G*Nq, hi-lo)
         parts.append(partial_attention(qg, k[:, :, lo:hi], v[:, :, lo:hi], scale, mask=mask))
     total = parts[0]
     for p in parts[1:]:
         total = merge(total, p)  # the online-softmax merge: rescale both sides to the new max
-    out, lse = finalize(total)  # (B, Hkv, G*Nq, dv), (B, Hkv, G*Nq)
+    out, lse = finalize(total)  # (B, kv_heads, G*Nq, dv), (B, kv_heads, G*Nq)
     out, lse = out.reshape(B, Hq, Nq, dv), lse.reshape(B, Hq, Nq)
     if not return_partials:
         return out, lse
@@ -104,8 +115,10 @@ def split_kv_decode_numpy(q, k, v, num_splits: int = 4, cache_seqlens=None, caus
 
 def check_shapes(qs, ks, vs, qt, kt, vt):
     if not (len(qs) == len(ks) == len(vs) == 4):
-        raise ValueError(f"q, k, v must have rank 4, layout (batch, heads, seq, head_dim); got "
-                         f"shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}")
+        raise ValueError(
+            f"q, k, v must have rank 4, layout (batch, heads, seq, head_dim); got "
+            f"shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}"
+        )
     if not (qt == kt == vt):
         raise TypeError(f"q, k and v must share one dtype; got {qt}, {kt}, {vt}")
     B, Hq, Nq, d = qs
@@ -114,15 +127,20 @@ def check_shapes(qs, ks, vs, qt, kt, vt):
     if ks[3] != d:
         raise ValueError(f"q and k must share the head dim; got {d} and {ks[3]}")
     if tuple(ks[:3]) != tuple(vs[:3]):
-        raise ValueError(f"k and v must have the same (batch, heads, seq); got {tuple(ks)} and "
-                         f"{tuple(vs)}")
+        raise ValueError(
+            f"k and v must have the same (batch, heads, seq); got {tuple(ks)} and {tuple(vs)}"
+        )
     if Hq % ks[1]:
-        raise ValueError(f"the number of query heads must be a multiple of the number of key/value "
-                         f"heads (GQA/MQA); got Hq={Hq}, Hkv={ks[1]}")
+        raise ValueError(
+            f"the number of query heads must be a multiple of the number of key/value "
+            f"heads (GQA/MQA); got Hq={Hq}, kv_heads={ks[1]}"
+        )
     if (Hq // ks[1]) * Nq > MAX_ROWS:
-        raise ValueError(f"decoding packs (Hq / Hkv) * Nq = {(Hq // ks[1]) * Nq} query rows into "
-                         f"one tile; at most {MAX_ROWS}. For long queries (prefill) use "
-                         "flash_attention.")
+        raise ValueError(
+            f"decoding packs (Hq / kv_heads) * Nq = {(Hq // ks[1]) * Nq} query rows into "
+            f"one tile; at most {MAX_ROWS}. For long queries (prefill) use "
+            "flash_attention."
+        )
     return B, Hq, Nq, d
 
 

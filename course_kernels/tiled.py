@@ -3,7 +3,7 @@
 Chapter: "Tiling" (book/chapters/03_tiling.ipynb).
 
 Layout: q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv); any leading (batch, heads) dims.
-Nothing of size Nq x Nk is ever formed: only Br x Bc score tiles.
+Nothing of size Nq x Nk is ever formed: only block_q x block_k score tiles.
 
 - ``loop_order="fa2"`` (FlashAttention-2, arXiv 2307.08691, Alg. 1): the outer loop runs over
   query blocks Q_i; each keeps its running (m, l) and output accumulator on chip, streams every
@@ -29,13 +29,13 @@ from ._validate import (
     check_qkv,
     resolve_scale,
 )
-from .online_softmax import _safe
+from .online_softmax import safe_max
 
 LOOP_ORDERS = ("fa1", "fa2")
 
 
 def block_mask(i0: int, i1: int, j0: int, j1: int, causal: bool):
-    """Visibility of keys [j0, j1) for queries [i0, i1): a (Br, Bc) bool array, or None if all visible.
+    """Visibility of keys [j0, j1) for queries [i0, i1): a (block_q, block_k) bool array, or None if all visible.
 
     Causal is PyTorch's ``is_causal``: query i sees key j iff j <= i.
     """
@@ -60,7 +60,13 @@ def check_tiled_args(q, k, v, causal, scale, block_q, block_k):
 
 
 def flash_attention_numpy(
-    q, k, v, causal: bool = False, scale=None, block_q: int = 64, block_k: int = 64,
+    q,
+    k,
+    v,
+    causal: bool = False,
+    scale=None,
+    block_q: int = 64,
+    block_k: int = 64,
     loop_order: str = "fa2",
 ):
     """Tiled Flash Attention forward. Returns ``(out, lse)``.
@@ -69,8 +75,8 @@ def flash_attention_numpy(
         q: (..., Nq, d); k: (..., Nk, d); v: (..., Nk, dv). float16, float32 or float64.
         causal: query i sees keys j <= i (top-left aligned, PyTorch ``is_causal``).
         scale: multiplies Q K^T; ``None`` means 1/sqrt(d).
-        block_q: Br, rows of each query block (>= 1; N need not be a multiple).
-        block_k: Bc, rows of each key/value block (>= 1).
+        block_q: block_q, rows of each query block (>= 1; N need not be a multiple).
+        block_k: block_k, rows of each key/value block (>= 1).
         loop_order: "fa2" (outer loop over Q blocks) or "fa1" (outer loop over K/V blocks).
 
     Returns:
@@ -87,29 +93,29 @@ def flash_attention_numpy(
     return out.astype(q.dtype), lse
 
 
-def _forward_fa2(q, k, v, causal, scale, br, bc, acc_t):
+def _forward_fa2(q, k, v, causal, scale, block_q, block_k, acc_t):
     """FlashAttention-2 Alg. 1: outer loop over query blocks."""
     *lead, n_q, _ = q.shape
     n_k, dv = v.shape[-2:]
     out = np.empty((*lead, n_q, dv), dtype=acc_t)
     lse = np.empty((*lead, n_q), dtype=acc_t)
-    for i0 in range(0, n_q, br):  # line 3: for 1 <= i <= Tr
-        i1 = min(i0 + br, n_q)
-        q_i = q[..., i0:i1, :].astype(acc_t)  # line 4: load Q_i, (..., Br, d)
+    for i0 in range(0, n_q, block_q):  # line 3: for 1 <= i <= Tr
+        i1 = min(i0 + block_q, n_q)
+        q_i = q[..., i0:i1, :].astype(acc_t)  # line 4: load Q_i, (..., block_q, d)
         m_i = np.full((*lead, i1 - i0), -np.inf, dtype=acc_t)  # line 5: m = -inf
         l_i = np.zeros((*lead, i1 - i0), dtype=acc_t)  # line 5: l = 0
-        acc = np.zeros((*lead, i1 - i0, dv), dtype=acc_t)  # line 5: O_i = 0, (..., Br, dv)
-        for j0 in range(0, last_key_block_end(i1, n_k, causal), bc):  # line 6
-            j1 = min(j0 + bc, n_k)
-            k_j = k[..., j0:j1, :].astype(acc_t)  # line 7: load K_j, (..., Bc, d)
-            v_j = v[..., j0:j1, :].astype(acc_t)  # line 7: load V_j, (..., Bc, dv)
-            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 8: S_ij, (..., Br, Bc)
+        acc = np.zeros((*lead, i1 - i0, dv), dtype=acc_t)  # line 5: O_i = 0, (..., block_q, dv)
+        for j0 in range(0, last_key_block_end(i1, n_k, causal), block_k):  # line 6
+            j1 = min(j0 + block_k, n_k)
+            k_j = k[..., j0:j1, :].astype(acc_t)  # line 7: load K_j, (..., block_k, d)
+            v_j = v[..., j0:j1, :].astype(acc_t)  # line 7: load V_j, (..., block_k, dv)
+            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 8: S_ij, (..., block_q, block_k)
             mask = block_mask(i0, i1, j0, j1, causal)
             if mask is not None:
                 s = np.where(mask, s, -np.inf)
             m_new = np.maximum(m_i, s.max(axis=-1))  # line 9: m_ij
-            m_safe = _safe(m_new)  # -inf guard for rows with nothing visible yet
-            p = np.exp(s - m_safe[..., None])  # line 9: P~_ij, (..., Br, Bc)
+            m_safe = safe_max(m_new)  # -inf guard for rows with nothing visible yet
+            p = np.exp(s - m_safe[..., None])  # line 9: P~_ij, (..., block_q, block_k)
             alpha = np.exp(m_i - m_safe)  # rescale factor of everything accumulated so far
             l_i = alpha * l_i + p.sum(axis=-1)  # line 9: l_ij
             acc = alpha[..., None] * acc + p @ v_j  # line 10: O_ij = diag(alpha) O + P~ V_j
@@ -117,35 +123,37 @@ def _forward_fa2(q, k, v, causal, scale, br, bc, acc_t):
         l_safe = np.where(l_i == 0, np.ones_like(l_i), l_i)
         out[..., i0:i1, :] = acc / l_safe[..., None]  # line 12: O_i = diag(l)^-1 O_i
         with np.errstate(divide="ignore"):
-            lse[..., i0:i1] = np.where(l_i == 0, -np.inf, _safe(m_i) + np.log(l_safe))  # line 13
+            lse[..., i0:i1] = np.where(l_i == 0, -np.inf, safe_max(m_i) + np.log(l_safe))  # line 13
     return out, lse
 
 
-def _forward_fa1(q, k, v, causal, scale, br, bc, acc_t):
+def _forward_fa1(q, k, v, causal, scale, block_q, block_k, acc_t):
     """FlashAttention (v1) Alg. 1: outer loop over key/value blocks; O, l, m live in HBM."""
     *lead, n_q, _ = q.shape
     n_k, dv = v.shape[-2:]
     out = np.zeros((*lead, n_q, dv), dtype=acc_t)  # line 2: O = 0, l = 0, m = -inf in HBM
     l_all = np.zeros((*lead, n_q), dtype=acc_t)
     m_all = np.full((*lead, n_q), -np.inf, dtype=acc_t)
-    for j0 in range(0, n_k, bc):  # line 5: for 1 <= j <= Tc
-        j1 = min(j0 + bc, n_k)
+    for j0 in range(0, n_k, block_k):  # line 5: for 1 <= j <= Tc
+        j1 = min(j0 + block_k, n_k)
         k_j = k[..., j0:j1, :].astype(acc_t)  # line 6: load K_j, V_j
         v_j = v[..., j0:j1, :].astype(acc_t)
-        first_i = (j0 // br) * br if causal else 0  # query blocks above the diagonal see nothing
-        for i0 in range(first_i, n_q, br):  # line 7: for 1 <= i <= Tr
-            i1 = min(i0 + br, n_q)
+        first_i = (
+            (j0 // block_q) * block_q if causal else 0
+        )  # query blocks above the diagonal see nothing
+        for i0 in range(first_i, n_q, block_q):  # line 7: for 1 <= i <= Tr
+            i1 = min(i0 + block_q, n_q)
             q_i = q[..., i0:i1, :].astype(acc_t)  # line 8: load Q_i, O_i, l_i, m_i
             o_i, l_i, m_i = out[..., i0:i1, :], l_all[..., i0:i1], m_all[..., i0:i1]
-            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 9: S_ij, (..., Br, Bc)
+            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 9: S_ij, (..., block_q, block_k)
             mask = block_mask(i0, i1, j0, j1, causal)
             if mask is not None:
                 s = np.where(mask, s, -np.inf)
             m_tilde = s.max(axis=-1)  # line 10: m~_ij = rowmax(S_ij)
-            p = np.exp(s - _safe(m_tilde)[..., None])  # line 10: P~_ij
+            p = np.exp(s - safe_max(m_tilde)[..., None])  # line 10: P~_ij
             l_tilde = p.sum(axis=-1)  # line 10: l~_ij
             m_new = np.maximum(m_i, m_tilde)  # line 11
-            m_safe = _safe(m_new)
+            m_safe = safe_max(m_new)
             a_old = np.exp(m_i - m_safe)
             a_new = np.exp(m_tilde - m_safe)
             l_new = a_old * l_i + a_new * l_tilde  # line 11
@@ -156,5 +164,5 @@ def _forward_fa1(q, k, v, causal, scale, br, bc, acc_t):
             l_all[..., i0:i1] = l_new  # line 13: write l_i, m_i to HBM
             m_all[..., i0:i1] = m_new
     with np.errstate(divide="ignore"):
-        lse = np.where(l_all == 0, -np.inf, _safe(m_all) + np.log(np.where(l_all == 0, 1, l_all)))
+        lse = np.where(l_all == 0, -np.inf, safe_max(m_all) + np.log(np.where(l_all == 0, 1, l_all)))
     return out, lse.astype(acc_t)

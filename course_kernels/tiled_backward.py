@@ -15,19 +15,20 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import accumulator_dtype, as_float_array, check_bool, check_qkv, resolve_scale
-from .online_softmax import _safe
-from .reference import attention_reference, scores
+from .online_softmax import safe_max
+from .reference import _scores, _softmax_times_v
 from .tiled import block_mask, check_tiled_args
 
 
 def attention_reference_backward(q, k, v, dout, causal: bool = False, scale=None):
     """Exact gradients of standard attention in float64 (dense; for checking). Returns (dq, dk, dv)."""
-    q, k, v = check_qkv(q, k, v)
-    out, lse = attention_reference(q, k, v, causal=causal, scale=scale)
-    dout = _check_like(dout, out.shape, "dout")
+    q, k, v = check_qkv(q, k, v)  # checked once, here: the helpers below trust them
+    causal = check_bool(causal, "causal")
     scale = resolve_scale(scale, q.shape[-1])
-    s = scores(q, k, causal=check_bool(causal, "causal"), scale=scale)  # (..., Nq, Nk)
-    p = np.exp(s - _safe(lse)[..., None])  # (..., Nq, Nk)
+    s = _scores(q, k, causal, scale)  # (..., Nq, Nk)
+    out, lse = _softmax_times_v(s, v)
+    dout = _check_like(dout, out.shape, "dout")
+    p = np.exp(s - safe_max(lse)[..., None])  # (..., Nq, Nk)
     do = dout.astype(np.float64)
     dv = np.swapaxes(p, -1, -2) @ do  # (..., Nk, dv)
     dp = do @ np.swapaxes(v.astype(np.float64), -1, -2)  # (..., Nq, Nk)
@@ -45,7 +46,15 @@ def _check_like(x, shape, name):
 
 
 def flash_attention_numpy_backward(
-    q, k, v, out, lse, dout, causal: bool = False, scale=None, block_q: int = 64,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dout,
+    causal: bool = False,
+    scale=None,
+    block_q: int = 64,
     block_k: int = 64,
 ):
     """Gradients of Flash Attention from the saved ``out`` and ``lse``. Returns ``(dq, dk, dv)``.
@@ -58,7 +67,9 @@ def flash_attention_numpy_backward(
 
     Returns gradients in the input dtype, accumulated in float32 for fp16/fp32 inputs.
     """
-    q, k, v, causal, scale, br, bc = check_tiled_args(q, k, v, causal, scale, block_q, block_k)
+    q, k, v, causal, scale, block_q, block_k = check_tiled_args(
+        q, k, v, causal, scale, block_q, block_k
+    )
     *lead, n_q, _ = q.shape
     n_k, d_v = v.shape[-2:]
     out = _check_like(out, (*lead, n_q, d_v), "out")
@@ -70,23 +81,23 @@ def flash_attention_numpy_backward(
         )
     acc_t = accumulator_dtype(q.dtype)
     scale = acc_t.type(scale)
-    lse_safe = _safe(lse.astype(acc_t))  # a fully masked row (lse = -inf) has P = 0
+    lse_safe = safe_max(lse.astype(acc_t))  # a fully masked row (lse = -inf) has P = 0
     dlt = (dout.astype(acc_t) * out.astype(acc_t)).sum(axis=-1)  # line 4: D = rowsum(dO * O)
     dq = np.zeros(q.shape, dtype=acc_t)  # line 5: dQ = 0 in HBM
     dk = np.empty(k.shape, dtype=acc_t)
     dv = np.empty(v.shape, dtype=acc_t)
-    for j0 in range(0, n_k, bc):  # line 6: for 1 <= j <= Tc
-        j1 = min(j0 + bc, n_k)
+    for j0 in range(0, n_k, block_k):  # line 6: for 1 <= j <= Tc
+        j1 = min(j0 + block_k, n_k)
         k_j = k[..., j0:j1, :].astype(acc_t)  # line 7: load K_j, V_j
         v_j = v[..., j0:j1, :].astype(acc_t)
         dk_j = np.zeros(k_j.shape, dtype=acc_t)  # line 8: dK_j = 0, dV_j = 0 on chip
         dv_j = np.zeros(v_j.shape, dtype=acc_t)
-        first_i = (j0 // br) * br if causal else 0
-        for i0 in range(first_i, n_q, br):  # line 9: for 1 <= i <= Tr
-            i1 = min(i0 + br, n_q)
+        first_i = (j0 // block_q) * block_q if causal else 0
+        for i0 in range(first_i, n_q, block_q):  # line 9: for 1 <= i <= Tr
+            i1 = min(i0 + block_q, n_q)
             q_i = q[..., i0:i1, :].astype(acc_t)  # line 10: load Q_i, O_i, dO_i, dQ_i, L_i, D_i
             do_i = dout[..., i0:i1, :].astype(acc_t)
-            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 11: S_ij, (..., Br, Bc)
+            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 11: S_ij, (..., block_q, block_k)
             p = np.exp(s - lse_safe[..., i0:i1, None])  # line 12: P_ij = exp(S_ij - L_i)
             mask = block_mask(i0, i1, j0, j1, causal)
             if mask is not None:

@@ -5,7 +5,7 @@ arXiv 2307.08691), Algorithm 2; line numbers in the comments refer to it.
 
 Layout (batch, heads, seq, head_dim); all tensors contiguous:
 
-    Q, dO, dQ: (B, Hq, Nq, d)    K, V, dK, dV: (B, Hkv, Nk, d)    LSE, D: (B, Hq, Nq) float32
+    Q, dO, dQ: (B, Hq, Nq, d)    K, V, dK, dV: (B, kv_heads, Nk, d)    LSE, D: (B, Hq, Nq) float32
 
 The forward saved only O and the base-2 logsumexp ``lse2`` (see ``triton_forward``), so P is
 recomputed block by block: P = exp2(S * scale * log2(e) - lse2), exactly the forward's P.
@@ -36,7 +36,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._triton_env import autotune_kwargs, pick_configs, prune_configs  # noqa: E402
-from .triton_forward import _load_tile  # noqa: E402
+from .triton_forward import LOG2E, _load_tile  # noqa: E402
 
 
 def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
@@ -52,8 +52,9 @@ def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
 
 
 def _d128_configs(block_a: str, block_b: str, shapes):
-    return [triton.Config({block_a: a, block_b: b}, num_warps=w, num_stages=s)
-            for a, b, w, s in shapes]
+    return [
+        triton.Config({block_a: a, block_b: b}, num_warps=w, num_stages=s) for a, b, w, s in shapes
+    ]
 
 
 # Tried and not kept (notes/kernel.md, course_kernels/data/bench/h200_bwd_d128_ab.json): at d = 128 on the
@@ -62,10 +63,12 @@ def _d128_configs(block_a: str, block_b: str, shapes):
 # 4 warps) 54). These smaller tiles do not spill, but with them in the list the autotuner still
 # chose (64, 128, 8 warps) for both kernels, at the same speed. scripts/hopper_levers.py bwd-ab
 # re-measures them.
-DKDV_D128_CONFIGS = _d128_configs("BLOCK_M1", "BLOCK_N1", [(32, 64, 4, 3), (64, 64, 4, 3),
-                                                           (32, 128, 8, 3)])
-DQ_D128_CONFIGS = _d128_configs("BLOCK_N2", "BLOCK_M2", [(32, 64, 4, 3), (64, 64, 4, 3),
-                                                         (32, 128, 8, 3)])
+DKDV_D128_CONFIGS = _d128_configs(
+    "BLOCK_M1", "BLOCK_N1", [(32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 8, 3)]
+)
+DQ_D128_CONFIGS = _d128_configs(
+    "BLOCK_N2", "BLOCK_M2", [(32, 64, 4, 3), (64, 64, 4, 3), (32, 128, 8, 3)]
+)
 
 
 # fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
@@ -74,7 +77,6 @@ DQ_IEEE_CONFIG = triton.Config({"BLOCK_N2": 32, "BLOCK_M2": 32}, num_warps=4, nu
 # Head dim 256, and a T4's 64 KB of shared memory.
 DKDV_SMALL_CONFIG = triton.Config({"BLOCK_M1": 16, "BLOCK_N1": 64}, num_warps=4, num_stages=2)
 DQ_SMALL_CONFIG = triton.Config({"BLOCK_N2": 16, "BLOCK_M2": 64}, num_warps=4, num_stages=2)
-
 
 
 def _cfg(a_name, b_name, a, b, stages):
@@ -112,8 +114,13 @@ def dq_configs() -> list[triton.Config]:
 
 @triton.jit
 def _attn_bwd_preprocess(
-    Out, DO, Delta, N_ROWS,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, BLOCK_M: tl.constexpr,
+    Out,
+    DO,
+    Delta,
+    N_ROWS,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     """D = rowsum(dO * O) over the flattened rows of contiguous (B, Hq, Nq, d) tensors."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -128,11 +135,26 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk, dv, k, v,  # (BLOCK_N1, D) x 4
-    q_base, do_base, lse_base, delta_base, stride_qm, stride_qk,
-    offs_n, lo, hi, qk_scale, N_CTX_Q,
-    BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
-    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    dk,
+    dv,
+    k,
+    v,  # (BLOCK_N1, D) x 4
+    q_base,
+    do_base,
+    lse_base,
+    delta_base,
+    stride_qm,
+    stride_qk,
+    offs_n,
+    lo,
+    hi,
+    qk_scale,
+    N_CTX_Q,
+    BLOCK_M1: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 9-18)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
@@ -165,26 +187,49 @@ def _attn_bwd_dkdv_inner(
 @triton.autotune(
     configs=dkdv_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "GROUP_SIZE", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, DKDV_SM75)},
+    prune_configs_by={
+        "early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, DKDV_SM75)
+    },
     **autotune_kwargs(),
 )
 @triton.jit
 def _attn_bwd_dkdv(
-    Q, K, V, DO, LSE, Delta, DK, DV, sm_scale,
-    stride_qz, stride_qh, stride_qm, stride_qk,
-    stride_kz, stride_kh, stride_kn, stride_kk,
-    H_KV, GROUP_SIZE, N_CTX_Q, N_CTX_K,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    Delta,
+    DK,
+    DV,
+    scale,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qk,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kk,
+    KV_HEADS,
+    GROUP_SIZE,
+    N_CTX_Q,
+    N_CTX_K,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M1: tl.constexpr,
+    BLOCK_N1: tl.constexpr,
 ):
-    """dK, dV for one key block of one (batch, K/V head). Grid: (cdiv(Nk, BLOCK_N1), B * Hkv).
+    """dK, dV for one key block of one (batch, K/V head). Grid: (cdiv(Nk, BLOCK_N1), B * kv_heads).
 
     Q and dO share strides (stride_q*); K, V, dK, dV share strides (stride_k*).
     """
     start_n = tl.program_id(0) * BLOCK_N1
     off_hz = tl.program_id(1)
-    off_z = (off_hz // H_KV).to(tl.int64)
-    off_kvh = (off_hz % H_KV).to(tl.int64)
+    off_z = (off_hz // KV_HEADS).to(tl.int64)
+    off_kvh = (off_hz % KV_HEADS).to(tl.int64)
     kv_off = off_z * stride_kz + off_kvh * stride_kh
 
     offs_n = start_n + tl.arange(0, BLOCK_N1)  # (BLOCK_N1,)
@@ -197,7 +242,7 @@ def _attn_bwd_dkdv(
     v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # scale * log2(e)
+    qk_scale = scale * LOG2E
 
     if CAUSAL:
         # Queries i < start_n see none of these keys. Blocks that straddle the diagonal are
@@ -210,35 +255,84 @@ def _attn_bwd_dkdv(
     # GQA: the GROUP_SIZE query heads that read this K/V head, summed in a fixed order.
     for g in range(0, GROUP_SIZE):
         off_h = off_kvh * GROUP_SIZE + g  # query head
-        off_bh = off_z * (H_KV * GROUP_SIZE) + off_h  # row of the (B * Hq, Nq) LSE and D
+        off_bh = off_z * (KV_HEADS * GROUP_SIZE) + off_h  # row of the (B * Hq, Nq) LSE and D
         q_base = Q + off_z * stride_qz + off_h * stride_qh
         do_base = DO + off_z * stride_qz + off_h * stride_qh
         lse_base = LSE + off_bh * N_CTX_Q
         delta_base = Delta + off_bh * N_CTX_Q
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qk,
-            offs_n, lo, mid, qk_scale, N_CTX_Q,
-            BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED, True, DOT_PRECISION,
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            delta_base,
+            stride_qm,
+            stride_qk,
+            offs_n,
+            lo,
+            mid,
+            qk_scale,
+            N_CTX_Q,
+            BLOCK_M1,
+            HEAD_DIM,
+            HEAD_DIM_PADDED,
+            True,
+            DOT_PRECISION,
         )
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_qk,
-            offs_n, mid, N_CTX_Q, qk_scale, N_CTX_Q,
-            BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED, False, DOT_PRECISION,
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            delta_base,
+            stride_qm,
+            stride_qk,
+            offs_n,
+            mid,
+            N_CTX_Q,
+            qk_scale,
+            N_CTX_Q,
+            BLOCK_M1,
+            HEAD_DIM,
+            HEAD_DIM_PADDED,
+            False,
+            DOT_PRECISION,
         )
 
     # FA2 Alg. 2 line 19: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
     mask = n_ok & d_ok
-    tl.store(DK + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
+    tl.store(DK + kv_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq, q, do, lse2, delta,  # (BLOCK_M2, D) x 3, (BLOCK_M2,) x 2
-    k_base, v_base, stride_kn, stride_kk,
-    offs_m, lo, hi, qk_scale, N_CTX_K,
-    BLOCK_N2: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    dq,
+    q,
+    do,
+    lse2,
+    delta,  # (BLOCK_M2, D) x 3, (BLOCK_M2,) x 2
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kk,
+    offs_m,
+    lo,
+    hi,
+    qk_scale,
+    N_CTX_K,
+    BLOCK_N2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 11-16 for one query block)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
@@ -266,17 +360,40 @@ def _attn_bwd_dq_inner(
 @triton.autotune(
     configs=dq_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, DQ_SM75)},
+    prune_configs_by={
+        "early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, DQ_SM75)
+    },
     **autotune_kwargs(),
 )
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, Out, LSE, Delta, DQ, sm_scale,
-    stride_qz, stride_qh, stride_qm, stride_qk,
-    stride_kz, stride_kh, stride_kn, stride_kk,
-    H_Q, GROUP_SIZE, N_CTX_Q, N_CTX_K,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_M2: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    Out,
+    LSE,
+    Delta,
+    DQ,
+    scale,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qk,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kk,
+    H_Q,
+    GROUP_SIZE,
+    N_CTX_Q,
+    N_CTX_K,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_N2: tl.constexpr,
+    BLOCK_M2: tl.constexpr,
 ):
     """dQ (and D) for one query block of one (batch, query head).
 
@@ -306,7 +423,7 @@ def _attn_bwd_dq(
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M2,)
     tl.store(Delta + row, delta, mask=offs_m < N_CTX_Q)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = scale * LOG2E
 
     if CAUSAL:
         hi = tl.minimum(start_m + BLOCK_M2, N_CTX_K)
@@ -315,13 +432,47 @@ def _attn_bwd_dq(
         hi = N_CTX_K
         hi_full = (N_CTX_K // BLOCK_N2) * BLOCK_N2
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kk,
-        offs_m, 0, hi_full, qk_scale, N_CTX_K,
-        BLOCK_N2, HEAD_DIM, HEAD_DIM_PADDED, False, CAUSAL, DOT_PRECISION,
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kk,
+        offs_m,
+        0,
+        hi_full,
+        qk_scale,
+        N_CTX_K,
+        BLOCK_N2,
+        HEAD_DIM,
+        HEAD_DIM_PADDED,
+        False,
+        CAUSAL,
+        DOT_PRECISION,
     )
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kk,
-        offs_m, hi_full, hi, qk_scale, N_CTX_K,
-        BLOCK_N2, HEAD_DIM, HEAD_DIM_PADDED, True, CAUSAL, DOT_PRECISION,
+        dq,
+        q,
+        do,
+        lse2,
+        delta,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kk,
+        offs_m,
+        hi_full,
+        hi,
+        qk_scale,
+        N_CTX_K,
+        BLOCK_N2,
+        HEAD_DIM,
+        HEAD_DIM_PADDED,
+        True,
+        CAUSAL,
+        DOT_PRECISION,
     )
-    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)
+    tl.store(DQ + q_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)

@@ -5,7 +5,7 @@ arXiv 2307.08691), Algorithm 1; line numbers in the comments refer to it.
 
 Layout: every tensor is (batch, heads, seq, head_dim), like PyTorch's SDPA.
 
-    Q: (B, Hq, Nq, d)    K, V: (B, Hkv, Nk, d)    Hq = GROUP_SIZE * Hkv (GQA / MQA)
+    Q: (B, Hq, Nq, d)    K, V: (B, kv_heads, Nk, d)    Hq = GROUP_SIZE * kv_heads (GQA / MQA)
     O: (B, Hq, Nq, d)    LSE: (B, Hq, Nq) float32, the logsumexp in base 2 (see below)
 
 Program (pid_m, pid_bh) owns the query rows [pid_m * BLOCK_M, (pid_m + 1) * BLOCK_M) of one
@@ -41,8 +41,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._triton_env import autotune_kwargs, pick_configs, prune_configs  # noqa: E402
+from .reference import LOG2E as _LOG2E  # noqa: E402
 
-LOG2E = 1.4426950408889634  # log2(e)
+# A kernel reads a module global only as a constexpr: log2(e), for qk_scale = scale * LOG2E.
+LOG2E = tl.constexpr(_LOG2E)
 
 
 # fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
@@ -60,23 +62,29 @@ FWD_SM75 = {
 }
 
 
+# The GPU autotuning space for fp16/bf16 as data: (BLOCK_M, BLOCK_N, num_warps, num_stages).
+# The last is the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json).
+FWD_GPU_TILES = ((128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3))
+# Under the interpreter, one config: BLOCK_M = 2 * BLOCK_N crosses several diagonal blocks.
+FWD_CPU_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
+
+
 def fwd_configs() -> list[triton.Config]:
     """The autotuning space: a few configs known to do well on Hopper/Ampere, and a small one.
 
     Under the interpreter one config (several would each run): BLOCK_M = 2 * BLOCK_N, so that
     small CPU tests cross several diagonal blocks.
     """
-    gpu = [
+    return pick_configs(fwd_gpu_configs(), FWD_CPU_CONFIG, FWD_IEEE_CONFIG)
+
+
+def fwd_gpu_configs() -> list[triton.Config]:
+    """The GPU's fp16/bf16 autotuning list (:data:`FWD_GPU_TILES` and the small config), the same
+    whether or not this process has a GPU: what the chapters tabulate."""
+    return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in [
-            (128, 64, 4, 3),
-            (128, 128, 8, 3),
-            (128, 64, 8, 4),
-            (64, 64, 4, 3),  # the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json)
-        ]
+        for bm, bn, w, s in FWD_GPU_TILES
     ] + [FWD_SMALL_CONFIG]
-    cpu = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
-    return pick_configs(gpu, cpu, FWD_IEEE_CONFIG)
 
 
 @triton.jit
@@ -95,11 +103,27 @@ def _load_tile(ptrs, row_ok, col_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.co
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, q,  # (BLOCK_M, D), (BLOCK_M,), (BLOCK_M,), (BLOCK_M, D)
-    k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-    offs_m, lo, hi, qk_scale, N_CTX_K,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,  # (BLOCK_M, D), (BLOCK_M,), (BLOCK_M,), (BLOCK_M, D)
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kk,
+    stride_vn,
+    stride_vk,
+    offs_m,
+    lo,
+    hi,
+    qk_scale,
+    N_CTX_K,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Stream key blocks [lo, hi) through the online softmax (the body of FA2 Alg. 1's loop over j: lines 7-10)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
@@ -120,7 +144,7 @@ def _attn_fwd_inner(
             qk = tl.where(keep, qk, float("-inf"))
         # FA2 Alg. 1 line 9: new running max, P~ = exp(S - m), rescaled running sum.
         m_ij = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
-        if MASKED:
+        if MASKED:  # noqa: SIM108 (a constexpr if-statement is pruned at compile time)
             # A row whose keys so far are all masked has m = -inf; -inf - (-inf) would be NaN.
             m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
         else:
@@ -140,19 +164,45 @@ def _attn_fwd_inner(
 @triton.autotune(
     configs=fwd_configs(),
     key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)},
+    prune_configs_by={
+        "early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)
+    },
     **autotune_kwargs(),
 )
 @triton.jit
 def _attn_fwd(
-    Q, K, V, sm_scale, LSE, Out,
-    stride_qz, stride_qh, stride_qm, stride_qk,
-    stride_kz, stride_kh, stride_kn, stride_kk,
-    stride_vz, stride_vh, stride_vn, stride_vk,
-    stride_oz, stride_oh, stride_om, stride_ok,
-    H_Q, GROUP_SIZE, N_CTX_Q, N_CTX_K,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q,
+    K,
+    V,
+    scale,
+    LSE,
+    Out,
+    stride_qz,
+    stride_qh,
+    stride_qm,
+    stride_qk,
+    stride_kz,
+    stride_kh,
+    stride_kn,
+    stride_kk,
+    stride_vz,
+    stride_vh,
+    stride_vn,
+    stride_vk,
+    stride_oz,
+    stride_oh,
+    stride_om,
+    stride_ok,
+    H_Q,
+    GROUP_SIZE,
+    N_CTX_Q,
+    N_CTX_K,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """O = softmax(scale * Q K^T) V for one query block of one (batch, head).
 
@@ -179,7 +229,7 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634  # scale * log2(e): exp(x) = exp2(x * log2 e)
+    qk_scale = scale * LOG2E  # exp(x) = exp2(x * log2 e)
 
     # Stage 1: whole key blocks that no mask touches. Stage 2: the diagonal and the ragged end.
     if CAUSAL:
@@ -189,14 +239,50 @@ def _attn_fwd(
         hi = N_CTX_K
         hi_full = (N_CTX_K // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-        offs_m, 0, hi_full, qk_scale, N_CTX_K,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, CAUSAL, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kk,
+        stride_vn,
+        stride_vk,
+        offs_m,
+        0,
+        hi_full,
+        qk_scale,
+        N_CTX_K,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PADDED,
+        False,
+        CAUSAL,
+        DOT_PRECISION,
     )
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
-        offs_m, hi_full, hi, qk_scale, N_CTX_K,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, CAUSAL, DOT_PRECISION,
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kk,
+        stride_vn,
+        stride_vk,
+        offs_m,
+        hi_full,
+        hi,
+        qk_scale,
+        N_CTX_K,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PADDED,
+        True,
+        CAUSAL,
+        DOT_PRECISION,
     )
 
     # FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O, L = m + log l (base 2 here).

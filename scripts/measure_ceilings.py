@@ -17,7 +17,9 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--matmul-n", type=int, default=8192)
@@ -30,14 +32,18 @@ def main(argv=None) -> int:
     n, copy_bytes = (64, 2**16) if args.small else (args.matmul_n, args.copy_mib * 2**20)
     ceilings = hardware.measure_ceilings(args.device, matmul_n=n, copy_bytes=copy_bytes)
     env = environment()
-    env["command"] = " ".join(["python", "scripts/measure_ceilings.py", *(argv if argv is not None else sys.argv[1:])])
+    env["command"] = " ".join(
+        ["python", "scripts/measure_ceilings.py", *(argv if argv is not None else sys.argv[1:])]
+    )
     record = {"environment": env, "ceilings": ceilings}
     hardware.ceilings_from_record(record)  # the file must read back
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"copy {ceilings['copy_bandwidth'] / 1e12:.3f} TB/s, fp16 matmul "
-          f"{ceilings['fp16_matmul_flops'] / 1e12:.1f} TFLOP/s ({env['gpu']}) -> {out}")
+    print(
+        f"copy {ceilings['copy_bandwidth'] / 1e12:.3f} TB/s, fp16 matmul "
+        f"{ceilings['fp16_matmul_flops'] / 1e12:.1f} TFLOP/s ({env['gpu']}) -> {out}"
+    )
     return 0
 
 

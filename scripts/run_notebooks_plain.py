@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-CHILD = r'''
+CHILD = r"""
 import json, linecache, os, sys, types
 import matplotlib
 matplotlib.use("Agg")
@@ -63,25 +63,42 @@ for i, cell in enumerate(nb["cells"]):
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     exec(compile(src, name, "exec"), ns)
 print("NOTEBOOK OK", flush=True)
-'''
+"""
 
 
 def run(path: Path, limit_s: float, root: Path | None) -> dict:
     paths = ([str(root)] if root is not None else []) + [os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths).strip(os.pathsep), "MPLBACKEND": "Agg"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths).strip(os.pathsep),
+        "MPLBACKEND": "Agg",
+    }
     t0 = time.time()
     try:
-        proc = subprocess.run([sys.executable, "-c", CHILD, path.name], cwd=path.parent, env=env,
-                              capture_output=True, text=True, timeout=limit_s)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, path.name],
+            cwd=path.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=limit_s,
+        )
         out = proc.stdout + proc.stderr
         ok = proc.returncode == 0 and "NOTEBOOK OK" in proc.stdout
         status = "ok" if ok else f"failed (exit {proc.returncode})"
     except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+        out = (
+            (exc.stdout or b"").decode(errors="replace")
+            if isinstance(exc.stdout, bytes)
             else (exc.stdout or "")
+        )
         status = f"timed out after {limit_s:.0f} s"
-    return {"notebook": str(path), "status": status, "seconds": round(time.time() - t0, 1),
-            "tail": out[-1500:] if status != "ok" else ""}
+    return {
+        "notebook": str(path),
+        "status": status,
+        "seconds": round(time.time() - t0, 1),
+        "tail": out[-1500:] if status != "ok" else "",
+    }
 
 
 def main(argv=None) -> int:
@@ -89,9 +106,12 @@ def main(argv=None) -> int:
     ap.add_argument("notebooks", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, required=True, help="JSON record to write")
     ap.add_argument("--limit-s", type=float, default=120.0, help="time limit per notebook")
-    ap.add_argument("--installed", action="store_true",
-                    help="use the installed course_kernels (a wheel): the repository is not put "
-                         "on the notebooks' path")
+    ap.add_argument(
+        "--installed",
+        action="store_true",
+        help="use the installed course_kernels (a wheel): the repository is not put "
+        "on the notebooks' path",
+    )
     args = ap.parse_args(argv)
     root = None if args.installed else Path(__file__).resolve().parents[1]
     if root is not None:
@@ -102,8 +122,11 @@ def main(argv=None) -> int:
         env = environment()
     except Exception as exc:  # no torch / no GPU: still record what ran
         env = {"error": repr(exc)}
-    env["command"] = "python scripts/run_notebooks_plain.py " + ("--installed " if args.installed else "") + " ".join(
-        str(p) for p in args.notebooks)
+    env["command"] = (
+        "python scripts/run_notebooks_plain.py "
+        + ("--installed " if args.installed else "")
+        + " ".join(str(p) for p in args.notebooks)
+    )
     results = []
     for path in args.notebooks:
         r = run(path.resolve(), args.limit_s, root)

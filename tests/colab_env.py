@@ -18,8 +18,19 @@ import sys
 from pathlib import Path
 
 # What Colab preinstalls that the notebooks use (torch: `pip install torch==2.13.0`, the CPU build).
-COLAB_PREINSTALLED = ["torch", "triton", "numpy", "matplotlib", "tqdm", "pip", "ipykernel",
-                      "ipython", "nbclient", "nbformat", "jupyter_client"]
+COLAB_PREINSTALLED = [
+    "torch",
+    "triton",
+    "numpy",
+    "matplotlib",
+    "tqdm",
+    "pip",
+    "ipykernel",
+    "ipython",
+    "nbclient",
+    "nbformat",
+    "jupyter_client",
+]
 NEVER = {"course-kernels", "course_kernels", "myst-nb", "jupyter-book", "pytest"}
 
 
@@ -42,8 +53,10 @@ def closure(roots=COLAB_PREINSTALLED) -> list[md.Distribution]:
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
-            raise RuntimeError(f"{name} is needed for the Colab-like environment but not installed "
-                               "in the test's Python (install the test extra)") from None
+            raise RuntimeError(
+                f"{name} is needed for the Colab-like environment but not installed "
+                "in the test's Python (install the test extra)"
+            ) from None
         seen[name] = dist
         for spec in dist.requires or []:
             req = Requirement(spec)
@@ -70,7 +83,11 @@ def fresh_venv(path: Path, site: Path) -> Path:
     """An empty venv (no pip of its own) that imports from ``site``. Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(purelib) / "colab_preinstalled.pth").write_text(str(site) + "\n")
     return python

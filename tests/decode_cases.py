@@ -5,10 +5,10 @@ import numpy as np
 from course_kernels import attention_naive, attention_reference
 
 
-def make_cache(rng, B=2, Hq=4, Hkv=2, Nq=1, Nk=37, d=16, dtype=np.float64, spread=1.0):
+def make_cache(rng, B=2, Hq=4, kv_heads=2, Nq=1, Nk=37, d=16, dtype=np.float64, spread=1.0):
     q = (spread * rng.standard_normal((B, Hq, Nq, d))).astype(dtype)
-    k = rng.standard_normal((B, Hkv, Nk, d)).astype(dtype)
-    v = rng.standard_normal((B, Hkv, Nk, d)).astype(dtype)
+    k = rng.standard_normal((B, kv_heads, Nk, d)).astype(dtype)
+    v = rng.standard_normal((B, kv_heads, Nk, d)).astype(dtype)
     return q, k, v
 
 

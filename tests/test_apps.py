@@ -8,7 +8,7 @@ from course_kernels import apps
 
 
 def test_apps_decode_bytes_counts_cache_once():
-    # K and V read once: 2 * B * Hkv * N * d elements, plus q read and out written.
+    # K and V read once: 2 * B * kv_heads * N * d elements, plus q read and out written.
     b = apps.decode_bytes(batch=1, kv_heads=8, n_keys=1024, head_dim=128, q_heads=32)
     assert b == 2 * (2 * 8 * 1024 * 128 + 2 * 32 * 128)
     assert apps.decode_bytes(2, 8, 1024, 128, 32, elem_bytes=4) == 4 * b

@@ -19,26 +19,45 @@ def test_flop_convention_matches_anchors():
 
 
 def _row(provider, tflops, mode="fwd", n=4096):
-    return {"provider": provider, "dtype": "float16", "d": 64, "N": n, "causal": False,
-            "mode": mode, "tflops": tflops}
+    return {
+        "provider": provider,
+        "dtype": "float16",
+        "d": 64,
+        "N": n,
+        "causal": False,
+        "mode": mode,
+        "tflops": tflops,
+    }
 
 
 def test_ratio_table_divides_by_the_right_provider():
-    rows = [_row("flash", 400), _row("sdpa-flash", 300), _row("sdpa-cudnn", 500),
-            _row("flash", 200, "bwd"), _row("sdpa-flash", 100, "bwd")]
+    rows = [
+        _row("flash", 400),
+        _row("sdpa-flash", 300),
+        _row("sdpa-cudnn", 500),
+        _row("flash", 200, "bwd"),
+        _row("sdpa-flash", 100, "bwd"),
+    ]
     table = {r["mode"]: r for r in bench.ratio_table(rows)}
     assert table["fwd"]["vs_sdpa_flash"] == pytest.approx(4 / 3)
     assert table["fwd"]["vs_sdpa_cudnn"] == pytest.approx(0.8)
     assert table["bwd"]["vs_sdpa_flash"] == pytest.approx(2.0)
     assert math.isnan(table["bwd"]["vs_sdpa_cudnn"])  # no cuDNN row: NaN, not a made-up ratio
-    assert "| float16 | 64 | 4096 | no | fwd | 400 | 1.33 | 0.80 |" in bench.format_ratio_table(rows)
+    assert "| float16 | 64 | 4096 | no | fwd | 400 | 1.33 | 0.80 |" in bench.format_ratio_table(
+        rows
+    )
 
 
 def test_write_ratios_records_provenance_and_ratios(tmp_path):
     import csv
 
-    env = {"gpu": "Some GPU", "torch": "9.9", "triton": "8.8", "date": "2026-01-01",
-           "command": "python -m course_kernels bench"}
+    env = {
+        "gpu": "Some GPU",
+        "torch": "9.9",
+        "triton": "8.8",
+        "date": "2026-01-01",
+        "command": "python -m course_kernels bench",
+    }
     rows = [_row("flash", 400), _row("sdpa-flash", 300), _row("sdpa-cudnn", 500)]
     path = tmp_path / "ratios.csv"
     bench.write_ratios(path, env, rows)
@@ -58,8 +77,10 @@ def test_parse_ncu_csv_sums_kernels_per_stream(tmp_path):
         '"1","7","softmax","2,000","1,000"\n'
         '"2","9","_attn_fwd","300","4"\n'
     )
-    cases = [{"provider": "naive", "N": 1024, "batch": 1, "heads": 4, "d": 64},
-             {"provider": "flash", "N": 1024, "batch": 1, "heads": 4, "d": 64}]
+    cases = [
+        {"provider": "naive", "N": 1024, "batch": 1, "heads": 4, "d": 64},
+        {"provider": "flash", "N": 1024, "batch": 1, "heads": 4, "d": 64},
+    ]
     out = bench.parse_ncu_csv(raw, cases, tmp_path / "out.csv", command="test")
     lines = out.read_text().splitlines()
     assert lines[2].startswith("naive,1024,1,4,64,float16,3000,1500,2,")
@@ -92,8 +113,13 @@ def test_plot_bench_labels_and_keeps_the_backend(tmp_path):
     import matplotlib
 
     backend = matplotlib.get_backend()
-    rows = [_row("flash", 400), _row("sdpa-flash", 300), _row("naive", 50),
-            _row("flash", 410, n=8192), _row("sdpa-flash", 310, n=8192)]
+    rows = [
+        _row("flash", 400),
+        _row("sdpa-flash", 300),
+        _row("naive", 50),
+        _row("flash", 410, n=8192),
+        _row("sdpa-flash", 310, n=8192),
+    ]
     env = {"gpu": "Some GPU", "torch": "9.9", "triton": "8.8"}
     fig = bench.plot_bench(rows, tmp_path / "b.png", env)
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -118,10 +144,12 @@ def test_tutorial_provider_needs_the_file(monkeypatch, tmp_path):
 def test_tutorial_provider_calls_attention_in_fp16_only(monkeypatch, tmp_path):
     """A stand-in file with the tutorial's interface: attention(q, k, v, causal, sm_scale)."""
     fake = tmp_path / "06-fused-attention.py"
-    fake.write_text("# source: a stand-in for the test\nimport torch.nn.functional as F\n"
-                    "def attention(q, k, v, causal, sm_scale):\n"
-                    "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal,"
-                    " scale=sm_scale)\n")
+    fake.write_text(
+        "# source: a stand-in for the test\nimport torch.nn.functional as F\n"
+        "def attention(q, k, v, causal, sm_scale):\n"
+        "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal,"
+        " scale=sm_scale)\n"
+    )
     monkeypatch.setenv(bench.TUTORIAL_ENV, str(fake))
     fn = bench.provider_fn("tutorial")
     q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float16) for _ in range(3))
@@ -137,3 +165,16 @@ def test_ratio_table_against_the_tutorial():
     rows = [_row("flash", 400), _row("tutorial", 500), _row("sdpa-flash", 200)]
     (r,) = bench.ratio_table(rows)
     assert r["vs_tutorial"] == pytest.approx(0.8) and r["vs_sdpa_flash"] == pytest.approx(2.0)
+
+
+def test_bench_split_by_job_keeps_the_old_names():
+    from course_kernels import bench_dram, bench_memory, bench_report, bench_sweep
+
+    assert bench.run_sweep is bench_sweep.run_sweep
+    assert bench.SWEEP_CONFIGS is bench_sweep.SWEEP_CONFIGS
+    assert bench.forced_forward_config is bench_sweep.forced_forward_config
+    assert bench.parse_ncu_csv is bench_dram.parse_ncu_csv
+    assert bench.run_memory is bench_memory.run_memory
+    assert bench.format_ratio_table is bench_report.format_ratio_table
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_job'"):
+        bench.no_such_job  # noqa: B018

@@ -33,7 +33,7 @@ def test_ceil_rule_breaks_the_bound_exactly_when_m_is_not_a_multiple_of_4d(m, d)
 
 def test_paper_block_sizes_report_the_score_tile():
     pb = paper_block_sizes(100_000, 64)
-    assert (pb.block_c, pb.block_r) == (390, 64)
+    assert (pb.block_k, pb.block_q) == (390, 64)
     assert pb.qkvo_elements == 2 * 64 * 64 + 2 * 390 * 64
     assert pb.score_tile_elements == 64 * 390
     assert pb.total_elements == pb.qkvo_elements + pb.score_tile_elements
@@ -52,9 +52,9 @@ def test_paper_br_is_min_of_bc_and_d(m, d):
     if m < 4 * d:
         return
     pb = paper_block_sizes(m, d)
-    assert pb.block_r == min(pb.block_c, d)
+    assert pb.block_q == min(pb.block_k, d)
     assert pb.fits == (pb.total_elements <= m)
-    assert pb.block_c == math.floor(m / (4 * d))
+    assert pb.block_k == math.floor(m / (4 * d))
 
 
 @pytest.mark.parametrize(

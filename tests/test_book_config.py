@@ -17,25 +17,48 @@ import yaml
 from course_kernels import colab
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("colab_copies", ROOT / "book" / "_ext" / "colab_copies.py")
+spec = importlib.util.spec_from_file_location(
+    "colab_copies", ROOT / "book" / "_ext" / "colab_copies.py"
+)
 copies = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(copies)
 
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-NOTEBOOKS = [ROOT / "book" / f"{f}.ipynb" for f in [yaml.safe_load((ROOT / "_toc.yml").read_text())["root"]]
-             + [c["file"] for part in yaml.safe_load((ROOT / "_toc.yml").read_text())["parts"]
-                for c in part["chapters"]]]
-EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+NOTEBOOKS = [
+    ROOT / "book" / f"{f}.ipynb"
+    for f in [yaml.safe_load((ROOT / "_toc.yml").read_text())["root"]]
+    + [
+        c["file"]
+        for part in yaml.safe_load((ROOT / "_toc.yml").read_text())["parts"]
+        for c in part["chapters"]
+    ]
+]
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb")) + sorted(
+    (ROOT / "solutions").glob("*.ipynb")
+)
 URL = CONFIG["repository"]["url"]
 
 # Issue 4's chapters (and the introduction) must each be an .ipynb page of the TOC.
 REQUIRED = [
-    "intro", "chapters/01_memory_hierarchy", "chapters/02_standard_attention", "chapters/03_tiling",
-    "chapters/04_online_softmax", "chapters/05_io_complexity", "chapters/06_misconceptions",
-    "chapters/07_interview_questions", "chapters/animation", "appendix/errata",
+    "intro",
+    "chapters/01_memory_hierarchy",
+    "chapters/02_standard_attention",
+    "chapters/03_tiling",
+    "chapters/04_online_softmax",
+    "chapters/05_io_complexity",
+    "chapters/06_misconceptions",
+    "chapters/07_interview_questions",
+    "chapters/animation",
+    "appendix/errata",
 ]
-PART_TWO = ["from_numpy_to_triton", "backward_and_recomputation", "engineering", "tuning",
-            "performance", "applications"]
+PART_TWO = [
+    "from_numpy_to_triton",
+    "backward_and_recomputation",
+    "engineering",
+    "tuning",
+    "performance",
+    "applications",
+]
 
 
 def toc_files():
@@ -48,7 +71,9 @@ def toc_files():
 
 def test_book_toc_symlink_points_to_root_toc():
     link = ROOT / "book" / "_toc.yml"
-    assert link.is_symlink(), "book/_toc.yml must be a symlink to ../_toc.yml (JB1 looks for it in book/)"
+    assert link.is_symlink(), (
+        "book/_toc.yml must be a symlink to ../_toc.yml (JB1 looks for it in book/)"
+    )
     assert os.readlink(link) == "../_toc.yml"
 
 
@@ -69,7 +94,9 @@ def test_book_config_colab_and_repository_in_one_place():
     assert CONFIG["execute"]["execute_notebooks"] == "cache"
     assert CONFIG["sphinx"]["config"]["mathjax_path"] == "mathjax/tex-mml-chtml.js"
     assert "_static" not in CONFIG["sphinx"]["config"]["html_static_path"]
-    assert not (ROOT / "book" / "_static").exists(), "JB1 injects every .js under book/_static into every page"
+    assert not (ROOT / "book" / "_static").exists(), (
+        "JB1 injects every .js under book/_static into every page"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -99,15 +126,24 @@ def test_exercise_setup_cell_starts_with_the_same_template(path):
 
 def test_repository_url_is_written_only_in_config_yml():
     # Nothing is stamped by hand: no committed notebook, module or page carries the address.
-    files = [p for p in ROOT.rglob("*") if p.is_file() and p.suffix in (".ipynb", ".py", ".md", ".yml", ".cfg", ".toml", ".sh")
-             and not {"_build", ".venv", ".git", "node_modules", ".hypothesis"} & set(p.parts)]
+    files = [
+        p
+        for p in ROOT.rglob("*")
+        if p.is_file()
+        and p.suffix in (".ipynb", ".py", ".md", ".yml", ".cfg", ".toml", ".sh")
+        and not {"_build", ".venv", ".git", "node_modules", ".hypothesis"} & set(p.parts)
+    ]
     assert len(files) > 50
-    holders = [p.relative_to(ROOT).as_posix() for p in files if URL in p.read_text(errors="replace")]
+    holders = [
+        p.relative_to(ROOT).as_posix() for p in files if URL in p.read_text(errors="replace")
+    ]
     assert holders == ["_config.yml"]
 
 
 def test_book_every_toc_notebook_has_the_template():
-    assert {p.relative_to(ROOT / "book").with_suffix("").as_posix() for p in NOTEBOOKS} >= set(REQUIRED)
+    assert {p.relative_to(ROOT / "book").with_suffix("").as_posix() for p in NOTEBOOKS} >= set(
+        REQUIRED
+    )
     assert copies.fix_setup_cells(ROOT, check=True) == []
 
 
@@ -124,13 +160,24 @@ def _run_cell(source, env_extra=None, colab_module=False, cwd=None):
     )
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "COURSE_REPO_URL")}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-c", driver],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=cwd,
+    )
 
 
 def test_setup_cell_with_the_package_installs_nothing_and_reports_the_device():
-    code = colab.SETUP_CELL + "\nimport os; print(DEVICE, SMALL, ON_COLAB, os.environ.get('TRITON_INTERPRET'))"
-    out = _run_cell(code, {"PATH": ""})  # no nvidia-smi, no pip on PATH: the cell must not need them
+    code = (
+        colab.SETUP_CELL
+        + "\nimport os; print(DEVICE, SMALL, ON_COLAB, os.environ.get('TRITON_INTERPRET'))"
+    )
+    out = _run_cell(
+        code, {"PATH": ""}
+    )  # no nvidia-smi, no pip on PATH: the cell must not need them
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[-1] == "OK"
@@ -157,15 +204,22 @@ def _exec_on_fake_colab(monkeypatch, source, pip_result):
     monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("course_kernels", "tqdm") else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("course_kernels", "tqdm") else real_find_spec(name, *a),
+    )
 
     def run(cmd, **kw):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, *pip_result)
 
     monkeypatch.setattr(subprocess, "run", run)
-    for var in ("COURSE_REPO_URL", "TRITON_INTERPRET", "COURSE_KERNELS_PIP"):  # restored after the test
+    for var in (
+        "COURSE_REPO_URL",
+        "TRITON_INTERPRET",
+        "COURSE_KERNELS_PIP",
+    ):  # restored after the test
         monkeypatch.setenv(var, "unset")
         monkeypatch.delenv(var)
     namespace = {}
@@ -191,12 +245,28 @@ def test_setup_cell_on_colab_installs_from_course_kernels_pip(monkeypatch):
     monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "course_kernels" else real_find_spec(name, *a))
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "course_kernels" else real_find_spec(name, *a),
+    )
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""),
+    )
     exec(source, {})  # noqa: S102
-    assert calls == [[sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                      "/content/course_kernels-0.1.0-py3-none-any.whl"]]
+    assert calls == [
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "/content/course_kernels-0.1.0-py3-none-any.whl",
+        ]
+    ]
 
 
 def test_setup_cell_on_colab_when_pip_fails_says_why_and_what_to_do(monkeypatch):
@@ -205,7 +275,9 @@ def test_setup_cell_on_colab_when_pip_fails_says_why_and_what_to_do(monkeypatch)
     with pytest.raises(Exception) as info:
         _exec_on_fake_colab(monkeypatch, source, (1, "", stderr))
     err = info.value
-    assert type(err).__name__ == "CourseSetupError" and not isinstance(err, subprocess.CalledProcessError)
+    assert type(err).__name__ == "CourseSetupError" and not isinstance(
+        err, subprocess.CalledProcessError
+    )
     message = err._render_traceback_()
     assert len(message) == 1
     assert "could not read Username" in message[0] and "subprocess-exited-with-error" in message[0]
@@ -218,8 +290,17 @@ def test_setup_cell_on_colab_without_an_address_says_where_to_open_it(monkeypatc
     assert type(info.value).__name__ == "CourseSetupError"
 
 
-@pytest.mark.parametrize("bad", ["", "http://github.com/a/b", "https://gitlab.com/a/b",
-                                 "https://github.com/a", 'https://github.com/a/b"; import os', None])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "http://github.com/a/b",
+        "https://gitlab.com/a/b",
+        "https://github.com/a",
+        'https://github.com/a/b"; import os',
+        None,
+    ],
+)
 def test_stamp_setup_cell_rejects_what_is_not_a_github_repository(bad):
     with pytest.raises(ValueError, match="github.com/OWNER/REPO"):
         colab.stamp_setup_cell(colab.SETUP_CELL, bad)
@@ -240,4 +321,6 @@ def test_book_exercise_links_name_existing_notebooks(path):
     for cell in nb.cells:
         for call in re.findall(r"exercises_link\(([^)]*)\)", cell.source):
             for name in re.findall(r"\"(\d\d_\w+)\"", call):
-                assert (ROOT / "exercises" / f"{name}.ipynb").is_file(), f"{path.name}: no exercises/{name}.ipynb"
+                assert (ROOT / "exercises" / f"{name}.ipynb").is_file(), (
+                    f"{path.name}: no exercises/{name}.ipynb"
+                )

@@ -32,7 +32,9 @@ import pytest
 
 BOOK = Path(__file__).resolve().parents[1] / "book"
 NOTEBOOKS = sorted(
-    p for p in BOOK.rglob("*.ipynb") if "_build" not in p.parts and ".ipynb_checkpoints" not in p.parts
+    p
+    for p in BOOK.rglob("*.ipynb")
+    if "_build" not in p.parts and ".ipynb_checkpoints" not in p.parts
 )
 
 # Numbers quoted from a cited source (not computed by the package), per notebook, with the reason.
@@ -59,7 +61,10 @@ QUOTED: dict[str, dict[str, str]] = {
     },
     # The errata table quotes the article's numbers and the cited papers' measurements.
     "appendix/errata.ipynb": {
-        **{n: _ARTICLE for n in ("192", "96,000", "11.7", "19", "20", "50", "24", "32", "128", "90")},
+        **{
+            n: _ARTICLE
+            for n in ("192", "96,000", "11.7", "19", "20", "50", "24", "32", "128", "90")
+        },
         "15": "FA paper Sec. 4.1 (BERT-large vs the MLPerf 1.1 record)",
         "512": "FA paper Sec. 4.1 (BERT-large sequence length)",
         "1.7": "FA paper Sec. 4.1 (GPT-2 vs Megatron-LM)",
@@ -158,4 +163,6 @@ def test_sweep_record_says_autotuning_was_off():
 
     sweep = load_json("bench/sweep.json")
     assert sweep["environment"]["autotune"] is False
-    assert all({"block_m", "block_n", "num_warps", "num_stages"} <= set(r) for r in sweep["results"])
+    assert all(
+        {"block_m", "block_n", "num_warps", "num_stages"} <= set(r) for r in sweep["results"]
+    )

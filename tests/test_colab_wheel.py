@@ -44,7 +44,7 @@ WORKERS = int(os.environ.get("COLAB_TEST_WORKERS", "2"))
 MISSING_DATA = ("in this install yet", "No committed sweep")
 WHEEL_LIMIT = 5 * 2**20  # bytes: the package with its measured data is ~1 MB
 
-RUNNER = r'''
+RUNNER = r"""
 import json, sys, time
 import nbformat
 from jupyter_client.kernelspec import KernelSpecManager
@@ -64,7 +64,7 @@ except CellExecutionError as exc:
     error = str(exc)[-3000:]
 nbformat.write(nb, out)
 print(json.dumps({"seconds": round(time.time() - t0, 1), "error": error}))
-'''
+"""
 
 
 LO_UP_THEN_EXEC = """
@@ -79,12 +79,16 @@ os.execv(sys.argv[1], sys.argv[1:])
 def _offline(python: str, cmd: list[str]) -> list[str]:
     """``cmd`` in its own network namespace: loopback only (the kernel talks to nbclient over it)."""
     if shutil.which("unshare") is None:
-        pytest.fail("the Colab wheel test runs notebooks without network through `unshare` "
-                    "(util-linux): install it")
+        pytest.fail(
+            "the Colab wheel test runs notebooks without network through `unshare` "
+            "(util-linux): install it"
+        )
     probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.fail(f"cannot make a network namespace (unshare -rn: {probe.stderr.strip()}); run as "
-                    "root or enable unprivileged user namespaces")
+        pytest.fail(
+            f"cannot make a network namespace (unshare -rn: {probe.stderr.strip()}); run as "
+            "root or enable unprivileged user namespaces"
+        )
     return ["unshare", "-rn", python, "-c", LO_UP_THEN_EXEC, *cmd]
 
 
@@ -100,10 +104,27 @@ def wheel(tmp_path_factory) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "course_kernels", src / "course_kernels",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", str(src), "-w", str(tmp / "dist")], check=True)
+    shutil.copytree(
+        ROOT / "course_kernels",
+        src / "course_kernels",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            str(src),
+            "-w",
+            str(tmp / "dist"),
+        ],
+        check=True,
+    )
     (whl,) = (tmp / "dist").glob("course_kernels-*.whl")
     return whl
 
@@ -121,8 +142,10 @@ def test_wheel_carries_the_measured_data_and_stays_small(wheel):
 def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
     notebooks = colab_notebooks()
     if not notebooks:
-        pytest.fail(f"no Colab copies in {COPIES}: build the book first (./dev book; ./dev test "
-                    "does it), which writes them")
+        pytest.fail(
+            f"no Colab copies in {COPIES}: build the book first (./dev book; ./dev test "
+            "does it), which writes them"
+        )
     expected = {p.name for p in (ROOT / "exercises").glob("*.ipynb")}
     assert {p.name for p in (COPIES / "exercises").glob("*.ipynb")} == expected
     assert {p.name for p in (COPIES / "solutions").glob("*.ipynb")} == expected
@@ -142,19 +165,33 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
     def env_for(venv: Path) -> dict:
         return {
             "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(tmp_path / "home"), "LANG": "C.UTF-8",
-            "PYTHONPATH": str(fake), "IPYTHONDIR": str(ipython),
-            "JUPYTER_PATH": str(tmp_path / "jupyter"), "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter"),
+            "HOME": str(tmp_path / "home"),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(fake),
+            "IPYTHONDIR": str(ipython),
+            "JUPYTER_PATH": str(tmp_path / "jupyter"),
+            "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter"),
             "COURSE_KERNELS_PIP": str(wheel),
-            "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PIP_NO_INDEX": "1",
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
             "TRITON_CACHE_DIR": str(venv / "triton-cache"),
         }
 
     # The fresh environment cannot import the course before the notebook installs it.
     probe_venv = colab_env.fresh_venv(tmp_path / "probe-venv", site)
-    probe = subprocess.run([str(probe_venv), "-c", "import importlib.util as u; "
-                            "print([m for m in ('course_kernels', 'myst_nb', 'pytest') if u.find_spec(m)])"],
-                           capture_output=True, text=True, env=env_for(tmp_path / "probe-venv"), cwd=tmp_path)
+    probe = subprocess.run(
+        [
+            str(probe_venv),
+            "-c",
+            "import importlib.util as u; "
+            "print([m for m in ('course_kernels', 'myst_nb', 'pytest') if u.find_spec(m)])",
+        ],
+        capture_output=True,
+        text=True,
+        env=env_for(tmp_path / "probe-venv"),
+        cwd=tmp_path,
+    )
     assert probe.stdout.strip() == "[]", probe.stdout + probe.stderr
 
     def run(nb: Path) -> dict:
@@ -167,8 +204,14 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
         out = tmp_path / "executed" / f"{slug}.ipynb"
         out.parent.mkdir(exist_ok=True)
         t0 = time.time()
-        done = subprocess.run(_offline(str(python), [str(python), str(runner), str(nb), str(workdir), str(out)]),
-                              capture_output=True, text=True, env=env_for(venv), cwd=workdir, timeout=1800)
+        done = subprocess.run(
+            _offline(str(python), [str(python), str(runner), str(nb), str(workdir), str(out)]),
+            capture_output=True,
+            text=True,
+            env=env_for(venv),
+            cwd=workdir,
+            timeout=1800,
+        )
         result = {"notebook": rel, "wall_s": round(time.time() - t0, 1), "rc": done.returncode}
         try:
             result.update(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -176,15 +219,28 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
             result["error"] = (done.stdout + done.stderr)[-3000:]
         if result.get("error") is None and out.is_file():
             setup = json.loads(out.read_text())["cells"]
-            setup_out = "".join("".join(o.get("text", "")) for c in setup if c["cell_type"] == "code"
-                                and "COURSE_REPO_URL = " in "".join(c["source"]) for o in c.get("outputs", []))
+            setup_out = "".join(
+                "".join(o.get("text", ""))
+                for c in setup
+                if c["cell_type"] == "code" and "COURSE_REPO_URL = " in "".join(c["source"])
+                for o in c.get("outputs", [])
+            )
             result["installed"] = f"Installing course_kernels from {wheel}" in setup_out
-            result["device"] = ("ready (no GPU: Triton interpreter, smaller sizes)" in setup_out
-                                or "ready (GPU: " in setup_out)
-            shown = json.dumps([o for c in setup if c["cell_type"] == "code" for o in c.get("outputs", [])])
+            result["device"] = (
+                "ready (no GPU: Triton interpreter, smaller sizes)" in setup_out
+                or "ready (GPU: " in setup_out
+            )
+            shown = json.dumps(
+                [o for c in setup if c["cell_type"] == "code" for o in c.get("outputs", [])]
+            )
             result["data_found"] = not any(m in shown for m in MISSING_DATA)
-            where = subprocess.run([str(python), "-c", "import course_kernels; print(course_kernels.__file__)"],
-                                   capture_output=True, text=True, env=env_for(venv), cwd=workdir)
+            where = subprocess.run(
+                [str(python), "-c", "import course_kernels; print(course_kernels.__file__)"],
+                capture_output=True,
+                text=True,
+                env=env_for(venv),
+                cwd=workdir,
+            )
             result["from_venv"] = where.stdout.strip().startswith(str(venv))
         shutil.rmtree(venv / "triton-cache", ignore_errors=True)
         return result
@@ -195,8 +251,17 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
     total = round(time.time() - t0, 1)
     artifacts = ROOT / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
-    (artifacts / "colab_wheel.json").write_text(json.dumps(
-        {"workers": WORKERS, "total_s": total, "wheel_bytes": wheel.stat().st_size, "results": results}, indent=1))
+    (artifacts / "colab_wheel.json").write_text(
+        json.dumps(
+            {
+                "workers": WORKERS,
+                "total_s": total,
+                "wheel_bytes": wheel.stat().st_size,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     print(f"\n{len(results)} Colab notebooks from the wheel, {WORKERS} at a time: {total} s")
     for r in sorted(results, key=lambda r: -r["wall_s"]):
         print(f"  {r['wall_s']:7.1f} s  {r['notebook']}")
@@ -205,6 +270,10 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
     for r in results:
         assert r["installed"], f"{r['notebook']}: the setup cell did not install the wheel"
         assert r["device"], f"{r['notebook']}: the setup cell did not report the device"
-        assert r["from_venv"], f"{r['notebook']}: course_kernels was not imported from the fresh venv"
-        assert r["data_found"], f"{r['notebook']}: says committed measurements are missing from the install"
+        assert r["from_venv"], (
+            f"{r['notebook']}: course_kernels was not imported from the fresh venv"
+        )
+        assert r["data_found"], (
+            f"{r['notebook']}: says committed measurements are missing from the install"
+        )
     assert len(results) == len(colab_notebooks()) >= 16 + 2 * len(expected)

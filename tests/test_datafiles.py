@@ -21,7 +21,9 @@ def test_datafiles_finds_package_data_inside_the_package():
 
 def test_datafiles_has_no_checkout_fallback():
     assert not (ROOT / "data").exists(), "measured data lives in course_kernels/data/ only"
-    with pytest.raises(FileNotFoundError, match=r"'bench/nope.json' is not in .*data.*bench/h200_bench.json"):
+    with pytest.raises(
+        FileNotFoundError, match=r"'bench/nope.json' is not in .*data.*bench/h200_bench.json"
+    ):
         datafiles.data_path("bench/nope.json")
 
 
@@ -33,7 +35,9 @@ def test_datafiles_rejects_names_outside_the_data_folder(bad):
 
 def test_datafiles_is_declared_package_data():
     text = (ROOT / "pyproject.toml").read_text()
-    assert re.search(r'\[tool\.setuptools\.package-data\]\s*\n\s*course_kernels\s*=\s*\[[^]]*"data/', text)
+    assert re.search(
+        r'\[tool\.setuptools\.package-data\]\s*\n\s*course_kernels\s*=\s*\[[^]]*"data/', text
+    )
 
 
 def _sources(folder):
@@ -42,11 +46,21 @@ def _sources(folder):
             yield nb
 
 
-@pytest.mark.parametrize("nb", [*_sources("book"), *_sources("exercises"), *_sources("solutions")],
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "nb", [*_sources("book"), *_sources("exercises"), *_sources("solutions")], ids=lambda p: p.stem
+)
 def test_no_notebook_reads_a_path_relative_to_the_repository(nb):
     cells = json.loads(nb.read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    for pattern in (r"parents\[\d\]", r"\.\./\.\./data", r"ROOT\s*/", r"urlopen", r"raw\.githubusercontent",
-                    r"load_measurements\(\s*\"data/", r"Path\(\s*\"(\.\./)*data/"):
-        assert not re.search(pattern, code), f"{nb.name}: reads the repository or the web ({pattern})"
+    for pattern in (
+        r"parents\[\d\]",
+        r"\.\./\.\./data",
+        r"ROOT\s*/",
+        r"urlopen",
+        r"raw\.githubusercontent",
+        r"load_measurements\(\s*\"data/",
+        r"Path\(\s*\"(\.\./)*data/",
+    ):
+        assert not re.search(pattern, code), (
+            f"{nb.name}: reads the repository or the web ({pattern})"
+        )

@@ -24,7 +24,7 @@ def to_torch(*xs, dtype=torch.float32):
 
 
 @pytest.mark.parametrize(
-    "Hq,Hkv,Nq,Nk,d,num_splits",
+    "Hq,kv_heads,Nq,Nk,d,num_splits",
     [
         (4, 4, 1, 37, 16, 3),  # MHA, Nk not a multiple of the chunk
         (8, 2, 1, 100, 24, 4),  # GQA groups of 4, head dim not a power of two
@@ -32,8 +32,8 @@ def to_torch(*xs, dtype=torch.float32):
         (2, 2, 1, 5, 8, 4),  # more splits than key blocks: empty splits
     ],
 )
-def test_decode_triton_matches_reference(rng, Hq, Hkv, Nq, Nk, d, num_splits):
-    q, k, v = make_cache(rng, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, d=d, dtype=np.float32)
+def test_decode_triton_matches_reference(rng, Hq, kv_heads, Nq, Nk, d, num_splits):
+    q, k, v = make_cache(rng, Hq=Hq, kv_heads=kv_heads, Nq=Nq, Nk=Nk, d=d, dtype=np.float32)
     out, lse = decode.flash_decode(*to_torch(q, k, v), num_splits=num_splits, return_lse=True)
     ref, ref_lse = reference(q, k, v)
     assert out.shape == (2, Hq, Nq, d) and out.dtype == torch.float32
@@ -42,32 +42,40 @@ def test_decode_triton_matches_reference(rng, Hq, Hkv, Nq, Nk, d, num_splits):
 
 
 def test_decode_triton_causal_and_cache_lengths(rng):
-    q, k, v = make_cache(rng, B=3, Hq=4, Hkv=2, Nq=3, Nk=45, d=16, dtype=np.float32)
+    q, k, v = make_cache(rng, B=3, Hq=4, kv_heads=2, Nq=3, Nk=45, d=16, dtype=np.float32)
     lens = [45, 17, 3]  # the last: query 0 sees one key
-    out = decode.flash_decode(*to_torch(q, k, v), cache_seqlens=torch.tensor(lens),
-                              causal=True, num_splits=3)
+    out = decode.flash_decode(
+        *to_torch(q, k, v), cache_seqlens=torch.tensor(lens), causal=True, num_splits=3
+    )
     ref, _ = reference(q, k, v, lens, causal=True)
     assert max_abs_error(out.cpu().numpy(), ref) < 1e-5
 
 
 def test_decode_triton_partials_match_numpy(rng):
     """The split step on its own: each chunk's (m, l, acc) equals partial_attention's."""
-    q, k, v = make_cache(rng, Hq=4, Hkv=2, Nk=70, d=16, dtype=np.float32)
-    _, _, parts = decode.flash_decode(*to_torch(q, k, v), num_splits=3, return_lse=True,
-                                      return_partials=True)
-    chunk = split_chunk(70, 3, decode._block_n(torch.float32))
-    _, _, want = split_kv_decode_numpy(q.astype(np.float64), k.astype(np.float64),
-                                              v.astype(np.float64), 3, chunk=chunk,
-                                              return_partials=True)
-    for got, exp in zip(parts, want):
+    q, k, v = make_cache(rng, Hq=4, kv_heads=2, Nk=70, d=16, dtype=np.float32)
+    _, _, parts = decode.flash_decode(
+        *to_torch(q, k, v), num_splits=3, return_lse=True, return_partials=True
+    )
+    chunk = split_chunk(70, 3, decode._block_k(torch.float32))
+    _, _, want = split_kv_decode_numpy(
+        q.astype(np.float64),
+        k.astype(np.float64),
+        v.astype(np.float64),
+        3,
+        chunk=chunk,
+        return_partials=True,
+    )
+    for got, exp in zip(parts, want, strict=True):
         np.testing.assert_allclose(got.cpu().numpy(), exp, rtol=1e-5, atol=1e-5)
 
 
 def test_decode_triton_combine_rescales(rng):
     """Chunk maxima differ by ~10: adding the partials without rescaling would be far off."""
     q, k, v = peaked(rng)
-    out, _, parts = decode.flash_decode(*to_torch(q, k, v), num_splits=4, return_lse=True,
-                                        return_partials=True)
+    out, _, parts = decode.flash_decode(
+        *to_torch(q, k, v), num_splits=4, return_lse=True, return_partials=True
+    )
     ref, _ = reference(q, k, v)
     assert max_abs_error(out.cpu().numpy(), ref) < 1e-5
     m, l, acc = (x.cpu().double().numpy() for x in parts)
@@ -78,13 +86,14 @@ def test_decode_triton_combine_rescales(rng):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_triton_half_precision(rng, dtype):
-    q, k, v = make_cache(rng, Hq=4, Hkv=2, Nk=40, d=16, dtype=np.float32)
+    q, k, v = make_cache(rng, Hq=4, kv_heads=2, Nk=40, d=16, dtype=np.float32)
     out = decode.flash_decode(*to_torch(q, k, v, dtype=dtype), num_splits=2)
     assert out.dtype == dtype
     ref, _ = reference(q, k, v)
     qh, kh, vh = (torch.tensor(x).to(dtype).float().numpy() for x in (q, k, v))
-    budget = 2 * max_abs_error(naive(qh.astype(np.float16), kh.astype(np.float16),
-                                      vh.astype(np.float16)), ref)
+    budget = 2 * max_abs_error(
+        naive(qh.astype(np.float16), kh.astype(np.float16), vh.astype(np.float16)), ref
+    )
     tol = budget if dtype == torch.float16 else 4e-2  # bf16 rounds the output to 8 bits
     assert max_abs_error(out.float().cpu().numpy(), ref) <= max(tol, 1e-3)
 
@@ -98,7 +107,7 @@ def test_decode_default_num_splits():
 
 
 def test_decode_bad_input(rng):
-    q, k, v = to_torch(*make_cache(rng, Hq=4, Hkv=2, Nk=10))
+    q, k, v = to_torch(*make_cache(rng, Hq=4, kv_heads=2, Nk=10))
     with pytest.raises(TypeError, match="torch.Tensor"):
         decode.flash_decode(q.cpu().numpy(), k, v)
     with pytest.raises(ValueError, match="multiple of the number of key/value"):

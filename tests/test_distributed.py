@@ -70,10 +70,13 @@ def test_distributed_schedule_covers_every_visible_pair_once(layout, causal, wor
     assert len(plan) == world
     for r in range(world):
         seen = [(t.q_chunk, t.k_chunk) for s in range(world) for t in plan[s][r].tasks]
-        assert [plan[s][r].kv_rank for s in range(world)] == [(r - s) % world
-                                                                for s in range(world)]
-        want = {(i, j) for i in rd.rank_chunks(r, world, layout)
-                for j in range(rd.n_chunks(world, layout)) if not causal or i >= j}
+        assert [plan[s][r].kv_rank for s in range(world)] == [(r - s) % world for s in range(world)]
+        want = {
+            (i, j)
+            for i in rd.rank_chunks(r, world, layout)
+            for j in range(rd.n_chunks(world, layout))
+            if not causal or i >= j
+        }
         assert sorted(seen) == sorted(want)  # each pair exactly once
         for s in range(world):
             for t in plan[s][r].tasks:
@@ -94,9 +97,12 @@ def test_distributed_local_calls_coalesce():
     world, layout = 2, "zigzag"
     b = rd.chunk_bounds(8, 4)  # chunks of 2; rank 0 holds 0 and 3, rank 1 holds 1 and 2
     plan = rd.ring_schedule(world, layout, causal=True)
-    calls = [rd._local_calls(plan[s][0].tasks, [0, 3], list(rd.rank_chunks(plan[s][0].kv_rank,
-                                                                            world, layout)), b)
-             for s in range(world)]
+    calls = [
+        rd._local_calls(
+            plan[s][0].tasks, [0, 3], list(rd.rank_chunks(plan[s][0].kv_rank, world, layout)), b
+        )
+        for s in range(world)
+    ]
     assert calls[0] == [(0, 4, 0, 4, True)]  # diagonal: one causal call over the whole shard
     assert calls[1] == [(2, 4, 0, 4, False)]  # chunk 3 sees chunks 1 and 2 fully; chunk 0 none
     calls1 = rd._local_calls(plan[1][1].tasks, [1, 2], [0, 3], b)
@@ -116,15 +122,17 @@ def test_distributed_overlap_model():
     assert nvlink == 450e9 and LINKS["PCIe Gen5 x16"].per_direction == 64e9
     F = H200_MEASURED.fp16_matmul_flops
     L = rd.ring_min_shard(16, 16, F, nvlink)
-    assert L == pytest.approx(F / nvlink)  # fp16, no GQA: L* = F / bw
+    assert pytest.approx(F / nvlink) == L  # fp16, no GQA: L* = F / bw
     assert rd.ring_min_shard(16, 4, F, nvlink) == pytest.approx(L / 4)  # GQA: 4x less to send
     below = rd.ring_step_times(int(L * 0.9), 16, 16, 128, F, nvlink)
     above = rd.ring_step_times(int(L * 1.1), 16, 16, 128, F, nvlink)
     assert not below["hidden"] and above["hidden"]
     assert above["step_s"] == above["compute_s"] and below["step_s"] == below["transfer_s"]
     # compute grows as L^2, transfer as L
-    t1, t2 = rd.ring_step_times(1000, 8, 8, 64, F, nvlink), rd.ring_step_times(2000, 8, 8, 64, F,
-                                                                                nvlink)
+    t1, t2 = (
+        rd.ring_step_times(1000, 8, 8, 64, F, nvlink),
+        rd.ring_step_times(2000, 8, 8, 64, F, nvlink),
+    )
     assert t2["compute_s"] == pytest.approx(4 * t1["compute_s"])
     assert t2["transfer_s"] == pytest.approx(2 * t1["transfer_s"])
 
@@ -163,8 +171,12 @@ def test_distributed_merge_matches_numpy_merge(rng):
     # merging with the empty partial is the identity; both sides empty stays (0, -inf)
     o2, l2 = rd.merge_attention(o, lse, torch.zeros_like(o), torch.full_like(lse, -math.inf))
     assert torch.allclose(o2, o) and torch.equal(l2, lse)
-    o3, l3 = rd.merge_attention(torch.zeros(1, 2), torch.full((1,), -math.inf),
-                                torch.zeros(1, 2), torch.full((1,), -math.inf))
+    o3, l3 = rd.merge_attention(
+        torch.zeros(1, 2),
+        torch.full((1,), -math.inf),
+        torch.zeros(1, 2),
+        torch.full((1,), -math.inf),
+    )
     assert not o3.isnan().any() and torch.isneginf(l3).all()
 
 
@@ -192,17 +204,25 @@ def test_distributed_needs_process_group():
 # --------------------------------------------------------------------------- on 2 and 4 ranks
 
 # fp32 (IEEE in the interpreter), GQA (2 query heads share 1 K/V head), even and uneven N
-CASES_2 = [dict(n=n, causal=c, layout=lay, Hq=2, Hkv=1)
-           for n in (24, 21) for c in (False, True) for lay in rd.LAYOUTS]
-CASES_4 = ([dict(n=37, causal=c, layout=lay, Hq=2, Hkv=1) for c in (False, True)
-            for lay in rd.LAYOUTS]
-           + [dict(n=40, causal=True, layout="zigzag", dtype="float16"),
-              dict(n=40, causal=True, layout="contiguous", dtype="bfloat16", Hq=3, Hkv=3)])
+CASES_2 = [
+    dict(n=n, causal=c, layout=lay, Hq=2, kv_heads=1)
+    for n in (24, 21)
+    for c in (False, True)
+    for lay in rd.LAYOUTS
+]
+CASES_4 = [
+    dict(n=37, causal=c, layout=lay, Hq=2, kv_heads=1) for c in (False, True) for lay in rd.LAYOUTS
+] + [
+    dict(n=40, causal=True, layout="zigzag", dtype="float16"),
+    dict(n=40, causal=True, layout="contiguous", dtype="bfloat16", Hq=3, kv_heads=3),
+]
 
 
 def _ids(cases):
-    return [f"n{c['n']}-{'causal' if c['causal'] else 'full'}-{c['layout']}-"
-            f"{c.get('dtype', 'float32')}" for c in cases]
+    return [
+        f"n{c['n']}-{'causal' if c['causal'] else 'full'}-{c['layout']}-{c.get('dtype', 'float32')}"
+        for c in cases
+    ]
 
 
 def _two_rank_worker(cases):

@@ -36,28 +36,56 @@ BAD_INPUTS = {
     "q not a tensor": (lambda: good(q=[[1.0]]), TypeError, r"q must be a torch.Tensor.*got list"),
     "rank 3": (lambda: good(q=rand(4, 9, 16)), ValueError, r"rank 4.*got shape \(4, 9, 16\)"),
     "rank 5": (lambda: good(k=rand(2, 2, 1, 11, 16)), ValueError, r"k must have rank 4"),
-    "batch mismatch": (lambda: good(k=rand(3, 2, 11, 16), v=rand(3, 2, 11, 16)), ValueError,
-                       r"batch size; got q 2 and k/v 3"),
-    "head dim mismatch": (lambda: good(k=rand(2, 2, 11, 24), v=rand(2, 2, 11, 24)), ValueError,
-                          r"head dim; got q 16 and k/v 24"),
-    "k v shapes differ": (lambda: good(v=rand(2, 2, 12, 16)), ValueError,
-                          r"k and v must have the same shape"),
-    "dtype mismatch": (lambda: good(k=rand(2, 2, 11, 16, dtype=torch.float16)), TypeError,
-                       r"share one dtype; got torch.float32, torch.float16"),
-    "float64": (lambda: good(q=rand(2, 4, 9, 16).double()), TypeError,
-                r"float16, bfloat16 or float32; got torch.float64"),
-    "integer": (lambda: good(q=torch.ones(2, 4, 9, 16, dtype=torch.int32, device=DEVICE)),
-                TypeError, r"got torch.int32"),
-    "device mismatch": (lambda: good(k=torch.empty(2, 2, 11, 16, device="meta")), ValueError,
-                        r"one device; got"),
-    "heads not a multiple": (lambda: good(k=rand(2, 3, 11, 16), v=rand(2, 3, 11, 16)),
-                             ValueError, r"multiple of the number of key/value heads.*Hq=4, Hkv=3"),
+    "batch mismatch": (
+        lambda: good(k=rand(3, 2, 11, 16), v=rand(3, 2, 11, 16)),
+        ValueError,
+        r"batch size; got q 2 and k/v 3",
+    ),
+    "head dim mismatch": (
+        lambda: good(k=rand(2, 2, 11, 24), v=rand(2, 2, 11, 24)),
+        ValueError,
+        r"head dim; got q 16 and k/v 24",
+    ),
+    "k v shapes differ": (
+        lambda: good(v=rand(2, 2, 12, 16)),
+        ValueError,
+        r"k and v must have the same shape",
+    ),
+    "dtype mismatch": (
+        lambda: good(k=rand(2, 2, 11, 16, dtype=torch.float16)),
+        TypeError,
+        r"share one dtype; got torch.float32, torch.float16",
+    ),
+    "float64": (
+        lambda: good(q=rand(2, 4, 9, 16).double()),
+        TypeError,
+        r"float16, bfloat16 or float32; got torch.float64",
+    ),
+    "integer": (
+        lambda: good(q=torch.ones(2, 4, 9, 16, dtype=torch.int32, device=DEVICE)),
+        TypeError,
+        r"got torch.int32",
+    ),
+    "device mismatch": (
+        lambda: good(k=torch.empty(2, 2, 11, 16, device="meta")),
+        ValueError,
+        r"one device; got",
+    ),
+    "heads not a multiple": (
+        lambda: good(k=rand(2, 3, 11, 16), v=rand(2, 3, 11, 16)),
+        ValueError,
+        r"multiple of the number of key/value heads.*Hq=4, kv_heads=3",
+    ),
     "head dim not multiple of 8": (
         lambda: good(q=rand(2, 4, 9, 12), k=rand(2, 2, 11, 12), v=rand(2, 2, 11, 12)),
-        ValueError, r"multiple of 8 and at most 256; got 12"),
+        ValueError,
+        r"multiple of 8 and at most 256; got 12",
+    ),
     "head dim too large": (
         lambda: good(q=rand(1, 1, 2, 264), k=rand(1, 1, 2, 264), v=rand(1, 1, 2, 264)),
-        ValueError, r"at most 256; got 264"),
+        ValueError,
+        r"at most 256; got 264",
+    ),
     "empty seq": (lambda: good(q=rand(2, 4, 0, 16)), ValueError, r"must not be empty.*0, 16"),
     "empty batch": (lambda: good(k=rand(0, 2, 11, 16)), ValueError, r"k must not be empty"),
 }
@@ -82,13 +110,18 @@ def test_flash_api_rejects_wrong_device_for_backend():
     [
         ({"causal": 1}, r"causal must be a bool; got int"),
         ({"scale": "0.1"}, r"scale must be a finite real number or None; got '0.1'"),
-        ({"scale": float("nan")}, r"finite real number"),
         ({"return_lse": None}, r"return_lse must be a bool"),
     ],
 )
 def test_flash_api_rejects_bad_options(kwargs, pattern):
     with pytest.raises(TypeError, match=pattern):
         flash_attention(*good(), **kwargs)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_flash_api_rejects_non_finite_scale(scale):
+    with pytest.raises(ValueError, match=r"scale must be finite \(or None for 1/sqrt\(d\)\)"):
+        flash_attention(*good(), scale=scale)
 
 
 def test_flash_api_bf16_needs_sm80(monkeypatch):
@@ -122,8 +155,9 @@ def test_flash_api_returns_shapes_and_lse():
 
 def test_flash_api_top_level_matches_module():
     q, k, v = good()
-    assert torch.equal(course_kernels.flash_attention(q, k, v, causal=True),
-                       flash_attention(q, k, v, causal=True))
+    assert torch.equal(
+        course_kernels.flash_attention(q, k, v, causal=True), flash_attention(q, k, v, causal=True)
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -148,15 +182,21 @@ def test_flash_api_non_contiguous_inputs():
     q, k, v = good()
     qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     assert not qt.is_contiguous()
-    assert torch.equal(flash_attention(qt, kt, vt, causal=True), flash_attention(q, k, v, causal=True))
+    assert torch.equal(
+        flash_attention(qt, kt, vt, causal=True), flash_attention(q, k, v, causal=True)
+    )
 
 
 def test_flash_api_saves_nothing_n_by_n():
     """Autograd keeps q, k, v, O and the lse: no tensor with Nq x Nk elements per head."""
-    q, k, v = (x.requires_grad_() for x in good(q=rand(1, 2, 48, 16), k=rand(1, 2, 48, 16),
-                                                v=rand(1, 2, 48, 16)))
+    q, k, v = (
+        x.requires_grad_()
+        for x in good(q=rand(1, 2, 48, 16), k=rand(1, 2, 48, 16), v=rand(1, 2, 48, 16))
+    )
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.shape) or t, lambda t: t
+    ):
         out = flash_attention(q, k, v, causal=True)
     assert saved, "autograd saved nothing: is the Function wired up?"
     for shape in saved:

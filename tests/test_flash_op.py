@@ -24,9 +24,12 @@ def rand(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, generator=g).to(dtype=dtype, device=DEVICE)
 
 
-def qkv(B=1, Hq=4, Hkv=2, Nq=20, Nk=20, d=16, dtype=torch.float32, grad=True):
-    q, k, v = rand(B, Hq, Nq, d, dtype=dtype), rand(B, Hkv, Nk, d, dtype=dtype, seed=1), rand(
-        B, Hkv, Nk, d, dtype=dtype, seed=2)
+def qkv(B=1, Hq=4, kv_heads=2, Nq=20, Nk=20, d=16, dtype=torch.float32, grad=True):
+    q, k, v = (
+        rand(B, Hq, Nq, d, dtype=dtype),
+        rand(B, kv_heads, Nk, d, dtype=dtype, seed=1),
+        rand(B, kv_heads, Nk, d, dtype=dtype, seed=2),
+    )
     return tuple(x.requires_grad_(grad) for x in (q, k, v))
 
 
@@ -41,8 +44,10 @@ class Block(torch.nn.Module):
 
     def __init__(self, d=16, heads=4, causal=True):
         super().__init__()
-        self.qkv, self.out = torch.nn.Linear(d * heads, 3 * d * heads), torch.nn.Linear(
-            d * heads, d * heads)
+        self.qkv, self.out = (
+            torch.nn.Linear(d * heads, 3 * d * heads),
+            torch.nn.Linear(d * heads, d * heads),
+        )
         self.heads, self.d, self.causal = heads, d, causal
 
     def forward(self, x):  # x (B, N, heads * d)
@@ -66,7 +71,7 @@ def test_op_compiles_without_graph_breaks(causal):
     assert torch.equal(out_c, out_e)
     g_c = torch.autograd.grad(out_c.square().sum(), list(model.parameters()))
     g_e = torch.autograd.grad(out_e.square().sum(), list(model.parameters()))
-    for a, b in zip(g_c, g_e):
+    for a, b in zip(g_c, g_e, strict=True):
         assert torch.equal(a, b)  # the same deterministic kernels ran on both paths
 
 
@@ -79,8 +84,11 @@ def test_op_compiled_graph_calls_the_op():
         return gm.forward
 
     q, k, v = qkv()
-    fn = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True, return_lse=True),
-                       backend=backend, fullgraph=True)
+    fn = torch.compile(
+        lambda q, k, v: flash_attention(q, k, v, causal=True, return_lse=True),
+        backend=backend,
+        fullgraph=True,
+    )
     out, lse = fn(q, k, v)
     assert any("course_kernels.flash_attn_fwd" in g for g in seen), seen
     ref, ref_lse = flash_attention(q, k, v, causal=True, return_lse=True)
@@ -112,7 +120,7 @@ def test_op_matches_eager_path_and_gradients():
     do = rand(1, 4, 19, 16, seed=3)
     eager = grads(lambda a, b, c: flash_attention(a, b, c, causal=True), q, k, v, do)
     op = grads(lambda a, b, c: OP(a, b, c, True, 0.25)[0], q, k, v, do)
-    for a, b in zip(eager, op):
+    for a, b in zip(eager, op, strict=True):
         assert torch.equal(a, b)
 
 
@@ -124,9 +132,12 @@ def test_double_backward_is_a_clear_error(path):
     elif path == "op":
         out = OP(q, k, v, True, 0.25)[0]
     else:
-        out = torch.compile(lambda a, b, c: flash_attention(a, b, c, causal=True),
-                            backend="aot_eager", fullgraph=True)(q, k, v)
-    dq, = torch.autograd.grad(out.sum(), q, create_graph=True)
+        out = torch.compile(
+            lambda a, b, c: flash_attention(a, b, c, causal=True),
+            backend="aot_eager",
+            fullgraph=True,
+        )(q, k, v)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
     # Compiled: AOTAutograd's own message ("... does not currently support double backward").
     pattern = "does not support double backward" if path != "compiled" else "double backward"
     with pytest.raises(RuntimeError, match=pattern):
@@ -140,7 +151,7 @@ def test_single_backward_with_create_graph_still_works():
     g1 = torch.autograd.grad(out.sum(), (q, k, v), create_graph=True)
     out = flash_attention(q, k, v)
     g2 = torch.autograd.grad(out.sum(), (q, k, v))
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         assert torch.equal(a.detach(), b)
 
 
@@ -152,9 +163,9 @@ def test_autocast_casts_like_sdpa():
     with torch.autocast(dev, dtype=dt):
         out = flash_attention(q, k, v, causal=True)
         out_op, _ = OP(q, k, v, True, 0.25)
-        ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1),
-                                                               v.repeat_interleave(2, 1),
-                                                               is_causal=True)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
+        )
     assert out.dtype == dt == out_op.dtype == ref.dtype
     assert torch.equal(out, flash_attention(q.to(dt), k.to(dt), v.to(dt), causal=True))
     assert torch.equal(out, out_op)
@@ -190,13 +201,14 @@ def test_nan_inputs_raise_no_numpy_warnings(dtype):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype,d", [(torch.float16, 224), (torch.float32, 64),
-                                     (torch.bfloat16, 40)])
+@pytest.mark.parametrize(
+    "dtype,d", [(torch.float16, 224), (torch.float32, 64), (torch.bfloat16, 40)]
+)
 def test_one_key_backward_is_exact(causal, dtype, d):
     """Nk = 1: P = 1 in every row, so dQ = dK = 0 exactly and dV = the sum of dO over the
     query rows of the GQA group (the case a FlashAttention test found 2e-5 of noise in).
     This fails on the kernels' general path (1e-6..3e-6 of noise in dQ and dK here)."""
-    q, k, v = qkv(B=2, Hq=4, Hkv=2, Nq=7, Nk=1, d=d, dtype=dtype)
+    q, k, v = qkv(B=2, Hq=4, kv_heads=2, Nq=7, Nk=1, d=d, dtype=dtype)
     do = rand(2, 4, 7, d, dtype=dtype, seed=5)
     out, dq, dk, dv = grads(lambda a, b, c: flash_attention(a, b, c, causal=causal), q, k, v, do)
     assert torch.equal(out, v.detach().repeat_interleave(2, 1).expand(2, 4, 7, d))
@@ -229,9 +241,8 @@ def test_private_forward_backward_signatures():
     do = rand(*q.shape, seed=4)
     got = flash._backward(do, q, k, v, o, lse2, True, 0.25)
     want = grads(lambda a, b, c: flash_attention(a, b, c, causal=True, scale=0.25), q, k, v, do)
-    for a, b in zip(got, want[1:]):
+    for a, b in zip(got, want[1:], strict=True):
         assert torch.equal(a, b)
-
 
 
 def test_one_key_block_with_global_statistics():
@@ -241,8 +252,10 @@ def test_one_key_block_with_global_statistics():
     do = rand(1, 4, 6, 16, seed=7).double()
     qf, kf, vf, dof = (x.float() for x in (q, k, v, do))
     o, lse2 = flash._forward(qf, kf, vf, False, 0.25)  # global statistics over all 5 keys
-    parts = [flash._backward(dof, qf, kf[:, :, :4], vf[:, :, :4], o, lse2, False, 0.25),
-             flash._backward(dof, qf, kf[:, :, 4:], vf[:, :, 4:], o, lse2, False, 0.25)]
+    parts = [
+        flash._backward(dof, qf, kf[:, :, :4], vf[:, :, :4], o, lse2, False, 0.25),
+        flash._backward(dof, qf, kf[:, :, 4:], vf[:, :, 4:], o, lse2, False, 0.25),
+    ]
     qr, kr, vr = (x.clone().requires_grad_() for x in (q, k, v))
     s = qr @ kr.repeat_interleave(2, 1).transpose(-1, -2) * 0.25
     ref = torch.softmax(s, -1) @ vr.repeat_interleave(2, 1)
@@ -259,8 +272,12 @@ def test_op_compiles_with_dynamic_sequence_length():
     from torch._dynamo.testing import CompileCounter
 
     counter = CompileCounter()
-    fn = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), backend=counter,
-                       dynamic=True, fullgraph=True)
+    fn = torch.compile(
+        lambda q, k, v: flash_attention(q, k, v, causal=True),
+        backend=counter,
+        dynamic=True,
+        fullgraph=True,
+    )
     for n in (19, 27):
         q, k, v = qkv(Nq=n, Nk=n, grad=False)
         assert torch.equal(fn(q, k, v), flash_attention(q, k, v, causal=True))

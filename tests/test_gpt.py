@@ -44,19 +44,19 @@ def test_gpt_training_is_deterministic_and_learns():
 
 
 def test_gpt_flash_and_standard_losses_match():
-    kw = dict(steps=3, batch_size=2, block_size=32, progress=False, device=DEV)
+    kw = dict(steps=3, batch_size=2, context_len=32, progress=False, device=DEV)
     std = gpt.train("standard", **kw)
     fl = gpt.train("flash", **kw)
-    diffs = [abs(x - y) for x, y in zip(std.losses, fl.losses)]
+    diffs = [abs(x - y) for x, y in zip(std.losses, fl.losses, strict=True)]
     assert max(diffs) < 1e-4, diffs
     other_seed = gpt.train("standard", seed=1, **kw)  # the comparison can fail
-    assert max(abs(x - y) for x, y in zip(std.losses, other_seed.losses)) > 1e-3
+    assert max(abs(x - y) for x, y in zip(std.losses, other_seed.losses, strict=True)) > 1e-3
 
 
 def test_gpt_saved_activations_grow_quadratically_only_for_standard():
     kw = dict(batch_size=1, n_layer=1)
-    small = {a: gpt.saved_activation_bytes(a, block_size=64, **kw) for a in ("standard", "flash")}
-    big = {a: gpt.saved_activation_bytes(a, block_size=128, **kw) for a in ("standard", "flash")}
+    small = {a: gpt.saved_activation_bytes(a, context_len=64, **kw) for a in ("standard", "flash")}
+    big = {a: gpt.saved_activation_bytes(a, context_len=128, **kw) for a in ("standard", "flash")}
     # The flash model saves O(T): doubling T doubles it (within a few percent).
     assert big["flash"] / small["flash"] == pytest.approx(2.0, rel=0.05)
     # Standard attention also saves the (B, H, T, T) fp32 probabilities: an extra that grows ~4x.
@@ -73,7 +73,7 @@ def test_gpt_tokenizer_and_generate():
     assert tok.decode(tok.encode("the table")) == "the table"
     with pytest.raises(ValueError, match="vocabulary"):
         tok.encode("\x00")
-    cfg = gpt.GPTConfig(tok.vocab_size, block_size=16)
+    cfg = gpt.GPTConfig(tok.vocab_size, context_len=16)
     model = gpt.GPT(cfg)
     out = model.generate(tok.encode("The").view(1, -1), 5, torch.Generator().manual_seed(0))
     assert out.shape == (1, 8)
@@ -86,10 +86,10 @@ def test_gpt_bad_config():
         gpt.GPTConfig(10, n_embd=30, n_head=4)
     with pytest.raises(ValueError, match="multiple of 8"):
         gpt.GPTConfig(10, n_embd=24, n_head=2, attention="flash")
-    with pytest.raises(ValueError, match="block_size"):
-        gpt.GPTConfig(10, block_size=0)
+    with pytest.raises(ValueError, match="context_len"):
+        gpt.GPTConfig(10, context_len=0)
     with pytest.raises(ValueError, match="steps"):
         gpt.train(steps=0)
-    model = gpt.GPT(gpt.GPTConfig(10, block_size=4))
-    with pytest.raises(ValueError, match="exceeds block_size"):
+    model = gpt.GPT(gpt.GPTConfig(10, context_len=4))
+    with pytest.raises(ValueError, match="exceeds context_len"):
         model(torch.zeros(1, 5, dtype=torch.long))

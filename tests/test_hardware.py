@@ -13,20 +13,40 @@ from course_kernels import hardware as hw
 
 # (gpu, field, value from the source)
 SOURCE_VALUES = [
-    ("T4", "compute_capability", "7.5"), ("T4", "sms", 40), ("T4", "smem_per_sm_kib", 64),
-    ("T4", "smem_per_block_kib", 64), ("T4", "smem_per_block_default_kib", 48),
-    ("T4", "bandwidth_gbs", 320), ("T4", "memory_gb", 16), ("T4", "fp16_tensor_tflops", 65),
-    ("T4", "bf16_tensor_tflops", None), ("T4", "l2_mb", 4),
-    ("A100-40GB", "bandwidth_gbs", 1555), ("A100-80GB", "bandwidth_gbs", 2039),
-    ("A100-80GB", "smem_per_sm_kib", 164), ("A100-80GB", "smem_per_block_kib", 163),
-    ("A100-80GB", "sms", 108), ("A100-80GB", "fp16_tensor_tflops", 312), ("A100-80GB", "l2_mb", 40),
-    ("A100-80GB", "boost_clock_mhz", 1410), ("A100-80GB", "compute_capability", "8.0"),
-    ("H100-SXM", "bandwidth_gbs", 3350), ("H100-SXM", "smem_per_sm_kib", 228),
-    ("H100-SXM", "smem_per_block_kib", 227), ("H100-SXM", "sms", 132), ("H100-SXM", "l2_mb", 50),
-    ("H100-SXM", "fp16_tensor_tflops", 989), ("H100-SXM", "compute_capability", "9.0"),
-    ("H200-SXM", "bandwidth_gbs", 4800), ("H200-SXM", "memory_gb", 141), ("H200-SXM", "sms", 132),
-    ("H200-SXM", "smem_per_block_kib", 227), ("H200-SXM", "fp16_tensor_tflops", 989),
-    ("T4", "fp32_tflops", 8.1), ("A100-80GB", "fp32_tflops", 19.5), ("H100-SXM", "fp32_tflops", 67),
+    ("T4", "compute_capability", "7.5"),
+    ("T4", "sms", 40),
+    ("T4", "smem_per_sm_kib", 64),
+    ("T4", "smem_per_block_kib", 64),
+    ("T4", "smem_per_block_default_kib", 48),
+    ("T4", "bandwidth_gbs", 320),
+    ("T4", "memory_gb", 16),
+    ("T4", "fp16_tensor_tflops", 65),
+    ("T4", "bf16_tensor_tflops", None),
+    ("T4", "l2_mb", 4),
+    ("A100-40GB", "bandwidth_gbs", 1555),
+    ("A100-80GB", "bandwidth_gbs", 2039),
+    ("A100-80GB", "smem_per_sm_kib", 164),
+    ("A100-80GB", "smem_per_block_kib", 163),
+    ("A100-80GB", "sms", 108),
+    ("A100-80GB", "fp16_tensor_tflops", 312),
+    ("A100-80GB", "l2_mb", 40),
+    ("A100-80GB", "boost_clock_mhz", 1410),
+    ("A100-80GB", "compute_capability", "8.0"),
+    ("H100-SXM", "bandwidth_gbs", 3350),
+    ("H100-SXM", "smem_per_sm_kib", 228),
+    ("H100-SXM", "smem_per_block_kib", 227),
+    ("H100-SXM", "sms", 132),
+    ("H100-SXM", "l2_mb", 50),
+    ("H100-SXM", "fp16_tensor_tflops", 989),
+    ("H100-SXM", "compute_capability", "9.0"),
+    ("H200-SXM", "bandwidth_gbs", 4800),
+    ("H200-SXM", "memory_gb", 141),
+    ("H200-SXM", "sms", 132),
+    ("H200-SXM", "smem_per_block_kib", 227),
+    ("H200-SXM", "fp16_tensor_tflops", 989),
+    ("T4", "fp32_tflops", 8.1),
+    ("A100-80GB", "fp32_tflops", 19.5),
+    ("H100-SXM", "fp32_tflops", 67),
     ("H200-SXM", "fp32_tflops", 67),
 ]
 
@@ -108,25 +128,35 @@ def test_hardware_attention_flops_and_bytes():
     assert hw.attention_flops(1024, 64, causal=True) == 2 * 1024**2 * 64
     assert hw.attention_flops(1024, 64, backward=True) == 2.5 * 4 * 1024**2 * 64
     assert hw.standard_attention_bytes(1024, 64) == (4 * 1024**2 + 4 * 1024 * 64) * 2
-    assert hw.standard_attention_bytes(1024, 64, scale_pass=True) == (6 * 1024**2 + 4 * 1024 * 64) * 2
+    assert (
+        hw.standard_attention_bytes(1024, 64, scale_pass=True) == (6 * 1024**2 + 4 * 1024 * 64) * 2
+    )
 
 
 def test_hardware_load_measurements_matches_anchors():
     rows = hw.load_measurements("anchors/h200_sdpa_2026-11-29.csv")
     assert len(rows) == 24
-    row = next(r for r in rows if r["d"] == 128 and r["N"] == 16384 and r["causal"] == "no" and r["mode"] == "fwd")
+    row = next(
+        r
+        for r in rows
+        if r["d"] == 128 and r["N"] == 16384 and r["causal"] == "no" and r["mode"] == "fwd"
+    )
     assert (row["sdpa_cudnn"], row["sdpa_flash"], row["tutorial"]) == (598, 350, 542)
     assert row["naive"] is None  # not run at that size
     traffic = hw.load_measurements("data/anchors/h200_dram_traffic_2026-11-29.csv")  # old spelling
     assert traffic == hw.load_measurements("anchors/h200_dram_traffic_2026-11-29.csv")
     for r in traffic:  # the model column is (4N^2 + 4Nd) x 2 bytes x 4 heads, in MB
-        assert r["model_mb"] == pytest.approx(hw.standard_attention_bytes(int(r["N"]), 64) * 4 / 1e6, rel=0.01)
+        assert r["model_mb"] == pytest.approx(
+            hw.standard_attention_bytes(int(r["N"]), 64) * 4 / 1e6, rel=0.01
+        )
         assert r["qkvo_once_mb"] == pytest.approx(4 * r["N"] * 64 * 2 * 4 / 1e6, rel=0.02)
 
 
 def test_hardware_load_measurements_missing_file_says_where(monkeypatch):
     monkeypatch.delenv("COURSE_REPO_URL", raising=False)  # package data: no repository, no network
-    with pytest.raises(FileNotFoundError, match=r"no_such_file.csv.*package's data folder.*anchors/h200"):
+    with pytest.raises(
+        FileNotFoundError, match=r"no_such_file.csv.*package's data folder.*anchors/h200"
+    ):
         hw.load_measurements("anchors/no_such_file.csv")
 
 
@@ -146,7 +176,12 @@ def test_hardware_matmul_to_nonmatmul_is_the_fa2_papers_16x_on_the_a100():
 
 def test_hardware_fa_paper_fig2_values_and_ratios():
     f = hw.FA_PAPER_FIG2
-    assert (f.hbm_gb_standard, f.hbm_gb_flash, f.runtime_ms_standard, f.runtime_ms_flash) == (40.3, 4.4, 41.7, 7.3)
+    assert (f.hbm_gb_standard, f.hbm_gb_flash, f.runtime_ms_standard, f.runtime_ms_flash) == (
+        40.3,
+        4.4,
+        41.7,
+        7.3,
+    )
     assert (f.gflops_standard, f.gflops_flash) == (66.6, 75.2)
     assert f.traffic_reduction == pytest.approx(9.16, abs=0.01)
     assert f.speedup == pytest.approx(5.71, abs=0.01)
@@ -205,6 +240,8 @@ def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_pa
     record = json.loads(out.read_text())
     c = hw.ceilings_from_record(record)
     assert c.copy_bandwidth > 0 and c.fp16_matmul_flops > 0 and c.matmul_n == 64
-    assert "measure_ceilings.py" in record["environment"]["command"] and record["environment"]["date"]
+    assert (
+        "measure_ceilings.py" in record["environment"]["command"] and record["environment"]["date"]
+    )
     with pytest.raises(ValueError, match="ceilings"):
         hw.ceilings_from_record({"environment": record["environment"]})

@@ -36,8 +36,9 @@ def test_lever_kernel_matches_sdpa(causal, variant):
 
 
 def test_meta_occupancy_arithmetic():
-    kern = SimpleNamespace(n_regs=168, n_spills=0,
-                           metadata=SimpleNamespace(shared=114688, num_warps=4, num_stages=3))
+    kern = SimpleNamespace(
+        n_regs=168, n_spills=0, metadata=SimpleNamespace(shared=114688, num_warps=4, num_stages=3)
+    )
     m = levers._meta(kern)
     # registers: 65536 // (168 * 128) = 3; shared: 233472 // (114688 + 1024) = 2; threads: 16
     assert m["blocks_per_sm"] == 2 and m["limited_by"] == "shared memory"
@@ -49,13 +50,21 @@ def test_meta_occupancy_arithmetic():
 
 
 def test_trim_tutorial_keeps_listed_configs_and_prunes_wide_blocks():
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-               for bm in (64, 128) for bn in (32, 64, 128) for s in (2, 3, 4) for w in (4, 8)]
-    mod = SimpleNamespace(_attn_fwd_tma=SimpleNamespace(configs=list(configs),
-                                                        early_config_prune=None))
+    configs = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+        for bm in (64, 128)
+        for bn in (32, 64, 128)
+        for s in (2, 3, 4)
+        for w in (4, 8)
+    ]
+    mod = SimpleNamespace(
+        _attn_fwd_tma=SimpleNamespace(configs=list(configs), early_config_prune=None)
+    )
     kept = levers.trim_tutorial(mod)
-    got = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps)
-           for c in mod._attn_fwd_tma.configs}
+    got = {
+        (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps)
+        for c in mod._attn_fwd_tma.configs
+    }
     assert got == set(levers.TUTORIAL_CONFIGS) and kept == {"_attn_fwd_tma": len(got)}
     pruned = mod._attn_fwd_tma.early_config_prune(mod._attn_fwd_tma.configs, {}, HEAD_DIM=64)
     assert pruned and all(c.kwargs["BLOCK_N"] <= 64 for c in pruned)

@@ -26,8 +26,13 @@ def test_standard_attention_cross_attention_formula():
 @pytest.mark.parametrize("loop_order", ["fa1", "fa2"])
 @pytest.mark.parametrize(
     "n,d,m,n_k,dv",
-    [(1, 1, 4, None, None), (113, 40, 20_000, 203, 24), (1000, 64, 100_000, None, None),
-     (4096, 64, 100_000, None, None), (777, 128, 65_536, None, None)],
+    [
+        (1, 1, 4, None, None),
+        (113, 40, 20_000, 203, 24),
+        (1000, 64, 100_000, None, None),
+        (4096, 64, 100_000, None, None),
+        (777, 128, 65_536, None, None),
+    ],
 )
 def test_flash_counts_equal_closed_form(loop_order, n, d, m, n_k, dv):
     c = iosim.flash_attention_io(n, d, m, loop_order, n_k=n_k, dv=dv)
@@ -183,15 +188,16 @@ def test_count_io_refuses_a_function_that_loads_everything(rng):
 
 
 def test_iosim_io_blocks_by_hand_and_agrees_with_the_formula():
-    # FA2, N = 10, d = 4, Br = 3 (Tr = 4), Bc = 5: Q once 40 + K, V four times 4 * 10 * 8 = 320.
+    # FA2, N = 10, d = 4, block_q = 3 (Tr = 4), block_k = 5: Q once 40 + K, V four times 4 * 10 * 8 = 320.
     assert iosim.flash_attention_io_blocks(10, 4, 3, 5, "fa2") == (40 + 320, 40 + 10)
     # FA1, Tc = 2: K, V once 80 + 2 * 10 * (4 + 4 + 2) = 200; writes (1 + 2) * 10 * 6 = 180.
     assert iosim.flash_attention_io_blocks(10, 4, 3, 5, "fa1") == (80 + 200, 180)
     for order in ("fa1", "fa2"):
-        br, bc = iosim.flash_block_sizes(64, 20_000, "paper")
-        assert iosim.flash_attention_io_blocks(1000, 64, br, bc, order) == iosim.flash_attention_io_formula(
-            1000, 64, 20_000, order, model="paper")
-    with pytest.raises(ValueError, match="block_r"):
+        block_q, block_k = iosim.flash_block_sizes(64, 20_000, "paper")
+        assert iosim.flash_attention_io_blocks(
+            1000, 64, block_q, block_k, order
+        ) == iosim.flash_attention_io_formula(1000, 64, 20_000, order, model="paper")
+    with pytest.raises(ValueError, match="block_q"):
         iosim.flash_attention_io_blocks(10, 4, 0, 5)
     with pytest.raises(ValueError, match="loop_order"):
         iosim.flash_attention_io_blocks(10, 4, 3, 5, "fa3")

@@ -56,7 +56,8 @@ def test_kvcache_bad_input():
     with pytest.raises(ValueError, match="unknown dtype"):
         kvcache.kv_cache_bytes("Llama-2-7B", 8, dtype="float12")
     with pytest.raises(ValueError, match="multiple of kv_heads"):
-        ModelConfig("bad", 2, heads=6, kv_heads=4, head_dim=64, params=1e6, max_context=8,
-                    source="test")
+        ModelConfig(
+            "bad", 2, heads=6, kv_heads=4, head_dim=64, params=1e6, max_context=8, source="test"
+        )
     with pytest.raises(ValueError, match="memory_bytes"):
         kvcache.max_context("Llama-2-7B", 0)

@@ -1,5 +1,7 @@
 """course_kernels.online_softmax: the update, the merge (exact, associative), the -inf guard."""
 
+import itertools
+
 import numpy as np
 import pytest
 from attention_inputs import make_qkv
@@ -30,34 +32,36 @@ def softmax_direct(x):
 @settings(max_examples=60, deadline=None)
 @given(x=rows, block=st.integers(1, 50))
 def test_online_softmax_equals_direct_softmax(x, block):
-    np.testing.assert_allclose(online_softmax(x, block=block), softmax_direct(x), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        online_softmax(x, block_k=block), softmax_direct(x), rtol=1e-12, atol=1e-15
+    )
 
 
 @settings(max_examples=40, deadline=None)
 @given(x=rows, shift=st.floats(-1e3, 1e3), block=st.integers(1, 7))
 def test_online_softmax_is_shift_invariant(x, shift, block):
     np.testing.assert_allclose(
-        online_softmax(x + shift, block=block), online_softmax(x, block=block), atol=1e-10
+        online_softmax(x + shift, block_k=block), online_softmax(x, block_k=block), atol=1e-10
     )
 
 
 def test_online_softmax_does_not_overflow_on_large_scores():
     x = np.array([[1000.0, 999.0, 998.0]])
-    out = online_softmax(x, block=1)
+    out = online_softmax(x, block_k=1)
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out, softmax_direct(x))
 
 
 def test_online_softmax_keeps_float32():
     x = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
-    out = online_softmax(x, block=8)
+    out = online_softmax(x, block_k=8)
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, softmax_direct(x.astype(np.float64)), rtol=2e-6)
 
 
 def test_fully_masked_row_gives_zeros_not_nan():
     x = np.array([[-np.inf, -np.inf, -np.inf], [0.0, -np.inf, 1.0]])
-    out = online_softmax(x, block=1)
+    out = online_softmax(x, block_k=1)
     assert not np.isnan(out).any()
     np.testing.assert_array_equal(out[0], 0.0)
     np.testing.assert_allclose(out[1], softmax_direct(x[1:])[0])
@@ -85,7 +89,7 @@ def _split_partials(rng, n_parts, n_q=5, n_k=23, d=4):
     cuts = np.sort(rng.choice(np.arange(1, n_k), size=n_parts - 1, replace=False))
     bounds = [0, *cuts.tolist(), n_k]
     parts = [
-        partial_attention(q, k[..., a:b, :], v[..., a:b, :]) for a, b in zip(bounds, bounds[1:])
+        partial_attention(q, k[..., a:b, :], v[..., a:b, :]) for a, b in itertools.pairwise(bounds)
     ]
     return (q, k, v), parts
 
@@ -154,5 +158,5 @@ def test_finalize_of_empty_partial_is_zero_with_minus_inf_lse():
 
 @pytest.mark.parametrize("bad,exc", [(0, ValueError), (-3, ValueError), (2.5, TypeError)])
 def test_online_softmax_rejects_bad_block(bad, exc):
-    with pytest.raises(exc, match="block must be an integer >= 1"):
-        online_softmax(np.ones((2, 3)), block=bad)
+    with pytest.raises(exc, match="block_k must be an integer >= 1"):
+        online_softmax(np.ones((2, 3)), block_k=bad)

@@ -70,7 +70,9 @@ class QuietHandler(SimpleHTTPRequestHandler):
 def site():
     if not (HTML / "index.html").is_file():
         pytest.fail(f"no built book at {HTML}: run ./dev book first (or set BOOK_HTML)")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(HTML)))
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(HTML))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}/"
@@ -83,19 +85,34 @@ def _chromium(tmp_path_factory):
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         pytest.fail("selenium is not installed; " + INSTALL_HINT)
-    chrome = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
-                   if shutil.which(n)), None)
+    chrome = next(
+        (
+            shutil.which(n)
+            for n in ("chromium", "chromium-browser", "google-chrome")
+            if shutil.which(n)
+        ),
+        None,
+    )
     driver_path = shutil.which("chromedriver")
     if not chrome or not driver_path:
         pytest.fail("Chromium or chromedriver not found; " + INSTALL_HINT)
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,1600",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-                 # Offline for real: any host but 127.0.0.1 fails to resolve.
-                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1600",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+        # Offline for real: any host but 127.0.0.1 fails to resolve.
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    ):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=opts)
@@ -151,11 +168,11 @@ def test_site_static_files_have_no_external_scripts_or_fonts():
     external = re.compile(r"<(script|link)[^>]+(src|href)=\"(https?:)?//", re.I)
     for page in HTML.rglob("*.html"):
         for m in external.finditer(page.read_text(errors="replace")):
-            tag = page.read_text()[m.start(): m.start() + 200]
+            tag = page.read_text()[m.start() : m.start() + 200]
             # <link> to other sites is fine only as a plain hyperlink relation, never a stylesheet/script.
-            assert m.group(1).lower() == "link" and "stylesheet" not in tag and "preload" not in tag, (
-                f"{page.relative_to(HTML)} loads {tag!r}"
-            )
+            assert (
+                m.group(1).lower() == "link" and "stylesheet" not in tag and "preload" not in tag
+            ), f"{page.relative_to(HTML)} loads {tag!r}"
 
 
 def figures_drawn(page: str) -> int:
@@ -163,8 +180,61 @@ def figures_drawn(page: str) -> int:
     import json
 
     nb = json.loads((ROOT / "book" / page.replace(".html", ".ipynb")).read_text())
-    return sum("".join(c["source"]).count("plt.show()") for c in nb["cells"]
-               if c["cell_type"] == "code")
+    return sum(
+        "".join(c["source"]).count("plt.show()") for c in nb["cells"] if c["cell_type"] == "code"
+    )
+
+
+def _page_failures(browser, site, page, state) -> list[str]:
+    """What is wrong with one loaded page: math, images, console, off-site fetches."""
+    failures = []
+    text = browser.execute_script(TEXT_OUTSIDE_CODE)
+    logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    if state["h1"] < 1 or "404" in state["title"]:
+        failures.append(f"{page}: did not load ({state['title']!r})")
+    if state["mathSource"] and not state["mjx"]:
+        failures.append(f"{page}: math present but MathJax typeset nothing")
+    for raw in ("$$", "\\(", "\\[", "\\frac"):
+        if raw in text:
+            failures.append(f"{page}: raw TeX {raw!r} visible")
+    for raw in RAW_INLINE_MATH.findall(text):
+        failures.append(f"{page}: raw inline math {raw!r} visible")
+    if figures_drawn(page) and not state["figures"]:
+        failures.append(
+            f"{page}: the notebook draws {figures_drawn(page)} figure(s) but the "
+            "page shows none (was the book built with a non-inline matplotlib "
+            "backend?)"
+        )
+    if state["badImages"]:
+        failures.append(f"{page}: images not loaded: {state['badImages']}")
+    if logs:
+        failures.append(f"{page}: console errors: {[e['message'] for e in logs]}")
+    offsite = [r for r in state["resources"] if not r.startswith(site)]
+    if offsite:
+        failures.append(f"{page}: fetched from outside the site: {offsite}")
+    if SERVER_ERRORS:
+        failures.append(f"{page}: the server could not answer {SERVER_ERRORS}")
+        SERVER_ERRORS.clear()
+    return failures
+
+
+def _broken_links(internal_links) -> list[str]:
+    """Internal links that do not resolve, or whose #anchor is missing on the target page."""
+    html_cache: dict[str, str] = {}
+    broken = []
+    for link in sorted(internal_links):
+        target, fragment = urldefrag(link)
+        if target not in html_cache:
+            try:
+                with urllib.request.urlopen(target) as r:
+                    html_cache[target] = r.read().decode(errors="replace")
+            except Exception as e:  # noqa: BLE001 (report every broken link at once)
+                broken.append(f"{link}: {e}")
+                continue
+        has_anchor = f'id="{fragment}"' in html_cache[target]
+        if fragment and urlparse(target).path.endswith(".html") and not has_anchor:
+            broken.append(f"{link}: no element with id {fragment!r}")
+    return broken
 
 
 def test_site_every_toc_page_in_the_browser(site, browser):
@@ -187,49 +257,12 @@ def test_site_every_toc_page_in_the_browser(site, browser):
               resources: performance.getEntriesByType('resource').map(r => r.name),
             };"""
         )
-        text = browser.execute_script(TEXT_OUTSIDE_CODE)
-        logs = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-        if state["h1"] < 1 or "404" in state["title"]:
-            failures.append(f"{page}: did not load ({state['title']!r})")
-        if state["mathSource"] and not state["mjx"]:
-            failures.append(f"{page}: math present but MathJax typeset nothing")
-        for raw in ("$$", "\\(", "\\[", "\\frac"):
-            if raw in text:
-                failures.append(f"{page}: raw TeX {raw!r} visible")
-        for raw in RAW_INLINE_MATH.findall(text):
-            failures.append(f"{page}: raw inline math {raw!r} visible")
-        if figures_drawn(page) and not state["figures"]:
-            failures.append(f"{page}: the notebook draws {figures_drawn(page)} figure(s) but the "
-                            "page shows none (was the book built with a non-inline matplotlib "
-                            "backend?)")
-        if state["badImages"]:
-            failures.append(f"{page}: images not loaded: {state['badImages']}")
-        if logs:
-            failures.append(f"{page}: console errors: {[e['message'] for e in logs]}")
-        offsite = [r for r in state["resources"] if not r.startswith(site)]
-        if offsite:
-            failures.append(f"{page}: fetched from outside the site: {offsite}")
-        if SERVER_ERRORS:
-            failures.append(f"{page}: the server could not answer {SERVER_ERRORS}")
-            SERVER_ERRORS.clear()
+        failures += _page_failures(browser, site, page, state)
         internal_links.update(h for h in state["links"] if h.startswith(site))
     assert not failures, "\n".join(failures)
 
     # Every internal link resolves, and its #anchor exists on the target page.
-    html_cache: dict[str, str] = {}
-    broken = []
-    for link in sorted(internal_links):
-        target, fragment = urldefrag(link)
-        if target not in html_cache:
-            try:
-                with urllib.request.urlopen(target) as r:
-                    html_cache[target] = r.read().decode(errors="replace")
-            except Exception as e:  # noqa: BLE001 (report every broken link at once)
-                broken.append(f"{link}: {e}")
-                continue
-        if fragment and urlparse(target).path.endswith(".html"):
-            if f'id="{fragment}"' not in html_cache[target]:
-                broken.append(f"{link}: no element with id {fragment!r}")
+    broken = _broken_links(internal_links)
     assert not broken, "\n".join(broken)
     assert len(internal_links) > len(PAGES)
 
@@ -287,8 +320,15 @@ def test_site_quiz_checks_answers(site, browser):
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
 
 
-@pytest.mark.parametrize("page", ["intro.html", "chapters/01_memory_hierarchy.html",
-                                  "chapters/04_online_softmax.html", "appendix/errata.html"])
+@pytest.mark.parametrize(
+    "page",
+    [
+        "intro.html",
+        "chapters/01_memory_hierarchy.html",
+        "chapters/04_online_softmax.html",
+        "appendix/errata.html",
+    ],
+)
 def test_site_screenshots(site, browser, page):
     open_page(browser, site + page)
     path = ARTIFACTS / (page.replace("/", "_").replace(".html", ".png"))
@@ -342,8 +382,10 @@ def test_site_on_a_phone_no_page_scrolls_sideways(site, phone):
         width = phone.execute_script(WIDER_THAN_SCREEN)
         assert width["viewport"] == PHONE["width"], width  # the emulation is on
         if width["document"] > width["viewport"]:
-            failures.append(f"{page}: {width['document']} px wide on a {width['viewport']} px "
-                            f"screen; sticking out: {width['culprits']}")
+            failures.append(
+                f"{page}: {width['document']} px wide on a {width['viewport']} px "
+                f"screen; sticking out: {width['culprits']}"
+            )
         logs = [e["message"] for e in phone.get_log("browser") if e["level"] == "SEVERE"]
         if logs:
             failures.append(f"{page}: console errors: {logs}")
@@ -374,7 +416,8 @@ def test_site_on_a_phone_menu_buttons_open_the_sidebars(site, phone):
         """const d = arguments[0], r = d.getBoundingClientRect();
         const links = [...d.querySelectorAll('a')].filter(a => a.getBoundingClientRect().width > 0);
         return {open: d.open, width: r.width, left: r.left, links: links.map(a => a.textContent.trim())};""",
-        primary)
+        primary,
+    )
     phone.save_screenshot(str(ARTIFACTS / "phone_sidebar_open.png"))
     assert state["open"], "the menu button did not open the sidebar (pydata-sphinx-theme#2451)"
     assert state["width"] > 200 and state["left"] >= 0, state
@@ -384,13 +427,17 @@ def test_site_on_a_phone_menu_buttons_open_the_sidebars(site, phone):
     time.sleep(0.3)
     assert not phone.execute_script("return arguments[0].open", primary), "Escape did not close it"
 
-    secondary = phone.execute_script("return document.getElementById('pst-secondary-sidebar-modal')")
+    secondary = phone.execute_script(
+        "return document.getElementById('pst-secondary-sidebar-modal')"
+    )
     _visible_toggle(phone, ".secondary-toggle").click()
     time.sleep(0.5)
-    assert phone.execute_script("return arguments[0].open", secondary), \
+    assert phone.execute_script("return arguments[0].open", secondary), (
         "the 'contents' button did not open the page's table of contents"
+    )
     headings = phone.execute_script(
-        "return [...arguments[0].querySelectorAll('a')].map(a => a.textContent.trim())", secondary)
+        "return [...arguments[0].querySelectorAll('a')].map(a => a.textContent.trim())", secondary
+    )
     assert headings, "the page's table of contents is empty"
     phone.switch_to.active_element.send_keys(Keys.ESCAPE)
     assert not [e for e in phone.get_log("browser") if e["level"] == "SEVERE"]
@@ -414,7 +461,9 @@ def test_site_on_a_phone_animation_is_readable(site, phone):
         // font size on screen = font size in SVG units * (drawn width / viewBox width)
         return {left: s.left, right: s.right, vw: document.documentElement.clientWidth,
                 px: glyph * s.width / r.querySelector('svg').viewBox.baseVal.width,
-                texts: texts.length, minHeight: Math.min(...h)};""", root)
+                texts: texts.length, minHeight: Math.min(...h)};""",
+        root,
+    )
     phone.save_screenshot(str(ARTIFACTS / "phone_animation.png"))
     assert geo["texts"] > 20, geo
     assert geo["left"] >= 0 and geo["right"] <= geo["vw"], f"the animation sticks out: {geo}"
@@ -428,15 +477,18 @@ def test_site_mathjax_accessibility_components_load(site, browser):
     SERVER_ERRORS.clear()
     page = site + "chapters/04_online_softmax.html"
     open_page(browser, page)
-    browser.execute_script("localStorage.setItem('MathJax-Menu-Settings', JSON.stringify("
-                           "{explorer: true, speech: true, braille: true}))")
+    browser.execute_script(
+        "localStorage.setItem('MathJax-Menu-Settings', JSON.stringify("
+        "{explorer: true, speech: true, braille: true}))"
+    )
     try:
         open_page(browser, page)
         spoken = 0
         for _ in range(300):  # the speech rule engine loads after the first typesetting (<= 30 s)
             spoken = browser.execute_script(
                 "return document.querySelectorAll('mjx-container [data-semantic-speech], "
-                "mjx-container[aria-label]').length")
+                "mjx-container[aria-label]').length"
+            )
             if spoken:
                 break
             time.sleep(0.1)
@@ -455,6 +507,8 @@ def test_site_wide_screen_menu_button_collapses_the_sidebar(site, browser):
     assert not browser.execute_script(hidden)
     _visible_toggle(browser, ".primary-toggle").click()
     assert browser.execute_script(hidden), "the menu button did not collapse the sidebar"
-    assert not browser.execute_script("return document.getElementById('pst-primary-sidebar-modal').open")
+    assert not browser.execute_script(
+        "return document.getElementById('pst-primary-sidebar-modal').open"
+    )
     _visible_toggle(browser, ".primary-toggle").click()
     assert not browser.execute_script(hidden), "the menu button did not bring the sidebar back"

@@ -48,8 +48,11 @@ FP32_POINTERS = {"LSE", "Delta"}
 def _kernels():
     from course_kernels import triton_backward, triton_forward
 
-    return {"fwd": triton_forward._attn_fwd, "dkdv": triton_backward._attn_bwd_dkdv,
-            "dq": triton_backward._attn_bwd_dq}
+    return {
+        "fwd": triton_forward._attn_fwd,
+        "dkdv": triton_backward._attn_bwd_dkdv,
+        "dq": triton_backward._attn_bwd_dq,
+    }
 
 
 def _source(autotuner, dtype: str, d: int, config, backend):
@@ -63,14 +66,24 @@ def _source(autotuner, dtype: str, d: int, config, backend):
 
     fn = autotuner.fn
     H, N = 2, 1024  # the batch size changes the launch grid, not the compiled kernel
-    values = {"sm_scale": d ** -0.5, "H_Q": H, "H_KV": H, "GROUP_SIZE": 1, "N_CTX_Q": N,
-              "N_CTX_K": N}
+    values = {
+        "scale": d**-0.5,
+        "H_Q": H,
+        "KV_HEADS": H,
+        "GROUP_SIZE": 1,
+        "N_CTX_Q": N,
+        "N_CTX_K": N,
+    }
     for name in fn.arg_names:  # contiguous (B, H, N, d) tensors
         if name.startswith("stride_"):
             values[name] = {"z": H * N * d, "h": N * d, "m": d, "n": d, "k": 1}[name[-1]]
-    constexprs = dict(HEAD_DIM=d, HEAD_DIM_PADDED=max(16, 1 << (d - 1).bit_length()),
-                      CAUSAL=False, DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
-                      **config.kwargs)
+    constexprs = dict(
+        HEAD_DIM=d,
+        HEAD_DIM_PADDED=max(16, 1 << (d - 1).bit_length()),
+        CAUSAL=False,
+        DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
+        **config.kwargs,
+    )
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -93,8 +106,11 @@ def _source(autotuner, dtype: str, d: int, config, backend):
 def _tables():
     from course_kernels import triton_backward, triton_forward
 
-    return {"fwd": triton_forward.FWD_SM75, "dkdv": triton_backward.DKDV_SM75,
-            "dq": triton_backward.DQ_SM75}
+    return {
+        "fwd": triton_forward.FWD_SM75,
+        "dkdv": triton_backward.DKDV_SM75,
+        "dq": triton_backward.DQ_SM75,
+    }
 
 
 def _t4_config(kernel: str, dtype: str, d: int):
@@ -120,24 +136,46 @@ def compile_cases(cases: list[dict]) -> None:
         kernel = kernels[case["kernel"]]
         config = _t4_config(case["kernel"], case["dtype"], case["d"])
         start = time.perf_counter()
-        compiled = triton.compile(_source(kernel, case["dtype"], case["d"], config, backend),
-                                  target=target, options=dict(num_warps=config.num_warps,
-                                                              num_stages=config.num_stages))
+        compiled = triton.compile(
+            _source(kernel, case["dtype"], case["d"], config, backend),
+            target=target,
+            options=dict(num_warps=config.num_warps, num_stages=config.num_stages),
+        )
         ptx = compiled.asm["ptx"]
-        print(json.dumps({**case, "config": str(config), "shared": compiled.metadata.shared,
-                          "ptx_target": re.search(r"^\.target (\S+)", ptx, re.M).group(1),
-                          "cubin_bytes": len(compiled.asm["cubin"]),
-                          "mma": len(re.findall(r"\bmma\.sync\b", ptx)),
-                          "fma_f32": len(re.findall(r"\bfma\.rn\.f32\b", ptx)),
-                          "triton": triton.__version__,
-                          "seconds": round(time.perf_counter() - start, 1)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    **case,
+                    "config": str(config),
+                    "shared": compiled.metadata.shared,
+                    "ptx_target": re.search(r"^\.target (\S+)", ptx, re.M).group(1),
+                    "cubin_bytes": len(compiled.asm["cubin"]),
+                    "mma": len(re.findall(r"\bmma\.sync\b", ptx)),
+                    "fma_f32": len(re.findall(r"\bfma\.rn\.f32\b", ptx)),
+                    "triton": triton.__version__,
+                    "seconds": round(time.perf_counter() - start, 1),
+                }
+            ),
+            flush=True,
+        )
 
 
 def _compile(cases: list[dict], tmp_path) -> list[dict]:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "cache"),
-           "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, __file__, json.dumps(cases)], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "TRITON_CACHE_DIR": str(tmp_path / "cache"),
+        "TRITON_DEFAULT_FP_FUSION": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, json.dumps(cases)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, f"compiling for sm_75 failed:\n{proc.stderr[-4000:]}"
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(cases), proc.stdout
@@ -152,16 +190,25 @@ NOTHING_FITS = {("dkdv", "fp32", 256)}
 def test_sm75_the_t4_path_fits_64_kib(kernel, tmp_path):
     """fp16 and fp32, head dims 64, 128 and 256: the config of the T4 path compiles for sm_75
     (PTX assembled to a cubin) and asks for at most 64 KiB of shared memory."""
-    cases = [dict(kernel=kernel, dtype=t, d=d, arch=75) for t in ("fp16", "fp32") for d in HEAD_DIMS
-             if (kernel, t, d) not in NOTHING_FITS]
+    cases = [
+        dict(kernel=kernel, dtype=t, d=d, arch=75)
+        for t in ("fp16", "fp32")
+        for d in HEAD_DIMS
+        if (kernel, t, d) not in NOTHING_FITS
+    ]
     results = _compile(cases, tmp_path)
     for r in results:
         assert r["ptx_target"] == "sm_75" and r["cubin_bytes"] > 0, r
         assert r["shared"] > 0, r  # a tl.dot on sm_75 stages its operands in shared memory
     too_big = [r for r in results if r["shared"] > T4_SHARED_BYTES]
-    assert not too_big, "these would fail to launch on a T4 (more than 64 KiB of shared " \
-        "memory):\n" + "\n".join(f"{r['kernel']} {r['dtype']} d={r['d']} {r['config']}: "
-                                 f"{r['shared']} bytes" for r in too_big)
+    assert not too_big, (
+        "these would fail to launch on a T4 (more than 64 KiB of shared "
+        "memory):\n"
+        + "\n".join(
+            f"{r['kernel']} {r['dtype']} d={r['d']} {r['config']}: {r['shared']} bytes"
+            for r in too_big
+        )
+    )
 
 
 def test_sm75_pruner_uses_the_table_below_sm80(monkeypatch):
@@ -169,14 +216,20 @@ def test_sm75_pruner_uses_the_table_below_sm80(monkeypatch):
     shape that fits nowhere is a clear error (not a launch failure deep in Triton)."""
     from course_kernels import _triton_env, triton_backward, triton_forward
 
-    kernels = {"fwd": triton_forward._attn_fwd, "dkdv": triton_backward._attn_bwd_dkdv,
-               "dq": triton_backward._attn_bwd_dq}
+    kernels = {
+        "fwd": triton_forward._attn_fwd,
+        "dkdv": triton_backward._attn_bwd_dkdv,
+        "dq": triton_backward._attn_bwd_dq,
+    }
     monkeypatch.setattr(_triton_env, "gpu_capability", lambda: (7, 5))
     for name, autotuner in kernels.items():
         for dtype in ("fp16", "fp32"):
             for d in HEAD_DIMS:
-                named = dict(HEAD_DIM=d, HEAD_DIM_PADDED=d,
-                             DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+                named = dict(
+                    HEAD_DIM=d,
+                    HEAD_DIM_PADDED=d,
+                    DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
+                )
                 if (name, dtype, d) in NOTHING_FITS:
                     with pytest.raises(ValueError, match="64 KiB"):
                         autotuner.early_config_prune(autotuner.configs, named)
@@ -194,8 +247,13 @@ def test_sm75_pruner_uses_the_table_below_sm80(monkeypatch):
 def test_sm75_dot_runs_on_fma_units_not_tensor_cores(tmp_path):
     """What the book tells a T4 user: Triton >= 3.3 compiles tl.dot for sm_75 to FMA
     instructions (triton-lang/triton#5066), and to tensor-core mma for sm_80."""
-    t4, a100 = _compile([dict(kernel="fwd", dtype="fp16", d=64, arch=75),
-                         dict(kernel="fwd", dtype="fp16", d=64, arch=80)], tmp_path)
+    t4, a100 = _compile(
+        [
+            dict(kernel="fwd", dtype="fp16", d=64, arch=75),
+            dict(kernel="fwd", dtype="fp16", d=64, arch=80),
+        ],
+        tmp_path,
+    )
     assert t4["mma"] == 0 and t4["fma_f32"] > 1000, t4
     assert a100["mma"] > 0, a100
 

@@ -11,10 +11,10 @@ from course_kernels.online_softmax import PartialAttention
 from course_kernels.testing import max_abs_error
 
 
-@pytest.mark.parametrize("Hq,Hkv", [(3, 3), (6, 2), (4, 1)])
+@pytest.mark.parametrize("Hq,kv_heads", [(3, 3), (6, 2), (4, 1)])
 @pytest.mark.parametrize("Nk,num_splits", [(1, 1), (37, 3), (64, 4), (13, 8)])
-def test_decode_numpy_matches_reference(rng, Hq, Hkv, Nk, num_splits):
-    q, k, v = make_cache(rng, Hq=Hq, Hkv=Hkv, Nk=Nk, d=8)
+def test_decode_numpy_matches_reference(rng, Hq, kv_heads, Nk, num_splits):
+    q, k, v = make_cache(rng, Hq=Hq, kv_heads=kv_heads, Nk=Nk, d=8)
     out, lse = split_kv.split_kv_decode_numpy(q, k, v, num_splits=num_splits)
     ref, ref_lse = reference(q, k, v)
     np.testing.assert_allclose(out, ref, atol=1e-12)
@@ -23,15 +23,24 @@ def test_decode_numpy_matches_reference(rng, Hq, Hkv, Nk, num_splits):
 
 @settings(max_examples=25, deadline=None)
 @given(
-    B=st.integers(1, 3), Hkv=st.integers(1, 2), G=st.integers(1, 3), Nq=st.integers(1, 3),
-    Nk=st.integers(3, 40), num_splits=st.integers(1, 6), causal=st.booleans(),
+    B=st.integers(1, 3),
+    kv_heads=st.integers(1, 2),
+    G=st.integers(1, 3),
+    Nq=st.integers(1, 3),
+    Nk=st.integers(3, 40),
+    num_splits=st.integers(1, 6),
+    causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_decode_numpy_property(B, Hkv, G, Nq, Nk, num_splits, causal, seed):
+def test_decode_numpy_property(B, kv_heads, G, Nq, Nk, num_splits, causal, seed):
     rng = np.random.default_rng(seed)
-    q, k, v = make_cache(rng, B=B, Hq=G * Hkv, Hkv=Hkv, Nq=Nq, Nk=Nk, d=4, spread=3.0)
+    q, k, v = make_cache(
+        rng, B=B, Hq=G * kv_heads, kv_heads=kv_heads, Nq=Nq, Nk=Nk, d=4, spread=3.0
+    )
     lens = rng.integers(Nq, Nk + 1, size=B)
-    out, lse = split_kv.split_kv_decode_numpy(q, k, v, num_splits, cache_seqlens=lens, causal=causal)
+    out, lse = split_kv.split_kv_decode_numpy(
+        q, k, v, num_splits, cache_seqlens=lens, causal=causal
+    )
     ref, ref_lse = reference(q, k, v, lens.tolist(), causal)
     np.testing.assert_allclose(out, ref, atol=1e-11)
     np.testing.assert_allclose(lse, ref_lse, atol=1e-11)
@@ -59,8 +68,6 @@ def test_decode_numpy_one_split_is_plain_attention(rng):
     np.testing.assert_allclose(out1, out5, atol=1e-13)
 
 
-
-
 def test_split_kv_chunks():
     assert split_kv.split_chunk(100, 3, 16) == 48
     assert split_kv.split_chunk(100, 3) == 34
@@ -69,9 +76,10 @@ def test_split_kv_chunks():
 
 def test_split_kv_bad_input():
     with pytest.raises(ValueError, match="prefill"):
-        split_kv.split_kv_decode_numpy(np.zeros((1, 2, 100, 8)), np.zeros((1, 1, 4, 8)),
-                                       np.zeros((1, 1, 4, 8)))
-    q, k, v = make_cache(np.random.default_rng(0), Hq=4, Hkv=2, Nk=10)
+        split_kv.split_kv_decode_numpy(
+            np.zeros((1, 2, 100, 8)), np.zeros((1, 1, 4, 8)), np.zeros((1, 1, 4, 8))
+        )
+    q, k, v = make_cache(np.random.default_rng(0), Hq=4, kv_heads=2, Nk=10)
     with pytest.raises(TypeError, match="num_splits"):
         split_kv.split_kv_decode_numpy(q, k, v, num_splits=2.0)
     with pytest.raises(ValueError, match="cache_seqlens"):
@@ -83,7 +91,9 @@ def test_split_kv_imports_without_triton():
     import subprocess
     import sys
 
-    code = ("import sys; import course_kernels.split_kv; "
-            "bad = [m for m in ('torch', 'triton') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys; import course_kernels.split_kv; "
+        "bad = [m for m in ('torch', 'triton') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_kernels import attention_naive, attention_reference, flash_attention_numpy
-from course_kernels.online_softmax import _safe
+from course_kernels.online_softmax import safe_max
 from course_kernels.testing import assert_close_to_reference
 
 # (n_q, n_k, d, causal, block_q, block_k, score_multiplier)
@@ -69,8 +69,8 @@ def _mutant(bug):
                 m_new = np.maximum(m, s.max(-1))
                 if bug == "max_not_subtracted":
                     m_new = np.zeros_like(m_new)
-                p = np.exp(s - _safe(m_new)[..., None])
-                alpha = np.exp(m - _safe(m_new))
+                p = np.exp(s - safe_max(m_new)[..., None])
+                alpha = np.exp(m - safe_max(m_new))
                 if bug == "no_rescale":
                     l, acc = l + p.sum(-1), acc + p @ v[..., j0:j1, :]
                 elif bug == "rescale_l_not_o":
@@ -78,12 +78,15 @@ def _mutant(bug):
                 elif bug == "normalize_every_block":
                     psum = p.sum(-1, keepdims=True)
                     l = alpha * l + 1.0
-                    acc = alpha[..., None] * acc + (p / np.where(psum == 0, 1, psum)) @ v[..., j0:j1, :]
+                    acc = (
+                        alpha[..., None] * acc
+                        + (p / np.where(psum == 0, 1, psum)) @ v[..., j0:j1, :]
+                    )
                 else:
                     l, acc = alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v[..., j0:j1, :]
                 m = m_new
             out[..., i0:i1, :] = acc / np.where(l == 0, 1, l)[..., None]
-            lse[..., i0:i1] = _safe(m) + np.log(np.where(l == 0, 1, l))
+            lse[..., i0:i1] = safe_max(m) + np.log(np.where(l == 0, 1, l))
         return out, lse
 
     return impl
@@ -95,8 +98,13 @@ def test_harness_accepts_the_unbugged_mutant(rng):
 
 @pytest.mark.parametrize(
     "bug",
-    ["no_rescale", "rescale_l_not_o", "normalize_every_block", "max_not_subtracted",
-     "causal_off_by_one"],
+    [
+        "no_rescale",
+        "rescale_l_not_o",
+        "normalize_every_block",
+        "max_not_subtracted",
+        "causal_off_by_one",
+    ],
 )
 def test_harness_catches_known_wrong_variant(rng, bug):
     assert forward_failures(_mutant(bug), rng) != []
@@ -107,14 +115,20 @@ def test_harness_catches_known_wrong_variant(rng, bug):
     seed=st.integers(0, 2**31),
     n_q=st.integers(1, 40),
     n_k=st.integers(1, 40),
-    bq1=st.integers(1, 45), bk1=st.integers(1, 45),
-    bq2=st.integers(1, 45), bk2=st.integers(1, 45),
+    bq1=st.integers(1, 45),
+    bk1=st.integers(1, 45),
+    bq2=st.integers(1, 45),
+    bk2=st.integers(1, 45),
     causal=st.booleans(),
     loop_order=st.sampled_from(["fa1", "fa2"]),
 )
-def test_output_is_independent_of_block_sizes(seed, n_q, n_k, bq1, bk1, bq2, bk2, causal, loop_order):
+def test_output_is_independent_of_block_sizes(
+    seed, n_q, n_k, bq1, bk1, bq2, bk2, causal, loop_order
+):
     q, k, v = make_qkv(np.random.default_rng(seed), lead=(2,), n_q=n_q, n_k=n_k, d=5, dv=3)
-    a = flash_attention_numpy(q, k, v, causal=causal, block_q=bq1, block_k=bk1, loop_order=loop_order)
+    a = flash_attention_numpy(
+        q, k, v, causal=causal, block_q=bq1, block_k=bk1, loop_order=loop_order
+    )
     b = flash_attention_numpy(q, k, v, causal=causal, block_q=bq2, block_k=bk2)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-11, atol=1e-13)
     np.testing.assert_allclose(a[1], b[1], rtol=1e-11, atol=1e-13)
@@ -162,7 +176,9 @@ def test_value_width_may_differ_from_head_dim(rng):
 def test_scale_is_applied(rng):
     q, k, v = make_qkv(rng)
     out, _ = flash_attention_numpy(q, k, v, scale=2.5, block_q=5, block_k=5)
-    np.testing.assert_allclose(out, attention_reference(q, k, v, scale=2.5)[0], rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(
+        out, attention_reference(q, k, v, scale=2.5)[0], rtol=1e-12, atol=1e-13
+    )
 
 
 @pytest.mark.parametrize(

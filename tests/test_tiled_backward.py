@@ -38,9 +38,11 @@ def test_tiled_backward_matches_finite_differences(rng, causal, n_q, n_k):
     q, k, v = make_qkv(rng, lead=(1,), n_q=n_q, n_k=n_k, d=3, dv=2)
     out, lse = flash_attention_numpy(q, k, v, causal=causal, block_q=2, block_k=3)
     dout = rng.standard_normal(out.shape)
-    got = flash_attention_numpy_backward(q, k, v, out, lse, dout, causal=causal, block_q=2, block_k=3)
+    got = flash_attention_numpy_backward(
+        q, k, v, out, lse, dout, causal=causal, block_q=2, block_k=3
+    )
     expected = finite_difference_grads(q, k, v, dout, causal, None)
-    for name, g, e in zip("qkv", got, expected):
+    for name, g, e in zip("qkv", got, expected, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-8, err_msg=f"d{name}")
 
 
@@ -59,10 +61,10 @@ def test_tiled_backward_matches_torch_autograd(rng, causal, n_q, n_k, d, dv, bq,
     F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, scale=0.3).backward(
         torch.from_numpy(dout)
     )
-    for name, g, t in zip("qkv", got, (tq, tk, tv)):
+    for name, g, t in zip("qkv", got, (tq, tk, tv), strict=True):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=f"d{name}")
     dense = attention_reference_backward(q, k, v, dout, causal=causal, scale=0.3)
-    for g, e in zip(got, dense):
+    for g, e in zip(got, dense, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-11)
 
 
@@ -85,7 +87,9 @@ def test_low_precision_gradients_within_three_times_naive_error(rng, dtype, caus
     q, k, v = make_qkv(rng, lead=(2,), n_q=67, n_k=67, d=16, dtype=dtype)
     dout = rng.standard_normal((2, 67, 16)).astype(dtype)
     out, lse = flash_attention_numpy(q, k, v, causal=causal, block_q=16, block_k=16)
-    got = flash_attention_numpy_backward(q, k, v, out, lse, dout, causal=causal, block_q=16, block_k=16)
+    got = flash_attention_numpy_backward(
+        q, k, v, out, lse, dout, causal=causal, block_q=16, block_k=16
+    )
     assert all(g.dtype == dtype for g in got)
     ref = attention_reference_backward(q, k, v, dout, causal=causal)
     # the naive same-dtype backward: torch autograd in the low precision (fp16 matmuls on CPU)
@@ -94,7 +98,7 @@ def test_low_precision_gradients_within_three_times_naive_error(rng, dtype, caus
     if causal:
         s = s.masked_fill(~torch.ones(67, 67, dtype=torch.bool).tril(), float("-inf"))
     (torch.softmax(s, -1) @ t[2]).backward(torch.from_numpy(dout))
-    for name, g, r, tt in zip("qkv", got, ref, t):
+    for name, g, r, tt in zip("qkv", got, ref, t, strict=True):
         assert_close_to_reference(g, r, tt.grad.numpy(), factor=3.0, what=f"d{name}")
 
 

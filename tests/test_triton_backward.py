@@ -21,9 +21,9 @@ from course_kernels.testing import assert_close_to_reference  # noqa: E402
 DEVICE = device_kind()
 
 
-def make_inputs(B=1, Hq=2, Hkv=2, Nq=33, Nk=33, d=64, dtype=torch.float32, seed=0):
+def make_inputs(B=1, Hq=2, kv_heads=2, Nq=33, Nk=33, d=64, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    shapes = [(B, Hq, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, d), (B, Hq, Nq, d)]
+    shapes = [(B, Hq, Nq, d), (B, kv_heads, Nk, d), (B, kv_heads, Nk, d), (B, Hq, Nq, d)]
     q, k, v, do = (torch.randn(s, generator=g).to(dtype=dtype, device=DEVICE) for s in shapes)
     return q, k, v, do
 
@@ -45,15 +45,16 @@ def naive_grads(q, k, v, do, causal, scale=None):
 
 def reference_grads(q, k, v, do, causal, scale=None):
     """float64 gradients; K/V gradients summed over each GQA group."""
-    hq, hkv = q.shape[1], k.shape[1]
-    g = hq // hkv
+    hq, kv_heads = q.shape[1], k.shape[1]
+    g = hq // kv_heads
     arrs = [x.detach().cpu().double() for x in (q, k, v, do)]
     arrs[1], arrs[2] = arrs[1].repeat_interleave(g, 1), arrs[2].repeat_interleave(g, 1)
-    dq, dk, dv = attention_reference_backward(*(x.numpy() for x in arrs), causal=causal,
-                                              scale=scale)
+    dq, dk, dv = attention_reference_backward(
+        *(x.numpy() for x in arrs), causal=causal, scale=scale
+    )
     B, _, Nk, d = k.shape
-    dk = dk.reshape(B, hkv, g, Nk, d).sum(axis=2)  # (B, Hkv, Nk, d)
-    dv = dv.reshape(B, hkv, g, Nk, d).sum(axis=2)
+    dk = dk.reshape(B, kv_heads, g, Nk, d).sum(axis=2)  # (B, kv_heads, Nk, d)
+    dv = dv.reshape(B, kv_heads, g, Nk, d).sum(axis=2)
     return dq, dk, dv
 
 
@@ -63,7 +64,7 @@ def check_backward(q, k, v, do, causal, scale=None):
     out.backward(do)
     ref = reference_grads(q, k, v, do, causal, scale)
     naive = naive_grads(q, k, v, do, causal, scale)
-    for name, x, r, n in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), ref, naive):
+    for name, x, r, n in zip(("dQ", "dK", "dV"), (q.grad, k.grad, v.grad), ref, naive, strict=True):
         assert x.shape == r.shape and x.dtype == q.dtype, name
         # n.numpy() keeps the naive dtype, whose ulp sets the rule's error floor.
         assert_close_to_reference(x.float().cpu().numpy(), r, n.numpy(), factor=3.0, what=name)
@@ -84,8 +85,8 @@ def test_backward_head_dim(d):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(4, 2), (3, 1)])
 def test_backward_gqa(heads, causal):
-    hq, hkv = heads
-    check_backward(*make_inputs(Hq=hq, Hkv=hkv, Nq=35, Nk=35, seed=hq), causal)
+    hq, kv_heads = heads
+    check_backward(*make_inputs(Hq=hq, kv_heads=kv_heads, Nq=35, Nk=35, seed=hq), causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -104,19 +105,20 @@ def test_backward_dtype(dtype):
 def test_backward_scale(scale):
     # fp16: the rule compares with what the dtype can do. (In fp32 with large scores the
     # interpreter, which has no fused multiply-add, lands near the 3x budget: see notes/kernel.md.)
-    check_backward(*make_inputs(Nq=33, Nk=21, dtype=torch.float16, seed=4), causal=False,
-                   scale=scale)
+    check_backward(
+        *make_inputs(Nq=33, Nk=21, dtype=torch.float16, seed=4), causal=False, scale=scale
+    )
 
 
 def test_backward_deterministic():
     """Two runs give bit-identical gradients (GQA summed in order, no atomics)."""
-    q, k, v, do = make_inputs(Hq=4, Hkv=1, Nq=50, Nk=50, dtype=torch.float16, seed=9)
+    q, k, v, do = make_inputs(Hq=4, kv_heads=1, Nq=50, Nk=50, dtype=torch.float16, seed=9)
     grads = []
     for _ in range(2):
         qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
         flash_attention(qq, kk, vv, causal=True).backward(do)
         grads.append((qq.grad, kk.grad, vv.grad))
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
 
 

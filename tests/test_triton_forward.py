@@ -21,16 +21,16 @@ from course_kernels.testing import assert_close_to_reference, max_abs_error  # n
 DEVICE = device_kind()
 
 
-def make_qkv(B=1, Hq=2, Hkv=2, Nq=33, Nk=33, d=64, dtype=torch.float32, seed=0, spread=1.0):
+def make_qkv(B=1, Hq=2, kv_heads=2, Nq=33, Nk=33, d=64, dtype=torch.float32, seed=0, spread=1.0):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, Nq, d, generator=g) * spread  # (B, Hq, Nq, d)
-    k = torch.randn(B, Hkv, Nk, d, generator=g)  # (B, Hkv, Nk, d)
-    v = torch.randn(B, Hkv, Nk, d, generator=g)  # (B, Hkv, Nk, d)
+    k = torch.randn(B, kv_heads, Nk, d, generator=g)  # (B, kv_heads, Nk, d)
+    v = torch.randn(B, kv_heads, Nk, d, generator=g)  # (B, kv_heads, Nk, d)
     return [x.to(dtype=dtype, device=DEVICE) for x in (q, k, v)]
 
 
 def expand_kv(x, n_q_heads):
-    """(B, Hkv, N, d) -> (B, Hq, N, d) NumPy, repeating each K/V head for its query group."""
+    """(B, kv_heads, N, d) -> (B, Hq, N, d) NumPy, repeating each K/V head for its query group."""
     x = x.detach().cpu()
     return x.repeat_interleave(n_q_heads // x.shape[1], dim=1).numpy()
 
@@ -64,8 +64,10 @@ def test_forward_head_dim(d):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1), (6, 3)])
 def test_forward_gqa(heads, causal):
-    hq, hkv = heads
-    check_forward(*make_qkv(Hq=hq, Hkv=hkv, Nq=35, Nk=35, seed=hq * 10 + hkv), causal)
+    hq, kv_heads = heads
+    check_forward(
+        *make_qkv(Hq=hq, kv_heads=kv_heads, Nq=35, Nk=35, seed=hq * 10 + kv_heads), causal
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])

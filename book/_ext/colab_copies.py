@@ -31,10 +31,12 @@ from pathlib import Path
 
 GLUE = re.compile(r"\{glue(?::(text|md|any))?\}`([^`]+)`")
 LINK = re.compile(r"\]\(([^)#\s]+\.ipynb)(#[^)\s]*)?\)")
-NOTE = ("*About the numbers in this text: the course's book build filled them in from the code "
-        "below and the measured data it reads (on a CPU; GPU numbers come from the committed "
-        "measurements). Running the notebook recomputes them; timings and random draws can differ "
-        "a little on your machine.*")
+NOTE = (
+    "*About the numbers in this text: the course's book build filled them in from the code "
+    "below and the measured data it reads (on a CPU; GPU numbers come from the committed "
+    "measurements). Running the notebook recomputes them; timings and random draws can differ "
+    "a little on your machine.*"
+)
 SETUP_TAGS = ["remove-cell", "course-setup"]
 
 
@@ -49,7 +51,12 @@ def glue_values(outputs) -> dict[str, dict]:
     notebook in ``_build/jupyter_execute``) or an executed notebook (a dict with ``cells``).
     """
     if "cells" in outputs:
-        outputs = [o for c in outputs["cells"] if c.get("cell_type") == "code" for o in c.get("outputs", [])]
+        outputs = [
+            o
+            for c in outputs["cells"]
+            if c.get("cell_type") == "code"
+            for o in c.get("outputs", [])
+        ]
     else:
         outputs = list(outputs.values())
     values = {}
@@ -57,7 +64,9 @@ def glue_values(outputs) -> dict[str, dict]:
         meta = out.get("metadata", {}).get("scrapbook")
         if out.get("output_type") in ("display_data", "execute_result") and meta:
             prefix = meta.get("mime_prefix", "")
-            values[meta["name"]] = {k.removeprefix(prefix): v for k, v in out.get("data", {}).items()}
+            values[meta["name"]] = {
+                k.removeprefix(prefix): v for k, v in out.get("data", {}).items()
+            }
     return values
 
 
@@ -94,8 +103,9 @@ def render_glue(kind: str | None, content: str, values: dict[str, dict], other=N
     return format_plain_text(_text(data["text/plain"]), fmt)
 
 
-def colab_copy(source: dict, url: str, docname: str | None = None, values=None, other=None,
-               docs=()) -> dict:
+def colab_copy(
+    source: dict, url: str, docname: str | None = None, values=None, other=None, docs=()
+) -> dict:
     """The Colab copy of the committed notebook ``source`` (a dict, as nbformat writes it).
 
     ``values``: the page's glue values (chapters; None for exercises, which glue nothing).
@@ -104,10 +114,15 @@ def colab_copy(source: dict, url: str, docname: str | None = None, values=None, 
     from course_kernels.colab import colab_copy_url, stamp_setup_cell
 
     nb = copy.deepcopy(source)
-    setup = [c for c in nb["cells"] if c["cell_type"] == "code" and
-             "COURSE_REPO_URL = os.environ.get(" in _text(c["source"])]
+    setup = [
+        c
+        for c in nb["cells"]
+        if c["cell_type"] == "code" and "COURSE_REPO_URL = os.environ.get(" in _text(c["source"])
+    ]
     if len(setup) != 1:
-        raise CopyError(f"expected one setup cell (course_kernels.colab.SETUP_CELL), found {len(setup)}")
+        raise CopyError(
+            f"expected one setup cell (course_kernels.colab.SETUP_CELL), found {len(setup)}"
+        )
     try:
         setup[0]["source"] = stamp_setup_cell(_text(setup[0]["source"]), url)
     except ValueError as exc:
@@ -123,11 +138,13 @@ def colab_copy(source: dict, url: str, docname: str | None = None, values=None, 
             text = GLUE.sub(lambda m: render_glue(m.group(1), m.group(2), values, other), text)
             glued = True
         if docname is not None:
+
             def link(m):
                 target = posixpath.normpath(posixpath.join(posixpath.dirname(docname), m.group(1)))
                 if target.removesuffix(".ipynb") not in docs:
                     return m.group(0)
                 return f"]({colab_copy_url(url, target)}{m.group(2) or ''})"
+
             text = LINK.sub(link, text)
         cell["source"] = text
     if glued:
@@ -141,7 +158,9 @@ def colab_copy(source: dict, url: str, docname: str | None = None, values=None, 
 def _repository_url(app) -> str:
     url = (app.config.html_theme_options or {}).get("repository_url", "").rstrip("/")
     if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
-        raise CopyError(f"_config.yml repository.url must be https://github.com/OWNER/REPO, got {url!r}")
+        raise CopyError(
+            f"_config.yml repository.url must be https://github.com/OWNER/REPO, got {url!r}"
+        )
     return url
 
 
@@ -166,7 +185,9 @@ def _colab_button(app, pagename, templatename, context, doctree):
                 button["url"] = target
 
 
-def write_copies(root: Path, outdir: Path, url: str, docs: list[str], executed_dir: Path) -> list[Path]:
+def write_copies(
+    root: Path, outdir: Path, url: str, docs: list[str], executed_dir: Path
+) -> list[Path]:
     """Write every chapter's copy (from ``root/book``) and every exercise and solution's copy."""
     dest = outdir / "_colab"
     cache: dict[str, dict] = {}
@@ -204,8 +225,13 @@ def _build_finished(app, exception):
 
     root = Path(app.srcdir).parent
     try:
-        written = write_copies(root, Path(app.outdir), _repository_url(app), _notebook_docs(app),
-                               Path(app.outdir).parent / "jupyter_execute")
+        written = write_copies(
+            root,
+            Path(app.outdir),
+            _repository_url(app),
+            _notebook_docs(app),
+            Path(app.outdir).parent / "jupyter_execute",
+        )
     except CopyError as exc:
         logging.getLogger(__name__).warning(f"Colab copies: {exc}")  # -W: the build fails
         return
@@ -244,7 +270,9 @@ def fix_setup_cells(root: Path, check: bool = False) -> list[Path]:
         if not path.is_file():
             continue
         nb = nbformat.read(path, as_version=4)
-        cell = nbformat.v4.new_code_cell(SETUP_CELL, metadata={"cellView": "form", "tags": list(SETUP_TAGS)})
+        cell = nbformat.v4.new_code_cell(
+            SETUP_CELL, metadata={"cellView": "form", "tags": list(SETUP_TAGS)}
+        )
         first = nb.cells[0] if nb.cells else None
         if first is not None and "course-setup" in first.get("metadata", {}).get("tags", []):
             if first.source == SETUP_CELL and dict(first.metadata) == dict(cell.metadata):

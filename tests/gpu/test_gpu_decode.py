@@ -12,8 +12,13 @@ def test_decode_benchmark_rows():
 
     rows = apps.decode_benchmark(contexts=(256, 2048), heads=8, kv_heads=2, head_dim=64)
     impls = {r["impl"] for r in rows}
-    assert {"flash_decode", "flash_decode_splits1", "flash_decode_cudagraph",
-            "flash_attention_fwd", "sdpa_math"} <= impls
+    assert {
+        "flash_decode",
+        "flash_decode_splits1",
+        "flash_decode_cudagraph",
+        "flash_attention_fwd",
+        "sdpa_math",
+    } <= impls
     for r in rows:
         if r["ms"] is None:  # a backend that refused the shape says why
             assert r["note"].startswith("not run")

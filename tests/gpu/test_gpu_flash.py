@@ -19,14 +19,14 @@ from course_kernels.bench import naive_attention  # noqa: E402
 from course_kernels.flash import flash_attention  # noqa: E402
 
 
-def make(B, Hq, Hkv, Nq, Nk, d, dtype, seed=0, spread=1.0):
+def make(B, Hq, kv_heads, Nq, Nk, d, dtype, seed=0, spread=1.0):
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def r(*s):
         return torch.randn(*s, device="cuda", generator=g)
 
     q = (r(B, Hq, Nq, d) * spread).to(dtype)  # (B, Hq, Nq, d)
-    k, v = r(B, Hkv, Nk, d).to(dtype), r(B, Hkv, Nk, d).to(dtype)  # (B, Hkv, Nk, d)
+    k, v = r(B, kv_heads, Nk, d).to(dtype), r(B, kv_heads, Nk, d).to(dtype)  # (B, kv_heads, Nk, d)
     do = r(B, Hq, Nq, d).to(dtype)  # (B, Hq, Nq, d)
     return q, k, v, do
 
@@ -38,8 +38,10 @@ def assert_rule(x, ref, naive, factor, what):
     floor = 8 * torch.finfo(naive.dtype).eps * max(1.0, float(abs(ref).max()))
     err = max_abs_error(x.detach().float().cpu().numpy(), ref)
     budget = error_budget(naive.detach().float().cpu().numpy(), ref, factor, floor=floor)
-    assert err <= budget, (f"{what}: max abs error {err:.3e} exceeds {factor}x the naive "
-                           f"same-dtype error (budget {budget:.3e})")
+    assert err <= budget, (
+        f"{what}: max abs error {err:.3e} exceeds {factor}x the naive "
+        f"same-dtype error (budget {budget:.3e})"
+    )
 
 
 def expand(x, hq):
@@ -69,12 +71,16 @@ def check(q, k, v, do, causal, backward=True):
         bar = grads_of(naive, q, k, v, do)
     else:
         with torch.no_grad():
-            got, ref, bar = (ours(q, k, v),), (naive(q.double(), k.double(), v.double()),), (
-                naive(q, k, v),)
-    for name, x, r, n in zip(names, got, ref, bar):
+            got, ref, bar = (
+                (ours(q, k, v),),
+                (naive(q.double(), k.double(), v.double()),),
+                (naive(q, k, v),),
+            )
+    for name, x, r, n in zip(names, got, ref, bar, strict=True):
         assert x.dtype == q.dtype and x.shape == r.shape, name
-        assert_rule(x, r, n, factor=2.0 if name == "O" else 3.0,
-                    what=f"{name} ({q.dtype}, causal={causal})")
+        assert_rule(
+            x, r, n, factor=2.0 if name == "O" else 3.0, what=f"{name} ({q.dtype}, causal={causal})"
+        )
     return got
 
 
@@ -107,7 +113,7 @@ def test_gpu_deterministic():
     q, k, v, do = make(2, 8, 2, 3000, 3000, 64, torch.bfloat16, seed=1)
     a = grads_of(lambda *x: flash_attention(*x, causal=True), q, k, v, do)
     b = grads_of(lambda *x: flash_attention(*x, causal=True), q, k, v, do)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert torch.equal(x, y)
 
 
@@ -123,8 +129,9 @@ def test_gpu_saves_nothing_n_by_n():
     q, k, v, _ = make(1, 2, 2, n, n, 64, torch.float16)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t,
-                                                  lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.numel()) or t, lambda t: t
+    ):
         flash_attention(q, k, v, causal=True)
     assert saved and max(saved) <= 2 * n * 64
 

@@ -43,7 +43,7 @@ def test_gpu_inductor_fullgraph_matches_eager():
     assert (out_c.float() - out_e.float()).abs().max() < 2e-2
     g_c = torch.autograd.grad(out_c.float().square().sum(), list(model.parameters()))
     g_e = torch.autograd.grad(out_e.float().square().sum(), list(model.parameters()))
-    for a, b in zip(g_c, g_e):
+    for a, b in zip(g_c, g_e, strict=True):
         assert torch.isfinite(a).all()
         assert (a.float() - b.float()).abs().max() <= 5e-2 * max(1.0, b.float().abs().max())
 
@@ -64,8 +64,10 @@ def test_gpu_one_key_dq_is_exactly_zero(causal):
     """FlashAttention's own test case: Nk = 1, fp16, d = 224: dQ must be exactly 0."""
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(2, 4, 113, 224, device="cuda", generator=g).half().requires_grad_()
-    k, v = (torch.randn(2, 4, 1, 224, device="cuda", generator=g).half().requires_grad_()
-            for _ in range(2))
+    k, v = (
+        torch.randn(2, 4, 1, 224, device="cuda", generator=g).half().requires_grad_()
+        for _ in range(2)
+    )
     do = torch.randn(2, 4, 113, 224, device="cuda", generator=g).half()
     out = flash_attention(q, k, v, causal=causal)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
@@ -75,8 +77,10 @@ def test_gpu_one_key_dq_is_exactly_zero(causal):
 
 
 def test_gpu_double_backward_raises():
-    q, k, v = (torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16,
-                           requires_grad=True) for _ in range(3))
-    dq, = torch.autograd.grad(flash_attention(q, k, v).sum(), q, create_graph=True)
+    q, k, v = (
+        torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+        for _ in range(3)
+    )
+    (dq,) = torch.autograd.grad(flash_attention(q, k, v).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="does not support double backward"):
         dq.float().sum().backward()
