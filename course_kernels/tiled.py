@@ -164,5 +164,7 @@ def _forward_fa1(q, k, v, causal, scale, block_q, block_k, acc_t):
             l_all[..., i0:i1] = l_new  # line 13: write l_i, m_i to HBM
             m_all[..., i0:i1] = m_new
     with np.errstate(divide="ignore"):
-        lse = np.where(l_all == 0, -np.inf, safe_max(m_all) + np.log(np.where(l_all == 0, 1, l_all)))
+        lse = np.where(
+            l_all == 0, -np.inf, safe_max(m_all) + np.log(np.where(l_all == 0, 1, l_all))
+        )
     return out, lse.astype(acc_t)
