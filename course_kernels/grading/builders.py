@@ -99,12 +99,12 @@ TF32_HINT = (
 )
 
 
-def bhnd_inputs(params, heads_kv=None):
+def bhnd_inputs(params, kv_heads=None):
     rng = np.random.default_rng(int(params.get("seed", 0)))
     b, h, n, d = (
         int(params.get(x, dflt)) for x, dflt in (("batch", 1), ("heads", 2), ("n", 32), ("d", 16))
     )
-    hk = int(params.get("heads_kv", h)) if heads_kv is None else heads_kv
+    hk = int(params.get("kv_heads", h)) if kv_heads is None else kv_heads
     q = rng.standard_normal((b, h, n, d)).astype(np.float32)
     k = rng.standard_normal((b, hk, n, d)).astype(np.float32)
     v = rng.standard_normal((b, hk, n, d)).astype(np.float32)

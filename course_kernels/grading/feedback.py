@@ -137,13 +137,6 @@ def compare(
     raise Fail(msg)
 
 
-def nonfinite_message(x, what, why) -> str | None:
-    x = np.asarray(x, dtype=np.float64)
-    if np.isnan(x).any() or np.isinf(x).any():
-        return f"{what} contains NaN/inf: {why}"
-    return None
-
-
 def mutation_message(mutated: list, names: list[str]) -> str:
     which = ", ".join(names[i] if i < len(names) else f"argument {i}" for i in mutated)
     return (

@@ -58,9 +58,9 @@ def tile_sizes(M: int, d: int) -> Tuple[int, int]:
     return min(b_c, d), b_c
 
 
-def fits_in_sram(br: int, bc: int, d: int, M: int) -> bool:
+def fits_in_sram(block_q: int, block_k: int, d: int, M: int) -> bool:
     """True if 2*Br*d + 2*Bc*d + Br*Bc <= M (blocks plus the score tile)."""
-    return 2 * br * d + 2 * bc * d + br * bc <= M
+    return 2 * block_q * d + 2 * block_k * d + block_q * block_k <= M
 # fmt: on
 
 
@@ -94,16 +94,16 @@ VISIBLE = {
     ],
     "tile_sizes": [{"M": 100000, "d": 64}, {"M": 2048, "d": 64}, {"M": 65536, "d": 128}],
     "fits_in_sram": [
-        {"br": 64, "bc": 390, "d": 64, "M": 100000},
+        {"block_q": 64, "block_k": 390, "d": 64, "M": 100000},
         {
             "name": "the article's B=375 at d=64",
-            "br": 375,
-            "bc": 375,
+            "block_q": 375,
+            "block_k": 375,
             "d": 64,
             "M": 96000,
             "points": 2,
         },
-        {"name": "exactly full", "br": 8, "bc": 8, "d": 8, "M": 320},
+        {"name": "exactly full", "block_q": 8, "block_k": 8, "d": 8, "M": 320},
     ],
 }
 
@@ -114,7 +114,14 @@ HIDDEN = {
     ],
     "tile_sizes": [{"name": "hidden: M=1000000, d=64", "M": 1000000, "d": 64, "points": 1}],
     "fits_in_sram": [
-        {"name": "hidden: one element over", "br": 8, "bc": 8, "d": 8, "M": 319, "points": 1}
+        {
+            "name": "hidden: one element over",
+            "block_q": 8,
+            "block_k": 8,
+            "d": 8,
+            "M": 319,
+            "points": 1,
+        }
     ],
 }
 
@@ -154,17 +161,17 @@ def build_tile_sizes(params) -> Case:
     M, d = int(params["M"]), int(params["d"])
 
     def judge(out, outcome):
-        br, bc = unpack(out, 2, "(Br, Bc)")
-        br, bc = as_int(br, "Br"), as_int(bc, "Bc")
-        want_bc = M // (4 * d)
-        want = (min(want_bc, d), want_bc)
-        if (br, bc) == want:
+        block_q, block_k = unpack(out, 2, "(Br, Bc)")
+        block_q, block_k = as_int(block_q, "Br"), as_int(block_k, "Bc")
+        want_block_k = M // (4 * d)
+        want = (min(want_block_k, d), want_block_k)
+        if (block_q, block_k) == want:
             return f"(Br, Bc) = {want}"
-        if bc == math.ceil(M / (4 * d)) and bc != want_bc:
+        if block_k == math.ceil(M / (4 * d)) and block_k != want_block_k:
             raise Fail("Bc was rounded up; use floor(M / 4d)")
-        if (br, bc) == (want_bc, want_bc):
+        if (block_q, block_k) == (want_block_k, want_block_k):
             raise Fail("Br must also keep the Br x Bc score tile small: Br = min(Bc, d)")
-        raise Fail(f"got (Br, Bc) = ({br}, {bc}); expected {want}")
+        raise Fail(f"got (Br, Bc) = ({block_q}, {block_k}); expected {want}")
 
     return Case(
         "tile_sizes",
@@ -178,8 +185,8 @@ def build_tile_sizes(params) -> Case:
 
 
 def build_fits_in_sram(params) -> Case:
-    br, bc, d, M = (int(params[x]) for x in ("br", "bc", "d", "M"))
-    need = 2 * br * d + 2 * bc * d + br * bc
+    block_q, block_k, d, M = (int(params[x]) for x in ("block_q", "block_k", "d", "M"))
+    need = 2 * block_q * d + 2 * block_k * d + block_q * block_k
 
     def judge(out, outcome):
         if not isinstance(out, bool) and not (isinstance(out, np.ndarray) and out.dtype == bool):
@@ -187,18 +194,20 @@ def build_fits_in_sram(params) -> Case:
         want = need <= M
         if bool(out) == want:
             return f"{need} elements {'<=' if want else '>'} M = {M}"
-        if bool(out) == (2 * br * d + 2 * bc * d <= M):
-            raise Fail(f"the Br x Bc = {br * bc}-element score tile S must fit too ({need} > {M})")
+        if bool(out) == (2 * block_q * d + 2 * block_k * d <= M):
+            raise Fail(
+                f"the Br x Bc = {block_q * block_k}-element score tile S must fit too ({need} > {M})"
+            )
         raise Fail(
             f"Q_i, O_i (Br x d), K_j, V_j (Bc x d) and S_ij (Br x Bc) take {need} elements; M = {M}"
         )
 
     return Case(
         "fits_in_sram",
-        name_of(params, f"Br={br}, Bc={bc}, d={d}, M={M}"),
+        name_of(params, f"Br={block_q}, Bc={block_k}, d={d}, M={M}"),
         float(params.get("points", 1)),
         "fits_in_sram",
-        (br, bc, d, M),
+        (block_q, block_k, d, M),
         {},
         judge,
     )

@@ -124,7 +124,7 @@ HIDDEN = {
         {
             "name": "hidden: wide block, big rise",
             "nq": 9,
-            "bc": 31,
+            "block_k": 31,
             "dv": 5,
             "m_shift": -10.0,
             "seed": 111,
@@ -190,10 +190,10 @@ UPDATE_MESSAGES = {
 
 def _update_inputs(params):
     rng = seeded(params)
-    nq, bc, dv = params.get("nq", 5), params.get("bc", 6), params.get("dv", 3)
+    nq, block_k, dv = params.get("nq", 5), params.get("block_k", 6), params.get("dv", 3)
     kind = params.get("state", "random")
-    s = rng.standard_normal((nq, bc)) * 2
-    v = rng.standard_normal((bc, dv))
+    s = rng.standard_normal((nq, block_k)) * 2
+    v = rng.standard_normal((block_k, dv))
     if kind == "empty":
         m, l, acc = np.full(nq, -np.inf), np.zeros(nq), np.zeros((nq, dv))
     else:

@@ -145,7 +145,7 @@ VISIBLE = {
         {
             "name": "causal, one kv head per head",
             "heads": 2,
-            "heads_kv": 2,
+            "kv_heads": 2,
             "n": 40,
             "causal": True,
             "seed": 70,
@@ -154,7 +154,7 @@ VISIBLE = {
         {
             "name": "GQA: 4 query heads, 2 kv heads",
             "heads": 4,
-            "heads_kv": 2,
+            "kv_heads": 2,
             "n": 32,
             "seed": 71,
             "points": 2,
@@ -162,7 +162,7 @@ VISIBLE = {
         {
             "name": "GQA and causal, uneven N",
             "heads": 6,
-            "heads_kv": 2,
+            "kv_heads": 2,
             "n": 37,
             "causal": True,
             "seed": 72,
@@ -176,7 +176,7 @@ HIDDEN = {
         {
             "name": "hidden: 8 heads on 1 kv head, causal",
             "heads": 8,
-            "heads_kv": 1,
+            "kv_heads": 1,
             "n": 21,
             "causal": True,
             "seed": 161,
