@@ -5,7 +5,7 @@ RESULT_FD``) inside the bubblewrap sandbox set up by :mod:`.sandbox`. It imports
 nothing from ``course_kernels`` (the package is not on this interpreter's path, and a poisoned
 stand-in blocks it): the student must write the algorithm, not call the library's.
 
-Protocol (read by ``sandbox._read_frames``): each frame on RESULT_FD is
+Protocol (read by ``frames._pump``): each frame on RESULT_FD is
 ``[4-byte header length][header JSON][8-byte payload length][payload]``; the payload is the
 concatenation of ``.npy`` files (``np.save(..., allow_pickle=False)``). Never pickle.
 """

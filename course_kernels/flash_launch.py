@@ -58,6 +58,8 @@ def _quiet():
 # shape's first (tuning) launch, remember the config it chose and launch the JIT function
 # directly, exactly as Autotuner.run would. At N = 1K the whole Python launch path is still
 # comparable to the kernel's ~0.1 ms (notes/kernel.md).
+# Triton has no public API for this; the internals used here (Autotuner.best_config,
+# Config.all_kwargs, fn.run(grid=, warmup=)) are pinned by tests/test_flash_launch_internals.py.
 _TUNED: dict = {}
 
 

@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "scripts"))
+from run_notebook import execute_in_kernel  # noqa: E402 (the one notebook runner)
 from sources import HOW, NOTEBOOKS, hidden_json, stub_from_solution  # noqa: E402
 
 
@@ -123,12 +124,7 @@ def main(argv=None):
             nb = build(name, spec, solved)
             if solved and not args.no_exec:
                 env_before = os.environ.get("TRITON_INTERPRET")
-                NotebookClient(
-                    nb,
-                    timeout=600,
-                    kernel_name="python3",
-                    resources={"metadata": {"path": str(folder)}},
-                ).execute()
+                execute_in_kernel(nb, folder, timeout=600)
                 if env_before is None:
                     os.environ.pop("TRITON_INTERPRET", None)
                 for cell in nb.cells:  # run timestamps change at every build: not kept

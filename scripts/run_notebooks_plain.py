@@ -8,9 +8,10 @@ GPU, at full size. It is not nbval: outputs are not compared, only errors are ca
         --out run.json [--limit-s 120]
 
 Each notebook runs in a subprocess with its own folder as the working directory (as Jupyter and
-the book build do) and ``--limit-s`` seconds; ``display`` prints a one-line summary, ``plt.show``
-closes the figure, ``IPython.display`` is stubbed when IPython is absent, and each cell's source
-is registered in ``linecache`` as Jupyter does (Triton's ``@jit`` reads its function's source).
+the book build do) and ``--limit-s`` seconds, through scripts/run_notebook.py's ``plain`` mode
+(the one notebook runner: ``display`` prints a one-line summary, ``plt.show`` closes the figure,
+``IPython.display`` is stubbed when IPython is absent, each cell's source is registered in
+``linecache`` as Jupyter does, for Triton's ``@jit``).
 """
 
 from __future__ import annotations
@@ -23,47 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-CHILD = r"""
-import json, linecache, os, sys, types
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-plt.show = lambda *a, **k: plt.close("all")
-try:
-    if os.environ.get("RUN_NOTEBOOKS_STUB_IPYTHON"):  # tests: exercise the stand-in below
-        raise ImportError
-    import IPython.display  # noqa: F401
-except ImportError:  # a minimal stand-in: the objects only need to exist and print
-    mod = types.ModuleType("IPython.display")
-    class _Obj:
-        def __init__(self, data=None, *a, **k):
-            self.data = data
-        def __repr__(self):
-            return f"<{type(self).__name__} {str(self.data)[:60]!r}>"
-    for name in ("Markdown", "HTML", "Image", "SVG", "Math", "JSON"):
-        setattr(mod, name, type(name, (_Obj,), {}))
-    mod.display = lambda *objs, **k: [print(repr(o)[:120]) for o in objs]
-    pkg = types.ModuleType("IPython"); pkg.display = mod
-    pkg.get_ipython = lambda: None  # matplotlib asks for a shell (there is none) ...
-    pkg.version_info = (9, 0, 0, "stand-in")  # ... and for a version, to pick a GUI hook
-    sys.modules["IPython"], sys.modules["IPython.display"] = pkg, mod
-from IPython.display import display
-nb = json.load(open(sys.argv[1]))
-ns = {"__name__": "__main__", "display": display}
-for i, cell in enumerate(nb["cells"]):
-    if cell["cell_type"] != "code":
-        continue
-    src = "".join(cell["source"])
-    if any(line.lstrip().startswith(("%", "!")) for line in src.splitlines()):
-        print(f"cell {i}: skipped (IPython magic or shell escape)")
-        continue
-    print(f"-- cell {i}", flush=True)
-    name = f"<{sys.argv[1]} cell {i}>"
-    # Register the source as Jupyter does, so inspect.getsource works (Triton's @jit needs it).
-    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-    exec(compile(src, name, "exec"), ns)
-print("NOTEBOOK OK", flush=True)
-"""
+RUNNER = Path(__file__).resolve().parent / "run_notebook.py"  # the shared runner, plain mode
 
 
 def run(path: Path, limit_s: float, root: Path | None) -> dict:
@@ -76,7 +37,7 @@ def run(path: Path, limit_s: float, root: Path | None) -> dict:
     t0 = time.time()
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", CHILD, path.name],
+            [sys.executable, str(RUNNER), "plain", path.name],
             cwd=path.parent,
             env=env,
             capture_output=True,

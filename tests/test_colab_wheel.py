@@ -44,27 +44,8 @@ WORKERS = int(os.environ.get("COLAB_TEST_WORKERS", "2"))
 MISSING_DATA = ("in this install yet", "No committed sweep")
 WHEEL_LIMIT = 5 * 2**20  # bytes: the package with its measured data is ~1 MB
 
-RUNNER = r"""
-import json, sys, time
-import nbformat
-from jupyter_client.kernelspec import KernelSpecManager
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
-
-src, workdir, out = sys.argv[1:4]
-spec = KernelSpecManager().get_kernel_spec("python3")
-assert spec.argv[0] in (sys.executable, "python"), f"kernel is not this venv's python: {spec.argv}"
-nb = nbformat.read(src, as_version=4)
-t0 = time.time()
-error = None
-try:
-    NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": workdir}}).execute()
-except CellExecutionError as exc:
-    error = str(exc)[-3000:]
-nbformat.write(nb, out)
-print(json.dumps({"seconds": round(time.time() - t0, 1), "error": error}))
-"""
+# The one notebook runner, kernel mode; stdlib-only at import, so it runs in the fresh venv.
+RUNNER = ROOT / "scripts" / "run_notebook.py"
 
 
 LO_UP_THEN_EXEC = """
@@ -157,8 +138,6 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
     ipython = tmp_path / "ipython"
     (ipython / "profile_default" / "startup").mkdir(parents=True)
     (ipython / "profile_default" / "startup" / "00-colab.py").write_text("import google.colab\n")
-    runner = tmp_path / "runner.py"
-    runner.write_text(RUNNER)
     (tmp_path / "home").mkdir()
     (tmp_path / "jupyter").mkdir()
 
@@ -205,7 +184,9 @@ def test_every_colab_notebook_runs_from_the_wheel_offline(wheel, tmp_path):
         out.parent.mkdir(exist_ok=True)
         t0 = time.time()
         done = subprocess.run(
-            _offline(str(python), [str(python), str(runner), str(nb), str(workdir), str(out)]),
+            _offline(
+                str(python), [str(python), str(RUNNER), "kernel", str(nb), str(workdir), str(out)]
+            ),
             capture_output=True,
             text=True,
             env=env_for(venv),
