@@ -1,4 +1,4 @@
-"""Pins the Triton internals that ``course_kernels.flash._launch`` relies on.
+"""Pins the Triton internals that ``course_kernels.flash_launch._launch`` relies on.
 
 ``_launch`` skips ``Autotuner.run`` after a shape's first launch (it rebuilds its cache key from
 every argument on each call; notes/kernel.md measures the host overhead this saves). Triton has
@@ -27,13 +27,13 @@ triton = pytest.importorskip("triton")
 import torch.nn.functional as F  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
-from course_kernels import _triton_env, flash  # noqa: E402
+from course_kernels import _triton_env, flash, flash_launch  # noqa: E402
 from course_kernels.triton_backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from course_kernels.triton_forward import _attn_fwd  # noqa: E402
 
 KERNELS = {"_attn_fwd": _attn_fwd, "_attn_bwd_dq": _attn_bwd_dq, "_attn_bwd_dkdv": _attn_bwd_dkdv}
 FIX = (
-    f"Triton {triton.__version__} changed an internal that course_kernels/flash.py's _launch "
+    f"Triton {triton.__version__} changed an internal that course_kernels/flash_launch.py's _launch "
     "uses; update _launch (or drop its shortcut and call kernel[grid](...) every time) and this "
     "test together."
 )
@@ -76,14 +76,14 @@ def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_attn_fwd.fn, "run", spy)
-    monkeypatch.setattr(flash, "_TUNED", {})
+    monkeypatch.setattr(flash_launch, "_TUNED", {})
     device = _triton_env.device_kind()
     q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
     outs = [flash.flash_attention(q, k, v, causal=True) for _ in range(2)]
 
     assert len(calls) == 2, f"fn.run was called {len(calls)} times for two launches. {FIX}"
     assert isinstance(_attn_fwd.best_config, triton.Config), f"best_config not set. {FIX}"
-    (tuned,) = flash._TUNED.values()
+    (tuned,) = flash_launch._TUNED.values()
     assert tuned == _attn_fwd.best_config.all_kwargs()
     (a1, k1), (a2, k2) = calls
 
