@@ -1,5 +1,11 @@
-"""The exercises, one spec module each: prose, solution as real code, visible and hidden cases,
-points, test builders and the mistakes the feedback names (see ring_attention.py)."""
+"""The exercises, one spec module each: everything about an exercise in one place.
+
+Each module holds the notebook's prose, each function's points and text, its solution (real
+code, which the lint sees and the solution notebook runs), the visible and hidden test
+parameters, the test builders (inputs from a seed, float64 references) and the mistakes the
+feedback names. ``grading/sources.py`` builds the notebooks from the modules and
+``grading/build_notebooks.py`` writes the hidden tests' JSON from them.
+"""
 
 from __future__ import annotations
 

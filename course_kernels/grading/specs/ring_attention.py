@@ -1,10 +1,7 @@
 """Exercise 10, ring attention on simulated ranks: everything about it in one place.
 
-The notebook's prose, each function's points and text, its solution (real code below, which the
-lint and the tests see), the visible and hidden test parameters, the test builders (inputs from a
-seed, the truth from ``course_kernels.attention_reference`` in float64 on the whole sequence) and
-the known mistakes the feedback names. ``grading/sources.py`` builds the notebooks from this
-module and ``grading/build_notebooks.py`` writes the hidden tests' JSON from it.
+What a spec module holds and how it is used: ``course_kernels/grading/specs/__init__.py``. The
+truth here is ``course_kernels.attention_reference`` in float64 on the whole sequence.
 
 The ranks are simulated in one process with NumPy: no ``course_kernels.distributed`` (another
 chapter's library code) is used, so the exercise stands alone.

@@ -1,10 +1,6 @@
 """Exercise 08, kernel features: causal masking and GQA: everything about it in one place.
 
-The notebook's prose, each function's points and text, its solution (real code below, which
-the lint sees and the solution notebook runs), the visible and hidden test parameters, the
-test builders (inputs from a seed, float64 references) and the mistakes the feedback names.
-``grading/sources.py`` builds the notebooks from this module and
-``grading/build_notebooks.py`` writes the hidden tests' JSON from it.
+What a spec module holds and how it is used: ``course_kernels/grading/specs/__init__.py``.
 """
 
 from __future__ import annotations
