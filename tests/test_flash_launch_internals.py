@@ -12,7 +12,7 @@ no public API for "launch the JIT function with the config the autotuner already
 
 A Triton upgrade that renames or reshapes any of them must fail here, loudly, rather than make
 ``_launch`` crash or launch with the wrong config. Checked in Triton 3.9 (this machine,
-interpreter) and used on the GPU machine with 3.6.
+interpreter, one config) and on the GPU machine's Triton 3.6 with autotuning on and off.
 """
 
 from __future__ import annotations
@@ -79,13 +79,20 @@ def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
     monkeypatch.setattr(flash_launch, "_TUNED", {})
     device = _triton_env.device_kind()
     q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
-    outs = [flash.flash_attention(q, k, v, causal=True) for _ in range(2)]
+    # The tuning launch calls fn.run once per config it times (one config under the
+    # interpreter or with COURSE_KERNELS_AUTOTUNE=0), then once more with the chosen config.
+    outs = [flash.flash_attention(q, k, v, causal=True)]
+    n_first = len(calls)
+    assert n_first >= 1, f"the tuning launch never reached fn.run. {FIX}"
+    outs.append(flash.flash_attention(q, k, v, causal=True))
 
-    assert len(calls) == 2, f"fn.run was called {len(calls)} times for two launches. {FIX}"
+    assert len(calls) == n_first + 1, (
+        f"fn.run was called {len(calls) - n_first} times for one cached launch. {FIX}"
+    )
     assert isinstance(_attn_fwd.best_config, triton.Config), f"best_config not set. {FIX}"
     (tuned,) = flash_launch._TUNED.values()
     assert tuned == _attn_fwd.best_config.all_kwargs()
-    (a1, k1), (a2, k2) = calls
+    (a1, k1), (a2, k2) = calls[n_first - 1], calls[-1]  # the tuned launch, the cached one
 
     def same(x, y):  # tensors are new per call (o, lse2): compare their shape and dtype
         if isinstance(x, torch.Tensor):
