@@ -59,7 +59,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
-from .triton_forward import LOG2E  # noqa: E402
+from .reference import LN2 as _LN2  # noqa: E402
+from .triton_forward import LOG2E, _attn_fwd_inner  # noqa: E402
+
+LN2 = tl.constexpr(_LN2)  # a kernel reads a module global only as a constexpr
 
 
 # -- Triton -----------------------------------------------------------------------------------
@@ -138,39 +141,38 @@ def _decode_split_kv(
     qk_scale = scale * LOG2E  # exp(x) = exp2(x * log2 e)
     last_key = seqlen - N_Q + tok  # (BLOCK_M,) causal: row sees keys j <= last_key
 
-    lo = split * KEYS_PER_SPLIT
+    lo = split * KEYS_PER_SPLIT  # a multiple of BLOCK_N (split_kv.split_chunk)
     hi = tl.minimum(lo + KEYS_PER_SPLIT, seqlen)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        n_ok = offs_n < hi
-        kv_mask = n_ok[:, None] & d_ok  # (BLOCK_N, D)
-        k = tl.load(
-            k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk,
-            mask=kv_mask,
-            other=0.0,
-        )  # (BLOCK_N, D)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        keep = n_ok[None, :]
-        if CAUSAL:
-            keep = keep & (offs_n[None, :] <= last_key[:, None])
-        qk = tl.where(keep, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
-        m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # fully masked rows: no NaN
-        p = tl.math.exp2(qk - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
-        alpha = tl.math.exp2(m_i - m_sub)  # (BLOCK_M,)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk,
-            mask=kv_mask,
-            other=0.0,
-        )  # (BLOCK_N, D)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_ij
+    # The forward's loop over key blocks (FA2 Alg. 1 lines 7-10), every block masked: keys past
+    # this chunk (or the sequence) and, with causal, keys after each row's last_key.
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kk,
+        stride_vn,
+        stride_vk,
+        last_key,
+        lo,
+        hi,
+        qk_scale,
+        hi,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PADDED,
+        True,
+        CAUSAL,
+        DOT_PRECISION,
+    )
 
     # Partials go to (B, Hq, Nq, S[, d]); m in natural log so they read like online_softmax's.
     h_q = KV_HEADS * GROUP_SIZE
     row = ((off_z * h_q + off_h) * N_Q + tok) * NUM_SPLITS + split  # (BLOCK_M,)
-    tl.store(M_part + row, m_i * 0.6931471805599453, mask=r_ok)
+    tl.store(M_part + row, m_i * LN2, mask=r_ok)
     tl.store(L_part + row, l_i, mask=r_ok)
     tl.store(Acc_part + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=r_ok[:, None] & d_ok)
 

@@ -120,6 +120,7 @@ def _forward(q, k, v, causal: bool, scale: float):
         HEAD_DIM_PADDED=head_dim_padded(d),
         CAUSAL=causal,
         DOT_PRECISION=_dot_precision(q.dtype),
+        HEAVY_FIRST=causal,
     )
     return o, lse2
 
@@ -205,6 +206,7 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
         HEAD_DIM_PADDED=dpad,
         CAUSAL=causal,
         DOT_PRECISION=prec,
+        HEAVY_FIRST=causal,
     )
     _launch(
         _attn_bwd_dkdv,
@@ -218,6 +220,7 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
             delta,
             dk,
             dv,
+            dq,  # read only with ATOMIC_DQ (not used here: dQ has its own kernel)
             scale,
             *q.stride(),
             *k.stride(),
@@ -231,5 +234,6 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
         HEAD_DIM_PADDED=dpad,
         CAUSAL=causal,
         DOT_PRECISION=prec,
+        ATOMIC_DQ=False,
     )
     return dq, dk, dv

@@ -98,6 +98,7 @@ def _attn_bwd_dkdv_inner(
     do_base,
     lse_base,
     delta_base,
+    dq_base,
     stride_qm,
     stride_qk,
     offs_n,
@@ -110,6 +111,7 @@ def _attn_bwd_dkdv_inner(
     HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 9-18)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
@@ -136,12 +138,15 @@ def _attn_bwd_dkdv_inner(
         dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
         # FA2 Alg. 2 line 17: dK_j += dS^T Q_i (the scale is applied once at the end).
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
+        if ATOMIC_DQ:  # FA2 Alg. 2 line 16 as the paper has it: dQ_i += dS K_j, in fp32 atomics
+            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION)
+            tl.atomic_add(dq_base + row_ptrs, dq, mask=m_ok[:, None] & d_ok, sem="relaxed")
     return dk, dv
 
 
 @triton.autotune(
     configs=dkdv_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "GROUP_SIZE", "DOT_PRECISION"],
+    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "GROUP_SIZE", "DOT_PRECISION", "ATOMIC_DQ"],
     prune_configs_by={
         "early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, DKDV_SM75)
     },
@@ -157,6 +162,7 @@ def _attn_bwd_dkdv(
     Delta,
     DK,
     DV,
+    DQ,
     scale,
     stride_qz,
     stride_qh,
@@ -174,6 +180,7 @@ def _attn_bwd_dkdv(
     HEAD_DIM_PADDED: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
 ):
@@ -215,6 +222,7 @@ def _attn_bwd_dkdv(
         do_base = DO + off_z * stride_qz + off_h * stride_qh
         lse_base = LSE + off_bh * N_CTX_Q
         delta_base = Delta + off_bh * N_CTX_Q
+        dq_base = DQ + off_z * stride_qz + off_h * stride_qh  # fp32, only with ATOMIC_DQ
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
             dv,
@@ -224,6 +232,7 @@ def _attn_bwd_dkdv(
             do_base,
             lse_base,
             delta_base,
+            dq_base,
             stride_qm,
             stride_qk,
             offs_n,
@@ -236,6 +245,7 @@ def _attn_bwd_dkdv(
             HEAD_DIM_PADDED,
             True,
             DOT_PRECISION,
+            ATOMIC_DQ,
         )
         dk, dv = _attn_bwd_dkdv_inner(
             dk,
@@ -246,6 +256,7 @@ def _attn_bwd_dkdv(
             do_base,
             lse_base,
             delta_base,
+            dq_base,
             stride_qm,
             stride_qk,
             offs_n,
@@ -258,6 +269,7 @@ def _attn_bwd_dkdv(
             HEAD_DIM_PADDED,
             False,
             DOT_PRECISION,
+            ATOMIC_DQ,
         )
 
     # FA2 Alg. 2 line 19: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
@@ -314,7 +326,7 @@ def _attn_bwd_dq_inner(
 
 @triton.autotune(
     configs=dq_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
+    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "HEAVY_FIRST"],
     prune_configs_by={
         "early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, DQ_SM75)
     },
@@ -347,6 +359,7 @@ def _attn_bwd_dq(
     HEAD_DIM_PADDED: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
     BLOCK_N2: tl.constexpr,
     BLOCK_M2: tl.constexpr,
 ):
@@ -355,7 +368,10 @@ def _attn_bwd_dq(
     Grid: (cdiv(Nq, BLOCK_M2), B * Hq). Q, dO, O, dQ share strides (stride_q*); K, V share
     strides (stride_k*). Writes D = rowsum(dO * O) (B, Hq, Nq) for the dK/dV kernel.
     """
-    start_m = tl.program_id(0) * BLOCK_M2
+    if HEAVY_FIRST:  # causal: the last query blocks see the most keys (as in _attn_fwd)
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M2
+    else:
+        start_m = tl.program_id(0) * BLOCK_M2
     off_hz = tl.program_id(1)
     off_z = (off_hz // H_Q).to(tl.int64)
     off_h = (off_hz % H_Q).to(tl.int64)

@@ -113,7 +113,7 @@ def _attn_fwd_inner(
     stride_kk,
     stride_vn,
     stride_vk,
-    offs_m,
+    last_key,
     lo,
     hi,
     qk_scale,
@@ -125,7 +125,13 @@ def _attn_fwd_inner(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Stream key blocks [lo, hi) through the online softmax (the body of FA2 Alg. 1's loop over j: lines 7-10)."""
+    """Stream key blocks [lo, hi) through the online softmax (the body of FA2 Alg. 1's loop over j: lines 7-10).
+
+    With ``MASKED``, keys >= N_CTX_K are masked, and with ``CAUSAL`` also keys after
+    ``last_key`` (BLOCK_M,), the last key each row may see: the row's own index for the
+    top-left causal mask of :func:`_attn_fwd`, ``seqlen - Nq + token`` for decoding
+    (``decode._decode_split_kv`` runs this same loop over its chunk of the cache).
+    """
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -140,7 +146,7 @@ def _attn_fwd_inner(
         if MASKED:
             keep = offs_n[None, :] < N_CTX_K  # (1, BLOCK_N)
             if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])  # (BLOCK_M, BLOCK_N)
+                keep = keep & (offs_n[None, :] <= last_key[:, None])  # (BLOCK_M, BLOCK_N)
             qk = tl.where(keep, qk, float("-inf"))
         # FA2 Alg. 1 line 9: new running max, P~ = exp(S - m), rescaled running sum.
         m_ij = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
@@ -163,7 +169,7 @@ def _attn_fwd_inner(
 
 @triton.autotune(
     configs=fwd_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
+    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "HEAVY_FIRST"],
     prune_configs_by={
         "early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)
     },
@@ -201,14 +207,20 @@ def _attn_fwd(
     HEAD_DIM_PADDED: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """O = softmax(scale * Q K^T) V for one query block of one (batch, head).
 
     Grid: (cdiv(Nq, BLOCK_M), B * Hq). LSE is written contiguous (B, Hq, Nq) in base 2.
+    ``HEAVY_FIRST`` numbers the query blocks from the end (causal work grows with the block
+    index, so the longest programs are issued first and the short ones fill the tail).
     """
-    start_m = tl.program_id(0) * BLOCK_M
+    if HEAVY_FIRST:  # causal: the last query blocks see the most keys; start them first
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    else:
+        start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
     off_z = (off_hz // H_Q).to(tl.int64)
     off_h = (off_hz % H_Q).to(tl.int64)
@@ -249,7 +261,7 @@ def _attn_fwd(
         stride_kk,
         stride_vn,
         stride_vk,
-        offs_m,
+        offs_m,  # last_key: top-left causal, row i sees the keys j <= i
         0,
         hi_full,
         qk_scale,

@@ -84,6 +84,9 @@ def _source(autotuner, dtype: str, d: int, config, backend):
         DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
         **config.kwargs,
     )
+    for switch in ("HEAVY_FIRST", "ATOMIC_DQ"):  # launch-order / atomic-dQ switches: off
+        if switch in fn.arg_names:
+            constexprs[switch] = False
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:

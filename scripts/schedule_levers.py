@@ -1,0 +1,339 @@
+"""Issue 14's last levers, each timed against the package's kernel in the same process.
+
+    python scripts/schedule_levers.py check              # the variants vs flash_attention (CPU or GPU)
+    python scripts/schedule_levers.py order --out DIR    # causal launch order, persistent forward
+    python scripts/schedule_levers.py atomic --out DIR   # backward with atomic dQ vs the default
+    python scripts/schedule_levers.py n1k --out DIR      # N = 1024 in fresh processes, configs kept
+
+* **Launch order** (``HEAVY_FIRST``, a switch of the package's forward and dQ kernels): causal
+  query block i sees i + 1 key blocks, so issuing the last blocks first lets the short ones fill
+  the tail (longest-processing-time-first). Timed with the switch off and on.
+* **Persistent forward** (a kernel defined here): one program per SM (or two), each claiming
+  tiles from an atomic counter in the same heavy-first order (a dynamic tile scheduler, FA3's
+  idea), running the package's loop helper ``_attn_fwd_inner`` on each tile.
+* **Atomic dQ** (``ATOMIC_DQ``, a switch of the package's dK/dV kernel): FA2 Algorithm 2 as the
+  paper writes it, dQ_i += dS K_j added in fp32 atomics from the dK/dV kernel, so S and dP are
+  computed once per block pair (5 matmuls instead of 7) but dQ's summation order varies.
+* **N = 1024 spread**: ``--repeats`` fresh processes (each autotunes anew) run
+  ``course_kernels.bench.run_bench`` at N = 1024 and record the configs the autotuner chose, so
+  a slow run can be matched to its config. ``--cudagraph-tuning`` times candidate configs inside
+  a CUDA graph (``triton.testing.do_bench_cudagraph``: no host time in the tuning).
+
+Every JSON holds the environment (GPU, versions, date, command) next to its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from course_kernels import _triton_env  # noqa: E402,F401  (TRITON_INTERPRET before @jit)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from course_kernels import flash, flash_launch  # noqa: E402
+from course_kernels.flash_launch import _cdiv, _dot_precision, head_dim_padded  # noqa: E402
+from course_kernels.triton_backward import _attn_bwd_dkdv, _attn_bwd_preprocess  # noqa: E402
+from course_kernels.triton_forward import LOG2E, _attn_fwd, _attn_fwd_inner, _load_tile  # noqa: E402
+
+DEVICE = _triton_env.device_kind()
+KERNEL_NAMES = {"_attn_fwd": _attn_fwd, "_attn_bwd_dkdv": _attn_bwd_dkdv}
+
+
+def _env():
+    from course_kernels.bench import environment
+
+    env = environment()
+    env["command"] = "python3 " + " ".join(sys.argv)
+    return env
+
+
+@triton.jit
+def _attn_fwd_persistent(
+    Q, K, V, scale, LSE, Out, Counter,
+    stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
+    stride_vz, stride_vh, stride_vn, stride_vk, stride_oz, stride_oh, stride_om, stride_ok,
+    H_Q, GROUP_SIZE, N_CTX_Q, N_CTX_K, NUM_M_BLOCKS, NUM_TILES,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """_attn_fwd's tile body in a loop over tiles claimed from an atomic counter, heavy first
+    within each (batch, head) like HEAVY_FIRST (the order keeps one head's K, V hot in L2)."""
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    qk_scale = scale * LOG2E
+    tile = tl.atomic_add(Counter, 1)
+    while tile < NUM_TILES:
+        off_hz = tile // NUM_M_BLOCKS
+        start_m = (NUM_M_BLOCKS - 1 - tile % NUM_M_BLOCKS) * BLOCK_M
+        off_z = (off_hz // H_Q).to(tl.int64)
+        off_h = (off_hz % H_Q).to(tl.int64)
+        off_kvh = off_h // GROUP_SIZE
+        k_base = K + off_z * stride_kz + off_kvh * stride_kh
+        v_base = V + off_z * stride_vz + off_kvh * stride_vh
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_ok = offs_m[:, None] < N_CTX_Q
+        q_ptrs = Q + off_z * stride_qz + off_h * stride_qh
+        q_ptrs += offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+        q = _load_tile(q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
+        if CAUSAL:
+            hi = tl.minimum(start_m + BLOCK_M, N_CTX_K)
+            hi_full = (tl.minimum(start_m, N_CTX_K) // BLOCK_N) * BLOCK_N
+        else:
+            hi = N_CTX_K
+            hi_full = (N_CTX_K // BLOCK_N) * BLOCK_N
+        strides = (stride_kn, stride_kk, stride_vn, stride_vk)
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_base, v_base, *strides, offs_m, 0, hi_full, qk_scale, N_CTX_K,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, CAUSAL, DOT_PRECISION,
+        )  # fmt: skip
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_base, v_base, *strides, offs_m, hi_full, hi, qk_scale, N_CTX_K,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, CAUSAL, DOT_PRECISION,
+        )  # fmt: skip
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        acc = acc / l_safe[:, None]
+        tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, m_i + tl.math.log2(l_safe),
+                 mask=offs_m < N_CTX_Q)  # fmt: skip
+        o_ptrs = Out + off_z * stride_oz + off_h * stride_oh
+        o_ptrs += offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
+        tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_ok & d_ok)
+        tile = tl.atomic_add(Counter, 1)
+
+
+def _fwd_args(q, k, v, o, lse2, scale):
+    B, Hq, Nq, _ = q.shape
+    return (q, k, v, scale, lse2, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            Hq, Hq // k.shape[1], Nq, k.shape[2])  # fmt: skip
+
+
+def _tuned(kernel):
+    """The config the package's autotuner chose for the last shape it launched."""
+    return kernel.best_config.all_kwargs()
+
+
+def forward_in_order(q, k, v, causal, scale, cfg):
+    """The package's forward with HEAVY_FIRST off (cfg: a chosen config's kwargs)."""
+    o, lse2 = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    d = q.shape[-1]
+    grid = (_cdiv(q.shape[2], cfg["BLOCK_M"]), q.shape[0] * q.shape[1])
+    _attn_fwd.fn[grid](*_fwd_args(q, k, v, o, lse2, scale), HEAD_DIM=d,
+                       HEAD_DIM_PADDED=head_dim_padded(d), CAUSAL=causal,
+                       DOT_PRECISION=_dot_precision(q.dtype), HEAVY_FIRST=False, **cfg)  # fmt: skip
+    return o, lse2
+
+
+def forward_persistent(q, k, v, causal, scale, cfg, programs):
+    """The persistent forward with ``programs`` programs (cfg: the package kernel's config)."""
+    o, lse2 = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+    counter = torch.zeros(1, device=q.device, dtype=torch.int32)
+    B, Hq, Nq, d = q.shape
+    n_m = _cdiv(Nq, cfg["BLOCK_M"])
+    tiles = n_m * B * Hq
+    _attn_fwd_persistent[(min(programs, tiles),)](
+        *_fwd_args(q, k, v, o, lse2, scale)[:6], counter, *_fwd_args(q, k, v, o, lse2, scale)[6:],
+        n_m, tiles, HEAD_DIM=d, HEAD_DIM_PADDED=head_dim_padded(d), CAUSAL=causal,
+        DOT_PRECISION=_dot_precision(q.dtype), **cfg,
+    )  # fmt: skip
+    return o, lse2
+
+
+def backward_atomic_dq(do, q, k, v, o, lse2, causal, scale):
+    """D = rowsum(dO * O) first, then the dK/dV kernel adding dQ with fp32 atomics.
+
+    The autotuner times each config by running the kernel, and each run adds into dQ: call once
+    to tune before trusting dQ (``check`` does).
+    """
+    B, Hq, Nq, d = q.shape
+    kv_heads, Nk = k.shape[1], k.shape[2]
+    delta = torch.empty_like(lse2)
+    rows = B * Hq * Nq
+    dpad = head_dim_padded(d)
+    _attn_bwd_preprocess[(_cdiv(rows, 64),)](
+        o, do, delta, rows, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_M=64
+    )
+    dq32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    _attn_bwd_dkdv[lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * kv_heads)](
+        q, k, v, do, lse2, delta, dk, dv, dq32, scale, *q.stride(), *k.stride(), kv_heads,
+        Hq // kv_heads, Nq, Nk, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal,
+        DOT_PRECISION=_dot_precision(q.dtype), ATOMIC_DQ=True,
+    )  # fmt: skip
+    return (dq32 * scale).to(q.dtype), dk, dv
+
+
+def _inputs(dtype, d, n, batch=4, hidden=2048, seed=0):
+    torch.manual_seed(seed + n + d)
+    heads = hidden // d if DEVICE == "cuda" else 2
+    return [torch.randn(batch, heads, n, d, device=DEVICE, dtype=dtype) for _ in range(4)]
+
+
+def cmd_check(args):
+    """Each variant against the package on small shapes (the interpreter on CPU)."""
+    shapes = [(torch.float16 if DEVICE == "cuda" else torch.float32, d, n, c)
+              for d in (16, 64) for n in (48, 200) for c in (False, True)]  # fmt: skip
+    worst = 0.0
+    for dtype, d, n, causal in shapes:
+        q, k, v, do = _inputs(dtype, d, n, batch=2, hidden=4 * d)
+        scale = d**-0.5
+        o, lse2 = flash._forward(q, k, v, causal, scale)
+        ref = flash._backward(do, q, k, v, o, lse2, causal, scale)
+        cfg = _tuned(_attn_fwd)
+        outs = {"in_order": forward_in_order(q, k, v, causal, scale, cfg),
+                "persistent": forward_persistent(q, k, v, causal, scale, cfg, 3)}  # fmt: skip
+        for name, (o2, l2) in outs.items():
+            err = max((o2 - o).abs().max().item(), (l2 - lse2).abs().max().item())
+            worst = max(worst, err)
+            print(f"{name} d={d} N={n} causal={causal}: max |diff| vs package {err:.2e}")
+        backward_atomic_dq(do, q, k, v, o, lse2, causal, scale)  # tunes (adds into a scratch dQ)
+        grads = backward_atomic_dq(do, q, k, v, o, lse2, causal, scale)
+        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, ref))
+        worst = max(worst, err)
+        print(f"atomic dQ d={d} N={n} causal={causal}: max |diff| vs package {err:.2e}")
+    tol = 2e-2 if DEVICE == "cuda" else 1e-4
+    print(f"worst {worst:.2e} (tolerance {tol:g})")
+    return 0 if worst <= tol else 1
+
+
+def _ms(fn):
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def _shapes(args):
+    return [(dt, d, n) for dt in args.dtypes.split(",") for d in (64, 128)
+            for n in (1024, 4096, 16384)]  # fmt: skip
+
+
+def _write(args, name, rows):
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, name), "w") as f:
+        json.dump({"environment": _env(), "rows": rows}, f, indent=1)
+
+
+def cmd_order(args):
+    """Causal forward and dQ: in order vs heavy first; persistent forward at 1 and 2 per SM."""
+    from course_kernels.bench import attention_flops
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for dt, d, n in _shapes(args):
+        q, k, v, do = _inputs(getattr(torch, dt), d, n)
+        scale = d**-0.5
+        flash._forward(q, k, v, True, scale)  # tunes with HEAVY_FIRST on (the package's choice)
+        cfg = _tuned(_attn_fwd)
+        variants = {
+            "heavy_first": lambda: flash._forward(q, k, v, True, scale),
+            "in_order": lambda: forward_in_order(q, k, v, True, scale, cfg),
+            "persistent_1_per_sm": lambda: forward_persistent(q, k, v, True, scale, cfg, sms),
+            "persistent_2_per_sm": lambda: forward_persistent(q, k, v, True, scale, cfg, 2 * sms),
+        }
+        flops = attention_flops(q.shape[0], q.shape[1], n, d, True, "fwd")
+        row = {"dtype": dt, "d": d, "N": n, "causal": True, "mode": "fwd", "config": cfg}
+        for name, fn in variants.items():
+            fn()
+            ms = _ms(fn)
+            row[name] = {"ms": ms, "tflops": flops / ms * 1e-9}
+        print(json.dumps(row))
+        rows.append(row)
+        _write(args, "schedule_order.json", rows)
+    return 0
+
+
+def cmd_atomic(args):
+    """The backward (both kernels) deterministic vs atomic dQ, causal and not."""
+    from course_kernels.bench import attention_flops
+
+    rows = []
+    for dt, d, n in _shapes(args):
+        for causal in (False, True):
+            q, k, v, do = _inputs(getattr(torch, dt), d, n)
+            scale = d**-0.5
+            o, lse2 = flash._forward(q, k, v, causal, scale)
+            flops = attention_flops(q.shape[0], q.shape[1], n, d, causal, "bwd")
+            row = {"dtype": dt, "d": d, "N": n, "causal": causal, "mode": "bwd"}
+            for name, fn in {
+                "deterministic": lambda: flash._backward(do, q, k, v, o, lse2, causal, scale),
+                "atomic_dq": lambda: backward_atomic_dq(do, q, k, v, o, lse2, causal, scale),
+            }.items():
+                fn()
+                ms = _ms(fn)
+                row[name] = {"ms": ms, "tflops": flops / ms * 1e-9}
+            row["atomic_config"] = _tuned(_attn_bwd_dkdv)
+            print(json.dumps(row))
+            rows.append(row)
+            _write(args, "atomic_dq.json", rows)
+    return 0
+
+
+def _cudagraph_bench(fn, quantiles):
+    return triton.testing.do_bench_cudagraph(fn, rep=25, quantiles=quantiles)
+
+
+def cmd_n1k_one(args):
+    """One fresh process: run_bench at N = 1024, then print the chosen configs as JSON."""
+    from course_kernels import bench, triton_backward
+
+    kernels = {"_attn_fwd": _attn_fwd, "_attn_bwd_dq": triton_backward._attn_bwd_dq,
+               "_attn_bwd_dkdv": _attn_bwd_dkdv}  # fmt: skip
+    if args.cudagraph_tuning:
+        for kernel in kernels.values():
+            kernel.do_bench = _cudagraph_bench  # Autotuner's timing function (Triton >= 3.0)
+    rows = bench.run_bench(os.path.join(args.out, "scratch"), dtypes=tuple(args.dtypes.split(",")),
+                           ns=(1024,), providers=("flash", "sdpa-flash"), check=False,
+                           log=lambda *a: print(*a, file=sys.stderr))  # fmt: skip
+    names = {id(k): n for n, k in kernels.items()}
+    tuned = [{"kernel": names.get(key[0], "?"), "key": [str(x) for x in key[2:]], "config": cfg}
+             for key, cfg in flash_launch._TUNED.items()]  # fmt: skip
+    print("RESULT " + json.dumps({"rows": rows, "tuned_configs": tuned}))
+    return 0
+
+
+def cmd_n1k(args):
+    """``--repeats`` fresh processes of ``n1k-one`` (each tunes anew); all rows and configs."""
+    runs = []
+    for i in range(args.repeats):
+        cmd = [sys.executable, os.path.abspath(__file__), "n1k-one", "--out", args.out,
+               "--dtypes", args.dtypes] + (["--cudagraph-tuning"] if args.cudagraph_tuning else [])  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        runs.append(json.loads(line[-1][7:]) if line else {"error": proc.stderr[-2000:]})
+        print(f"run {i}: rc={proc.returncode}", flush=True)
+    name = "n1024_cudagraph_tuning.json" if args.cudagraph_tuning else "n1024_configs.json"
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, name), "w") as f:
+        json.dump({"environment": _env(), "runs": runs}, f, indent=1)
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("what", choices=["check", "order", "atomic", "n1k", "n1k-one"],
+                    help="which measurement (see above)")  # fmt: skip
+    ap.add_argument("--out", default="/tmp/schedule_levers", help="folder for the JSON files")
+    ap.add_argument("--dtypes", default="float16", help="comma-separated torch dtypes")
+    ap.add_argument("--repeats", type=int, default=3, help="n1k: fresh processes to run")
+    ap.add_argument("--timeout", type=int, default=300, help="n1k: seconds per process")
+    ap.add_argument("--cudagraph-tuning", action="store_true",
+                    help="n1k: autotune with do_bench_cudagraph (no host time in the choice)")  # fmt: skip
+    args = ap.parse_args(argv)
+    if args.what not in ("check",) and DEVICE != "cuda":
+        ap.error(f"'{args.what}' times kernels and needs a CUDA GPU; 'check' runs on CPU too")
+    cmds = {"check": cmd_check, "order": cmd_order, "atomic": cmd_atomic, "n1k": cmd_n1k,
+            "n1k-one": cmd_n1k_one}  # fmt: skip
+    return cmds[args.what](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
