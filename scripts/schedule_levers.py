@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -197,7 +198,9 @@ def cmd_check(args):
             print(f"{name} d={d} N={n} causal={causal}: max |diff| vs package {err:.2e}")
         backward_atomic_dq(do, q, k, v, o, lse2, causal, scale)  # tunes (adds into a scratch dQ)
         grads = backward_atomic_dq(do, q, k, v, o, lse2, causal, scale)
-        err = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, ref))
+        err = max(
+            (a.float() - b.float()).abs().max().item() for a, b in zip(grads, ref, strict=True)
+        )
         worst = max(worst, err)
         print(f"atomic dQ d={d} N={n} causal={causal}: max |diff| vs package {err:.2e}")
     tol = 2e-2 if DEVICE == "cuda" else 1e-4
@@ -231,11 +234,12 @@ def cmd_order(args):
         scale = d**-0.5
         flash._forward(q, k, v, True, scale)  # tunes with HEAVY_FIRST on (the package's choice)
         cfg = _tuned(_attn_fwd)
+        qkv = (q, k, v, True, scale)
         variants = {
-            "heavy_first": lambda: flash._forward(q, k, v, True, scale),
-            "in_order": lambda: forward_in_order(q, k, v, True, scale, cfg),
-            "persistent_1_per_sm": lambda: forward_persistent(q, k, v, True, scale, cfg, sms),
-            "persistent_2_per_sm": lambda: forward_persistent(q, k, v, True, scale, cfg, 2 * sms),
+            "heavy_first": partial(flash._forward, *qkv),
+            "in_order": partial(forward_in_order, *qkv, cfg),
+            "persistent_1_per_sm": partial(forward_persistent, *qkv, cfg, sms),
+            "persistent_2_per_sm": partial(forward_persistent, *qkv, cfg, 2 * sms),
         }
         flops = attention_flops(q.shape[0], q.shape[1], n, d, True, "fwd")
         row = {"dtype": dt, "d": d, "N": n, "causal": True, "mode": "fwd", "config": cfg}
@@ -261,9 +265,10 @@ def cmd_atomic(args):
             o, lse2 = flash._forward(q, k, v, causal, scale)
             flops = attention_flops(q.shape[0], q.shape[1], n, d, causal, "bwd")
             row = {"dtype": dt, "d": d, "N": n, "causal": causal, "mode": "bwd"}
+            inputs = (do, q, k, v, o, lse2, causal, scale)
             for name, fn in {
-                "deterministic": lambda: flash._backward(do, q, k, v, o, lse2, causal, scale),
-                "atomic_dq": lambda: backward_atomic_dq(do, q, k, v, o, lse2, causal, scale),
+                "deterministic": partial(flash._backward, *inputs),
+                "atomic_dq": partial(backward_atomic_dq, *inputs),
             }.items():
                 fn()
                 ms = _ms(fn)
