@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -293,7 +294,7 @@ def cmd_n1k_one(args):
     if args.cudagraph_tuning:
         for kernel in kernels.values():
             kernel.do_bench = _cudagraph_bench  # Autotuner's timing function (Triton >= 3.0)
-    rows = bench.run_bench(os.path.join(args.out, "scratch"), dtypes=tuple(args.dtypes.split(",")),
+    rows = bench.run_bench(tempfile.mkdtemp(prefix="n1k_"), dtypes=tuple(args.dtypes.split(",")),
                            ns=(1024,), providers=("flash", "sdpa-flash"), check=False,
                            log=lambda *a: print(*a, file=sys.stderr))  # fmt: skip
     names = {id(k): n for n, k in kernels.items()}
