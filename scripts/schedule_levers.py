@@ -292,7 +292,9 @@ def cmd_n1k_one(args):
     kernels = {"_attn_fwd": _attn_fwd, "_attn_bwd_dq": triton_backward._attn_bwd_dq,
                "_attn_bwd_dkdv": _attn_bwd_dkdv}  # fmt: skip
     if args.cudagraph_tuning:
-        for kernel in kernels.values():
+        for name, kernel in kernels.items():
+            if not hasattr(kernel, "do_bench"):
+                sys.exit(f"{name} has no do_bench in Triton {triton.__version__}: cannot switch")
             kernel.do_bench = _cudagraph_bench  # Autotuner's timing function (Triton >= 3.0)
     rows = bench.run_bench(tempfile.mkdtemp(prefix="n1k_"), dtypes=tuple(args.dtypes.split(",")),
                            ns=(1024,), providers=("flash", "sdpa-flash"), check=False,
