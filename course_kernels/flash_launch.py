@@ -120,7 +120,6 @@ def _forward(q, k, v, causal: bool, scale: float):
         HEAD_DIM_PADDED=head_dim_padded(d),
         CAUSAL=causal,
         DOT_PRECISION=_dot_precision(q.dtype),
-        HEAVY_FIRST=causal,
     )
     return o, lse2
 
@@ -206,7 +205,6 @@ def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
         HEAD_DIM_PADDED=dpad,
         CAUSAL=causal,
         DOT_PRECISION=prec,
-        HEAVY_FIRST=causal,
     )
     _launch(
         _attn_bwd_dkdv,

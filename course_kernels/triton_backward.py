@@ -10,18 +10,22 @@ Layout (batch, heads, seq, head_dim); all tensors contiguous:
 The forward saved only O and the base-2 logsumexp ``lse2`` (see ``triton_forward``), so P is
 recomputed block by block: P = exp2(S * scale * log2(e) - lse2), exactly the forward's P.
 
-1. ``_attn_bwd_dq`` (launched first): one program per query block; it computes
-   D = rowsum(dO * O) for its rows (FA2 Alg. 2 line 4, stored for step 2), then loops over key
-   blocks (FA2 Alg. 2 line 16 turned inside out). The paper adds dQ with atomics; a separate
-   pass costs one more recomputation of S and dP but is bit-identical on repeat.
-2. ``_attn_bwd_dkdv``: one program per key block of one (batch, K/V head); it loops over every
-   query block of every query head in the GQA group, accumulating dK, dV on chip
+1. ``_attn_bwd_dq`` (launched first, in :mod:`.triton_backward_dq`): one program per query
+   block; it computes D = rowsum(dO * O) for its rows (FA2 Alg. 2 line 4, stored for step 2),
+   then loops over key blocks (FA2 Alg. 2 line 16 turned inside out). The paper adds dQ with
+   atomics; a separate pass costs one more recomputation of S and dP but is bit-identical on
+   repeat.
+2. ``_attn_bwd_dkdv`` (here): one program per key block of one (batch, K/V head); it loops over
+   every query block of every query head in the GQA group, accumulating dK, dV on chip
    (FA2 Alg. 2 lines 6-20 without line 16), reading the D that step 1 stored. Summing the group
    inside one program, in a fixed order, makes GQA gradients deterministic without atomics.
 
-``_attn_bwd_preprocess`` computes D alone (FA2's separate preprocessing pass); the backward no
-longer launches it: folding it into the dQ kernel saves one launch (host time at N = 1K,
-notes/kernel.md).
+The paper's own variant is a switch, ``ATOMIC_DQ``, off in the package's launch: the dK/dV
+kernel also adds dS K into an fp32 dQ with ``tl.atomic_add`` (line 16 as written), after
+``_attn_bwd_preprocess`` has computed D alone (FA2's preprocessing pass). It does 5 matmuls per
+block pair instead of 7 but sums dQ in whatever order programs finish; measured on the H200 it
+was slower at d = 64 and at most 9% faster at d = 128 (``scripts/schedule_levers.py atomic``,
+notes/kernel.md), so the deterministic two-kernel backward stays.
 
 Causal is top-left aligned (query i sees keys j <= i), as in the forward. Rows past Nq load
 as Q = dO = 0, D = 0 and lse2 = +inf in the dK/dV kernel, so they add exactly nothing (the +inf
@@ -51,6 +55,7 @@ from .triton_backward_configs import (  # noqa: E402  (re-exported)
     dkdv_configs,
     dq_configs,
 )
+from .triton_backward_dq import _attn_bwd_dq, _attn_bwd_dq_inner  # noqa: E402,F401  (re-exported)
 from .triton_forward import LOG2E, _load_tile  # noqa: E402
 
 __all__ = [
@@ -276,174 +281,3 @@ def _attn_bwd_dkdv(
     mask = n_ok & d_ok
     tl.store(DK + kv_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _attn_bwd_dq_inner(
-    dq,
-    q,
-    do,
-    lse2,
-    delta,  # (BLOCK_M2, D) x 3, (BLOCK_M2,) x 2
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kk,
-    offs_m,
-    lo,
-    hi,
-    qk_scale,
-    N_CTX_K,
-    BLOCK_N2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 11-16 for one query block)."""
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
-    for start_n in range(lo, hi, BLOCK_N2):
-        start_n = tl.multiple_of(start_n, BLOCK_N2)
-        offs_n = start_n + tl.arange(0, BLOCK_N2)  # (BLOCK_N2,)
-        n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N2, 1)
-        kv_ptrs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
-        k = _load_tile(k_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
-        v = _load_tile(v_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_N2)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # FA2 Alg. 2 line 12
-        if MASKED:
-            keep = offs_n[None, :] < N_CTX_K  # keys past Nk load as 0 but must get P = 0
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 14: dP = dO V^T
-        ds = p * (dp - delta[:, None])  # line 15: dS = P * (dP - D)
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 16: dQ += dS K
-    return dq
-
-
-@triton.autotune(
-    configs=dq_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "HEAVY_FIRST"],
-    prune_configs_by={
-        "early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, DQ_SM75)
-    },
-    **autotune_kwargs(),
-)
-@triton.jit
-def _attn_bwd_dq(
-    Q,
-    K,
-    V,
-    DO,
-    Out,
-    LSE,
-    Delta,
-    DQ,
-    scale,
-    stride_qz,
-    stride_qh,
-    stride_qm,
-    stride_qk,
-    stride_kz,
-    stride_kh,
-    stride_kn,
-    stride_kk,
-    H_Q,
-    GROUP_SIZE,
-    N_CTX_Q,
-    N_CTX_K,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr,
-    BLOCK_N2: tl.constexpr,
-    BLOCK_M2: tl.constexpr,
-):
-    """dQ (and D) for one query block of one (batch, query head).
-
-    Grid: (cdiv(Nq, BLOCK_M2), B * Hq). Q, dO, O, dQ share strides (stride_q*); K, V share
-    strides (stride_k*). Writes D = rowsum(dO * O) (B, Hq, Nq) for the dK/dV kernel.
-    """
-    if HEAVY_FIRST:  # causal: the last query blocks see the most keys (as in _attn_fwd)
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M2
-    else:
-        start_m = tl.program_id(0) * BLOCK_M2
-    off_hz = tl.program_id(1)
-    off_z = (off_hz // H_Q).to(tl.int64)
-    off_h = (off_hz % H_Q).to(tl.int64)
-    off_kvh = off_h // GROUP_SIZE
-    q_off = off_z * stride_qz + off_h * stride_qh
-    k_base = K + off_z * stride_kz + off_kvh * stride_kh
-    v_base = V + off_z * stride_kz + off_kvh * stride_kh
-
-    offs_m = start_m + tl.arange(0, BLOCK_M2)  # (BLOCK_M2,)
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
-    m_ok = offs_m[:, None] < N_CTX_Q  # (BLOCK_M2, 1)
-    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
-    q_ptrs = q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
-    q = _load_tile(Q + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
-    do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
-    row = off_hz.to(tl.int64) * N_CTX_Q + offs_m  # (BLOCK_M2,)
-    lse2 = tl.load(LSE + row, mask=offs_m < N_CTX_Q, other=0.0)
-    # FA2 Alg. 2 line 4, fused here: D_i = rowsum(dO_i * O_i) (rows past Nq load as 0).
-    o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M2,)
-    tl.store(Delta + row, delta, mask=offs_m < N_CTX_Q)
-    dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = scale * LOG2E
-
-    if CAUSAL:
-        hi = tl.minimum(start_m + BLOCK_M2, N_CTX_K)
-        hi_full = (tl.minimum(start_m, N_CTX_K) // BLOCK_N2) * BLOCK_N2
-    else:
-        hi = N_CTX_K
-        hi_full = (N_CTX_K // BLOCK_N2) * BLOCK_N2
-    dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kk,
-        offs_m,
-        0,
-        hi_full,
-        qk_scale,
-        N_CTX_K,
-        BLOCK_N2,
-        HEAD_DIM,
-        HEAD_DIM_PADDED,
-        False,
-        CAUSAL,
-        DOT_PRECISION,
-    )
-    dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kk,
-        offs_m,
-        hi_full,
-        hi,
-        qk_scale,
-        N_CTX_K,
-        BLOCK_N2,
-        HEAD_DIM,
-        HEAD_DIM_PADDED,
-        True,
-        CAUSAL,
-        DOT_PRECISION,
-    )
-    tl.store(DQ + q_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)

@@ -169,7 +169,7 @@ def _attn_fwd_inner(
 
 @triton.autotune(
     configs=fwd_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "HEAVY_FIRST"],
+    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
     prune_configs_by={
         "early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)
     },
@@ -207,20 +207,14 @@ def _attn_fwd(
     HEAD_DIM_PADDED: tl.constexpr,
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """O = softmax(scale * Q K^T) V for one query block of one (batch, head).
 
     Grid: (cdiv(Nq, BLOCK_M), B * Hq). LSE is written contiguous (B, Hq, Nq) in base 2.
-    ``HEAVY_FIRST`` numbers the query blocks from the end (causal work grows with the block
-    index, so the longest programs are issued first and the short ones fill the tail).
     """
-    if HEAVY_FIRST:  # causal: the last query blocks see the most keys; start them first
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    else:
-        start_m = tl.program_id(0) * BLOCK_M
+    start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
     off_z = (off_hz // H_Q).to(tl.int64)
     off_h = (off_hz % H_Q).to(tl.int64)

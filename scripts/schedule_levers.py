@@ -1,16 +1,15 @@
 """Issue 14's last levers, each timed against the package's kernel in the same process.
 
     python scripts/schedule_levers.py check              # the variants vs flash_attention (CPU or GPU)
-    python scripts/schedule_levers.py order --out DIR    # causal launch order, persistent forward
+    python scripts/schedule_levers.py persistent --out DIR  # persistent causal forward
     python scripts/schedule_levers.py atomic --out DIR   # backward with atomic dQ vs the default
     python scripts/schedule_levers.py n1k --out DIR      # N = 1024 in fresh processes, configs kept
 
-* **Launch order** (``HEAVY_FIRST``, a switch of the package's forward and dQ kernels): causal
-  query block i sees i + 1 key blocks, so issuing the last blocks first lets the short ones fill
-  the tail (longest-processing-time-first). Timed with the switch off and on.
 * **Persistent forward** (a kernel defined here): one program per SM (or two), each claiming
-  tiles from an atomic counter in the same heavy-first order (a dynamic tile scheduler, FA3's
-  idea), running the package's loop helper ``_attn_fwd_inner`` on each tile.
+  tiles from an atomic counter, the last (longest) query blocks of each head first (a dynamic
+  tile scheduler, FA3's idea), running the package's loop helper ``_attn_fwd_inner`` on each
+  tile. (A heavy-first *grid* order was measured too, at commit 2c59a2f, as a kernel switch:
+  no change beyond noise, so the switch was removed; notes/kernel.md.)
 * **Atomic dQ** (``ATOMIC_DQ``, a switch of the package's dK/dV kernel): FA2 Algorithm 2 as the
   paper writes it, dQ_i += dS K_j added in fp32 atomics from the dK/dV kernel, so S and dP are
   computed once per block pair (5 matmuls instead of 7) but dQ's summation order varies.
@@ -66,8 +65,8 @@ def _attn_fwd_persistent(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr, CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """_attn_fwd's tile body in a loop over tiles claimed from an atomic counter, heavy first
-    within each (batch, head) like HEAVY_FIRST (the order keeps one head's K, V hot in L2)."""
+    """_attn_fwd's tile body in a loop over tiles claimed from an atomic counter, the last query
+    block of each (batch, head) first (one head at a time keeps its K, V hot in L2)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM
     qk_scale = scale * LOG2E
@@ -122,17 +121,6 @@ def _fwd_args(q, k, v, o, lse2, scale):
 def _tuned(kernel):
     """The config the package's autotuner chose for the last shape it launched."""
     return kernel.best_config.all_kwargs()
-
-
-def forward_in_order(q, k, v, causal, scale, cfg):
-    """The package's forward with HEAVY_FIRST off (cfg: a chosen config's kwargs)."""
-    o, lse2 = torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-    d = q.shape[-1]
-    grid = (_cdiv(q.shape[2], cfg["BLOCK_M"]), q.shape[0] * q.shape[1])
-    _attn_fwd.fn[grid](*_fwd_args(q, k, v, o, lse2, scale), HEAD_DIM=d,
-                       HEAD_DIM_PADDED=head_dim_padded(d), CAUSAL=causal,
-                       DOT_PRECISION=_dot_precision(q.dtype), HEAVY_FIRST=False, **cfg)  # fmt: skip
-    return o, lse2
 
 
 def forward_persistent(q, k, v, causal, scale, cfg, programs):
@@ -191,8 +179,7 @@ def cmd_check(args):
         o, lse2 = flash._forward(q, k, v, causal, scale)
         ref = flash._backward(do, q, k, v, o, lse2, causal, scale)
         cfg = _tuned(_attn_fwd)
-        outs = {"in_order": forward_in_order(q, k, v, causal, scale, cfg),
-                "persistent": forward_persistent(q, k, v, causal, scale, cfg, 3)}  # fmt: skip
+        outs = {"persistent": forward_persistent(q, k, v, causal, scale, cfg, 3)}
         for name, (o2, l2) in outs.items():
             err = max((o2 - o).abs().max().item(), (l2 - lse2).abs().max().item())
             worst = max(worst, err)
@@ -224,8 +211,8 @@ def _write(args, name, rows):
         json.dump({"environment": _env(), "rows": rows}, f, indent=1)
 
 
-def cmd_order(args):
-    """Causal forward and dQ: in order vs heavy first; persistent forward at 1 and 2 per SM."""
+def cmd_persistent(args):
+    """Causal forward: the package's grid launch vs the persistent kernel at 1 and 2 per SM."""
     from course_kernels.bench import attention_flops
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -233,12 +220,11 @@ def cmd_order(args):
     for dt, d, n in _shapes(args):
         q, k, v, do = _inputs(getattr(torch, dt), d, n)
         scale = d**-0.5
-        flash._forward(q, k, v, True, scale)  # tunes with HEAVY_FIRST on (the package's choice)
+        flash._forward(q, k, v, True, scale)  # tunes the package kernel
         cfg = _tuned(_attn_fwd)
         qkv = (q, k, v, True, scale)
         variants = {
-            "heavy_first": partial(flash._forward, *qkv),
-            "in_order": partial(forward_in_order, *qkv, cfg),
+            "package": partial(flash._forward, *qkv),
             "persistent_1_per_sm": partial(forward_persistent, *qkv, cfg, sms),
             "persistent_2_per_sm": partial(forward_persistent, *qkv, cfg, 2 * sms),
         }
@@ -250,7 +236,7 @@ def cmd_order(args):
             row[name] = {"ms": ms, "tflops": flops / ms * 1e-9}
         print(json.dumps(row))
         rows.append(row)
-        _write(args, "schedule_order.json", rows)
+        _write(args, "schedule_persistent.json", rows)
     return 0
 
 
@@ -299,11 +285,41 @@ def cmd_n1k_one(args):
     rows = bench.run_bench(tempfile.mkdtemp(prefix="n1k_"), dtypes=tuple(args.dtypes.split(",")),
                            ns=(1024,), providers=("flash", "sdpa-flash"), check=False,
                            log=lambda *a: print(*a, file=sys.stderr))  # fmt: skip
+    graph_rows = _plain_vs_graph(args.dtypes.split(","))
     names = {id(k): n for n, k in kernels.items()}
     tuned = [{"kernel": names.get(key[0], "?"), "key": [str(x) for x in key[2:]], "config": cfg}
              for key, cfg in flash_launch._TUNED.items()]  # fmt: skip
-    print("RESULT " + json.dumps({"rows": rows, "tuned_configs": tuned}))
+    print("RESULT " + json.dumps({"rows": rows, "tuned_configs": tuned, "graph": graph_rows}))
     return 0
+
+
+def _plain_vs_graph(dtypes, n=1024):
+    """Each call timed as the benchmark times it (``do_bench``: the host launches every call)
+    and replayed from a CUDA graph (``do_bench_cudagraph``: GPU time alone). If only the first
+    swings between processes, the swing is on the host."""
+    from course_kernels.bench import provider_fn
+
+    sdpa = provider_fn("sdpa-flash")
+    rows = []
+    for dt in dtypes:
+        for d in (64, 128):
+            for causal in (False, True):
+                q, k, v, do = _inputs(getattr(torch, dt), d, n)
+                scale = d**-0.5
+                o, lse2 = flash._forward(q, k, v, causal, scale)
+                calls = {
+                    ("flash", "fwd"): partial(flash._forward, q, k, v, causal, scale),
+                    ("flash", "bwd"): partial(flash._backward, do, q, k, v, o, lse2, causal, scale),
+                    ("sdpa-flash", "fwd"): partial(sdpa, q, k, v, causal),
+                }
+                for (impl, mode), fn in calls.items():
+                    with torch.no_grad():
+                        fn()
+                        plain = _ms(fn)
+                        graph = triton.testing.do_bench_cudagraph(fn, rep=60)
+                    rows.append({"dtype": dt, "d": d, "N": n, "causal": causal, "impl": impl,
+                                 "mode": mode, "plain_ms": plain, "graph_ms": graph})  # fmt: skip
+    return rows
 
 
 def cmd_n1k(args):
@@ -327,7 +343,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("what", choices=["check", "order", "atomic", "n1k", "n1k-one"],
+    ap.add_argument("what", choices=["check", "persistent", "atomic", "n1k", "n1k-one"],
                     help="which measurement (see above)")  # fmt: skip
     ap.add_argument("--out", default="/tmp/schedule_levers", help="folder for the JSON files")
     ap.add_argument("--dtypes", default="float16", help="comma-separated torch dtypes")
@@ -338,7 +354,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.what not in ("check",) and DEVICE != "cuda":
         ap.error(f"'{args.what}' times kernels and needs a CUDA GPU; 'check' runs on CPU too")
-    cmds = {"check": cmd_check, "order": cmd_order, "atomic": cmd_atomic, "n1k": cmd_n1k,
+    cmds = {"check": cmd_check, "persistent": cmd_persistent, "atomic": cmd_atomic, "n1k": cmd_n1k,
             "n1k-one": cmd_n1k_one}  # fmt: skip
     return cmds[args.what](args)
 

@@ -84,9 +84,8 @@ def _source(autotuner, dtype: str, d: int, config, backend):
         DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
         **config.kwargs,
     )
-    for switch in ("HEAVY_FIRST", "ATOMIC_DQ"):  # launch-order / atomic-dQ switches: off
-        if switch in fn.arg_names:
-            constexprs[switch] = False
+    if "ATOMIC_DQ" in fn.arg_names:  # the dK/dV kernel's atomic-dQ variant: off, as launched
+        constexprs["ATOMIC_DQ"] = False
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
