@@ -37,7 +37,7 @@ from course_kernels import _triton_env  # noqa: E402  (TRITON_INTERPRET before @
 
 import torch  # noqa: E402
 
-# re-exported: tests/test_hopper_levers.py and notes read them as hopper_levers.<name>
+# re-exported: tests/test_hopper_levers.py reads them as hopper_levers.<name>
 from hopper_bench import (  # noqa: E402
     TUTORIAL_CONFIGS as TUTORIAL_CONFIGS,
     _tuned_configs as _tuned_configs,
