@@ -3,6 +3,7 @@
     python -m course_grader release --out DIR [--zip]
     python -m course_grader grade PATH... [--out DIR] [--workers N] [--hidden DIR]
                                              [--exercise NN] [--roster CSV] [--unsafe]
+    python -m course_grader gradescope --exercise NN --out autograder.zip [--hidden DIR]
 
 ``release`` writes the student version (the exercise notebooks: stubs, visible tests only; no
 solution, no hidden test) to a folder, or a zip with ``--zip``.
@@ -21,6 +22,11 @@ Writes to DIR (default ``grading-output``):
 - ``results/<id>.json``: Gradescope's format ``{"score", "tests": [{"name", "score",
   "max_score", "output", "visibility"}]}``; with a single submission also ``results.json``;
 - ``feedback/<id>.txt``: the same feedback as text.
+
+Modules: this one finds submissions, grades them (one process or a pool) and parses the command
+line; :mod:`.gradebook` holds the result formats (Gradescope's JSON, the feedback text, the
+roster), :mod:`.release` the student release and the Gradescope bundle. Every name of those is
+importable from here.
 """
 
 from __future__ import annotations
@@ -38,6 +44,16 @@ from pathlib import Path
 from tqdm import tqdm
 
 from course_kernels.grading.exercises import NOTEBOOKS
+
+from .gradebook import (  # re-exported: tests and scripts import them from here
+    _safe_rel,
+    _write,
+    feedback_text,
+    gradescope,
+    notebook_max as notebook_max,
+    write_roster,
+)
+from .release import gradescope_bundle, release
 
 
 def find_submissions(paths) -> list[tuple[str, Path]]:
@@ -130,50 +146,6 @@ def _grade_in_pool(
             bar.update()
 
 
-def gradescope(res) -> dict:
-    tests = [
-        {
-            "name": f"{v.exercise}: {v.name}" + (" (hidden)" if v.hidden else ""),
-            "score": round(v.points, 4),
-            "max_score": v.max_points,
-            "output": v.message,
-            "visibility": "after_published" if v.hidden else "visible",
-        }
-        for v in res.verdicts
-    ]
-    out = {"score": round(res.score, 4), "tests": tests}
-    if res.notes:
-        out["output"] = "\n".join(res.notes)
-    return out
-
-
-def feedback_text(sid, res) -> str:
-    lines = [f"{sid}: {res.notebook}  {res.score:g}/{res.max_score:g}"]
-    lines += [f"  note: {n}" for n in res.notes]
-    for v in res.verdicts:
-        mark = "PASS" if v.passed else "FAIL"
-        lines.append(
-            f"  [{mark}] {v.exercise} / {v.name}{' (hidden)' if v.hidden else ''} "
-            f"({v.points:g}/{v.max_points:g}): {v.message}"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _safe_rel(sid: str) -> Path:
-    parts = [p for p in Path(sid).parts if p not in ("", ".", "..", "/")]
-    return Path(*parts) if parts else Path("submission")
-
-
-def _write(path: Path, text: str) -> None:
-    """Feedback is text from submissions: lone surrogates and odd bytes are escaped, never fatal."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(text)
-    except (OSError, ValueError) as e:
-        print(f"could not write {path!s}: {e}", file=sys.stderr)
-
-
 def grade(
     paths,
     out_dir,
@@ -241,173 +213,6 @@ def grade(
     if roster is not None:
         write_roster(roster, subs, results, out_dir / "roster.csv", expect, hidden)
     return rows
-
-
-def notebook_max(name: str, hidden=None) -> float:
-    """A notebook's full marks: visible + hidden tests (what its heading says)."""
-    from course_kernels.grading.exercises import NOTEBOOKS as NBS
-    from course_kernels.grading.runner import build_cases
-
-    return sum(c.points for c in build_cases(NBS[name], hidden))
-
-
-def write_roster(roster, subs, results, target: Path, expect=None, hidden=None) -> list:
-    """One row per student of the roster CSV (column ``id``): per-notebook scores, total, maximum
-    and the notebooks missing. A submission's id is ``<student>/<notebook file>``; files of
-    students not on the roster are listed in ``unknown`` of an extra row."""
-    with open(roster, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames or "id" not in reader.fieldnames:
-            raise SystemExit(f"{roster}: the roster needs a column named 'id'")
-        people = [row for row in reader if (row.get("id") or "").strip()]
-    expect = list(expect or NOTEBOOKS)
-    maxima = {nb: notebook_max(nb, hidden) for nb in expect}
-    by_student: dict = {}
-    for sid, _ in subs:
-        student = sid.split("/", 1)[0] if "/" in sid else ""
-        res = results[sid]
-        if res.notebook in maxima:
-            best = by_student.setdefault(student, {})
-            best[res.notebook] = max(best.get(res.notebook, 0.0), res.score)
-    ids = {p["id"].strip() for p in people}
-    rows = []
-    for person in people:
-        got = by_student.get(person["id"].strip(), {})
-        row = dict(person)
-        for nb in expect:
-            row[nb] = round(got[nb], 4) if nb in got else 0
-        row["total"] = round(sum(got.values()), 4)
-        row["max_total"] = sum(maxima.values())
-        row["missing"] = " ".join(nb for nb in expect if nb not in got)
-        rows.append(row)
-    unknown = sorted({sid.split("/", 1)[0] for sid, _ in subs} - ids)
-    fields = (
-        list(people[0].keys() if people else ["id"]) + expect + ["total", "max_total", "missing"]
-    )
-    with open(target, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
-        w = csv.DictWriter(f, fieldnames=fields, restval="", extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    if unknown:
-        print(
-            f"submissions from folders not on the roster (not in roster.csv): {', '.join(unknown)}",
-            file=sys.stderr,
-        )
-    return rows
-
-
-def release(out: str, as_zip: bool = False) -> Path:
-    """The student version: the exercise notebooks (stubs and visible tests; the solutions and
-    hidden tests live elsewhere) with outputs cleared, as a folder or a zip."""
-    import shutil
-    import tempfile
-    import zipfile
-
-    repo = Path(__file__).resolve().parents[1]
-    src = repo / "exercises"
-    notebooks = sorted(src.glob("[0-9][0-9]_*.ipynb"))
-    if not notebooks:
-        raise SystemExit(f"no exercise notebooks in {src}")
-    solved = {}
-    for p in sorted((repo / "solutions").glob("[0-9][0-9]_*.ipynb")):
-        nb = json.loads(p.read_text())
-        solved[p.name] = [
-            c
-            for c in nb["cells"]
-            if c.get("metadata", {}).get("course_kernels", {}).get("role") == "solution"
-        ]
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "exercises"
-        folder.mkdir()
-        for p in notebooks:
-            nb = json.loads(p.read_text())
-            for cell in nb["cells"]:
-                if cell.get("cell_type") == "code":
-                    cell["outputs"], cell["execution_count"] = [], None
-                meta = cell.get("metadata", {}).get("course_kernels", {})
-                if meta.get("role") == "solution":
-                    body = (
-                        "".join(cell["source"])
-                        if isinstance(cell["source"], list)
-                        else cell["source"]
-                    )
-                    for sol in solved.get(p.name, []):
-                        ssrc = (
-                            "".join(sol["source"])
-                            if isinstance(sol["source"], list)
-                            else sol["source"]
-                        )
-                        if (
-                            sol["metadata"]["course_kernels"].get("exercise")
-                            == meta.get("exercise")
-                            and ssrc.strip() == body.strip()
-                        ):
-                            raise SystemExit(
-                                f"{p.name}: the exercise cell of "
-                                f"{meta.get('exercise')} holds the solution"
-                            )
-            (folder / p.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-        out_path = Path(out)
-        if as_zip:
-            target = out_path if out_path.suffix == ".zip" else out_path.with_suffix(".zip")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
-                for p in sorted(folder.iterdir()):
-                    z.write(p, f"exercises/{p.name}")
-            return target
-        out_path.mkdir(parents=True, exist_ok=True)
-        for p in sorted(folder.iterdir()):
-            shutil.copy(p, out_path / p.name)
-        return out_path
-
-
-def gradescope_bundle(exercise: str, out: str, hidden=None) -> Path:
-    """A Gradescope autograder zip for one exercise notebook: ``setup.sh`` (installs Python,
-    bubblewrap and this package from the bundle), ``run_autograder`` (grades the submission with
-    the bundle's hidden tests, writes ``/autograder/results/results.json``), the hidden tests and
-    a copy of the course package. Built from a checkout of the repository."""
-    import shutil
-    import tempfile
-    import zipfile
-
-    from course_kernels.grading.exercises import DEFAULT_HIDDEN, notebook_of
-
-    nb = notebook_of(exercise)
-    repo = Path(__file__).resolve().parents[1]
-    here = Path(__file__).resolve().parent / "gradescope"
-    hidden_dir = Path(hidden) if hidden else DEFAULT_HIDDEN
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "bundle"
-        (src / "hidden_tests").mkdir(parents=True)
-        for name in ("setup.sh", "run_autograder"):
-            shutil.copy(here / name, src / name)
-        (src / "exercise.txt").write_text(nb.name + "\n")
-        (src / "triton.txt").write_text(("1" if nb.triton else "0") + "\n")
-        if (hidden_dir / f"{nb.name}.json").is_file():
-            shutil.copy(hidden_dir / f"{nb.name}.json", src / "hidden_tests")
-        course = src / "course"
-        for package in ("course_kernels", "course_grader"):
-            shutil.copytree(
-                repo / package,
-                course / package,
-                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-            )
-        for name in ("pyproject.toml", "README.md", "requirements/constraints.txt"):
-            (course / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(repo / name, course / name)
-        target = Path(out)
-        target = target if target.suffix == ".zip" else target.with_suffix(".zip")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
-            for p in sorted(src.rglob("*")):
-                if p.is_file():
-                    info = zipfile.ZipInfo(p.relative_to(src).as_posix())
-                    info.external_attr = (
-                        0o755 if p.name in ("setup.sh", "run_autograder") else 0o644
-                    ) << 16
-                    info.compress_type = zipfile.ZIP_DEFLATED
-                    z.writestr(info, p.read_bytes())
-    return target
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import csv
 import json
 
-from .bench import environment, provider_fn
+from .bench import environment
+from .bench_providers import provider_fn
 
 
 DRAM_NS = (1024, 2048, 4096, 8192, 16384, 32768)

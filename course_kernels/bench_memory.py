@@ -9,7 +9,8 @@ import json
 import os
 from functools import partial
 
-from .bench import _peak_extra_mib, environment, provider_fn
+from .bench import _peak_extra_mib, environment
+from .bench_providers import provider_fn
 
 
 def _fwd_bwd(fn, q, k, v, do):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import math
 
-from .bench import PROVIDERS, PROVIDER_LABELS
+from .bench_providers import PROVIDERS, PROVIDER_LABELS
 
 
 def write_ratios(path, env, rows):

@@ -1,6 +1,7 @@
-"""The student's side of grading: reading solution cells, the lint, judging a result, and the
-in-notebook ``check`` (visible tests only, run in the student's own kernel: the student is not an
-adversary of their own notebook, and the feedback is the same code as the grader's).
+"""The student's side of grading: reading solution cells, the lint (in :mod:`.lint`, re-exported
+here), judging a result, and the in-notebook ``check`` (visible tests only, run in the student's
+own kernel: the student is not an adversary of their own notebook, and the feedback is the same
+code as the grader's).
 
 The instructor's grader (sandbox, CLI) is the separate package ``course_grader``; it uses these
 same functions, so the check cell and the grader cannot disagree.
@@ -19,14 +20,22 @@ import numpy as np
 
 from .exercises import (
     EXERCISES,
-    FORBIDDEN_ALWAYS,
-    FORBIDDEN_NUMPY,
-    FORBIDDEN_NUMPY_ATTRS,
-    FORBIDDEN_TORCH,
+    FORBIDDEN_ALWAYS as FORBIDDEN_ALWAYS,
+    FORBIDDEN_NUMPY as FORBIDDEN_NUMPY,
+    FORBIDDEN_NUMPY_ATTRS as FORBIDDEN_NUMPY_ATTRS,
+    FORBIDDEN_TORCH as FORBIDDEN_TORCH,
     Notebook,
     hidden_params,
 )
 from .feedback import CallOutcome, Fail, Verdict, clean_text, error_message, mutation_message
+from .lint import (  # re-exported: the grader (course_grader.grade) imports forbidden_use from here
+    MAX_CELL_CHARS as MAX_CELL_CHARS,
+    SYS_ALLOWED as SYS_ALLOWED,
+    _jit_lines_and_harmless_sys as _jit_lines_and_harmless_sys,
+    _names_used as _names_used,
+    _strip_magics,
+    forbidden_use,
+)
 
 ARG_NAMES = {
     "online_update": ["m", "l", "acc", "s", "v"],
@@ -81,96 +90,6 @@ def replace_solution(nb_json: dict, exercise: str, code: str) -> dict:
             cell["source"] = code
             return nb
     raise KeyError(f"no solution cell for {exercise!r}")
-
-
-def _strip_magics(src: str) -> str:
-    """IPython magics and shell escapes are not Python: comment them out."""
-    return "\n".join(
-        "# " + ln if ln.lstrip().startswith(("%", "!")) else ln for ln in src.splitlines()
-    )
-
-
-SYS_ALLOWED = {"float_info", "maxsize", "version_info", "byteorder", "float_repr_style"}
-MAX_CELL_CHARS = 100_000  # a solution cell larger than this is not parsed, run or graded
-
-
-def forbidden_use(source: str, torch_rules: bool) -> str | None:
-    """Why a solution cell may not be graded (by reading it), or None.
-
-    The same function runs in the notebook's check cell, so a student sees it before grading.
-    ``torch_rules``: a Triton exercise (torch's matmul/softmax/attention allowed only inside a
-    ``@triton.jit`` kernel); otherwise a NumPy exercise, where torch (and every library softmax,
-    logsumexp or attention) is refused.
-    """
-    if len(source) > MAX_CELL_CHARS:
-        return f"is {len(source)} characters long (more than {MAX_CELL_CHARS}; not read)"
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None  # reported when it runs
-    jit_lines, allowed_sys = _jit_lines_and_harmless_sys(tree)
-    for node in ast.walk(tree):
-        names, why = _names_used(node, torch_rules, allowed_sys, jit_lines)
-        if why:
-            return why
-        for n in names:
-            if n in FORBIDDEN_ALWAYS:
-                return f"{FORBIDDEN_ALWAYS[n]} (`{n}`, line {node.lineno})"
-            if not torch_rules and n in FORBIDDEN_NUMPY:
-                return f"{FORBIDDEN_NUMPY[n]} (`{n}`, line {node.lineno})"
-            if torch_rules and n in FORBIDDEN_TORCH and node.lineno not in jit_lines:
-                return f"{FORBIDDEN_TORCH[n]} (`{n}`, line {node.lineno})"
-    return None
-
-
-def _jit_lines_and_harmless_sys(tree):
-    """The lines inside ``@...jit`` functions, and the ids of the ``sys`` names used only as
-    ``sys.<allowed attribute>`` (e.g. ``sys.float_info``)."""
-    jit_lines = set()
-    allowed_sys = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and any(
-            "jit" in ast.unparse(dec) for dec in node.decorator_list
-        ):
-            jit_lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "sys"
-            and node.attr in SYS_ALLOWED
-        ):
-            allowed_sys.add(id(node.value))
-    return jit_lines, allowed_sys
-
-
-def _names_used(node, torch_rules, allowed_sys, jit_lines):
-    """(names this node uses, or a reason to refuse it outright)."""
-    names = []
-    if isinstance(node, ast.Name):
-        if id(node) not in allowed_sys:
-            names = [node.id]
-    elif isinstance(node, ast.Attribute):
-        names = [node.attr]
-        if not torch_rules and node.attr in FORBIDDEN_NUMPY_ATTRS:
-            return names, f"{FORBIDDEN_NUMPY_ATTRS[node.attr]} (`.{node.attr}`, line {node.lineno})"
-    elif isinstance(node, ast.Import):
-        for alias in node.names:
-            if alias.name == "sys" and alias.asname in (None, "sys"):
-                continue  # `import sys` alone is harmless; its uses are checked
-            names += alias.name.split(".")
-    elif isinstance(node, ast.ImportFrom):
-        names = (node.module or "").split(".")
-        if node.module == "sys" and all(a.name in SYS_ALLOWED for a in node.names):
-            names = []
-        names += [a.name for a in node.names if node.module != "sys"]
-    elif (
-        torch_rules
-        and isinstance(node, ast.BinOp)
-        and isinstance(node.op, ast.MatMult)
-        and node.lineno not in jit_lines
-    ):
-        return names, f"multiplies matrices with @ outside a Triton kernel (line {node.lineno})"
-    return names, None
 
 
 # -- grading in the sandbox -------------------------------------------------------------------
