@@ -60,6 +60,11 @@ DQ_D128_CONFIGS = _d128_configs(
 )
 
 
+# Being measured (notes/kernel.md, session 4): the Triton tutorial's backward runs its 4-warp tiles
+# with 5 pipeline stages (ours: 3). scripts/hopper_levers.py bwd-ab --extra deep measures them.
+DKDV_DEEP_CONFIGS = _d128_configs("BLOCK_M1", "BLOCK_N1", [(32, 128, 4, 5), (64, 128, 4, 4)])
+DQ_DEEP_CONFIGS = _d128_configs("BLOCK_N2", "BLOCK_M2", [(32, 128, 4, 5), (64, 128, 4, 4)])
+
 # fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
 DKDV_IEEE_CONFIG = triton.Config({"BLOCK_M1": 32, "BLOCK_N1": 32}, num_warps=4, num_stages=1)
 DQ_IEEE_CONFIG = triton.Config({"BLOCK_N2": 32, "BLOCK_M2": 32}, num_warps=4, num_stages=1)

@@ -197,9 +197,10 @@ def cmd_levers(args):
 
 
 def cmd_bwd_ab(args):
-    """Backward at d = 128: the autotuner's old config lists vs the lists with the head-dim-128
-    configs that do not spill (same process, A then B at each shape); records the chosen
-    configs."""
+    """Backward: the autotuner's config lists vs the lists with extra configs (same process, A
+    then B at each shape); records the chosen configs. ``--extra d128``: the head-dim-128 tiles
+    that do not spill (at d = 128); ``--extra deep``: 4-warp tiles with 4-5 pipeline stages, the
+    Triton tutorial's depth (``--ds`` picks the head dims)."""
     from triton.testing import do_bench
 
     from course_kernels import flash, triton_backward
@@ -208,58 +209,61 @@ def cmd_bwd_ab(args):
 
     env, rows = _env(), []
     kernels = {"dkdv": triton_backward._attn_bwd_dkdv, "dq": triton_backward._attn_bwd_dq}
-    extra = {"dkdv": triton_backward.DKDV_D128_CONFIGS, "dq": triton_backward.DQ_D128_CONFIGS}
+    extra = {
+        "d128": {"dkdv": triton_backward.DKDV_D128_CONFIGS, "dq": triton_backward.DQ_D128_CONFIGS},
+        "deep": {"dkdv": triton_backward.DKDV_DEEP_CONFIGS, "dq": triton_backward.DQ_DEEP_CONFIGS},
+    }[args.extra]
     old = {name: list(k.configs) for name, k in kernels.items()}
     full = {name: old[name] + list(extra[name]) for name in kernels}
     names = {id(k): name for name, k in kernels.items()}
-    d, batch, heads = 128, 4, 16
-    for n in (int(x) for x in args.ns.split(",")):
-        for causal in (False, True):
-            torch.manual_seed(n)
-            q, k, v, do = (
-                torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16)
-                for _ in range(4)
+    batch = 4
+    ds = [128] if args.extra == "d128" else [int(x) for x in args.ds.split(",")]
+    shapes = [(d, n, c) for d in ds for n in (int(x) for x in args.ns.split(",")) for c in (0, 1)]
+    for d, n, causal in shapes:
+        causal, heads = bool(causal), 2048 // d
+        torch.manual_seed(n)
+        q, k, v, do = (
+            torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4)
+        )
+        for x in (q, k, v):
+            x.requires_grad_()
+        out = flash_attention(q, k, v, causal=causal)
+        label = "with d=128 configs" if args.extra == "d128" else f"with {args.extra} configs"
+        for variant, lists in (("old configs", old), (label, full)):
+            for name, kern in kernels.items():
+                kern.configs = lists[name]
+                kern.cache.clear()
+            flash._TUNED.clear()
+            torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # tunes
+            chosen = {names[key[0]]: cfg for key, cfg in flash._TUNED.items() if key[0] in names}
+            ms = do_bench(
+                lambda out=out, q=q, k=k, v=v, do=do: torch.autograd.grad(
+                    out,
+                    (q, k, v),
+                    do,
+                    retain_graph=True,
+                ),
+                warmup=10,
+                rep=50,
+                return_mode="median",
             )
-            for x in (q, k, v):
-                x.requires_grad_()
-            out = flash_attention(q, k, v, causal=causal)
-            for variant, lists in (("old configs", old), ("with d=128 configs", full)):
-                for name, kern in kernels.items():
-                    kern.configs = lists[name]
-                    kern.cache.clear()
-                flash._TUNED.clear()
-                torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # tunes
-                chosen = {
-                    names[key[0]]: cfg for key, cfg in flash._TUNED.items() if key[0] in names
-                }
-                ms = do_bench(
-                    lambda out=out, q=q, k=k, v=v, do=do: torch.autograd.grad(
-                        out,
-                        (q, k, v),
-                        do,
-                        retain_graph=True,
-                    ),
-                    warmup=10,
-                    rep=50,
-                    return_mode="median",
-                )
-                row = {
-                    "d": d,
-                    "N": n,
-                    "causal": causal,
-                    "dtype": "float16",
-                    "batch": batch,
-                    "heads": heads,
-                    "variant": variant,
-                    "ms": ms,
-                    "tflops": attention_flops(batch, heads, n, d, causal, "bwd") / ms * 1e-9,
-                    "chosen": {k_: {kk: vv for kk, vv in v_.items()} for k_, v_ in chosen.items()},
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                with open(os.path.join(args.out, "bwd_d128_ab.json"), "w") as f:
-                    json.dump({"environment": env, "results": rows}, f, indent=1)
-            q = k = v = do = out = None
+            row = {
+                "d": d,
+                "N": n,
+                "causal": causal,
+                "dtype": "float16",
+                "batch": batch,
+                "heads": heads,
+                "variant": variant,
+                "ms": ms,
+                "tflops": attention_flops(batch, heads, n, d, causal, "bwd") / ms * 1e-9,
+                "chosen": {k_: {kk: vv for kk, vv in v_.items()} for k_, v_ in chosen.items()},
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            with open(os.path.join(args.out, f"bwd_{args.extra}_ab.json"), "w") as f:
+                json.dump({"environment": env, "results": rows}, f, indent=1)
+        q = k = v = do = out = None
     for name, kern in kernels.items():
         kern.configs = old[name]
         kern.cache.clear()
@@ -288,6 +292,9 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--configs", default="", help="levers: BM/BN/warps/stages,... ")
     ap.add_argument("--levers-file", default="levers.json")
+    ap.add_argument(
+        "--extra", choices=["d128", "deep"], default="d128", help="bwd-ab: configs to add"
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     return {
