@@ -28,12 +28,13 @@ __all__ = [
 ]
 
 
-def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small):
+def _configs(block_a: str, block_b: str, cpu: tuple[int, int], ieee, small, extra=()):
     gpu = [
         triton.Config({block_a: a, block_b: b}, num_warps=w, num_stages=s)
         for a, b, w, s in [
-            (32, 128, 4, 3),  # the Triton tutorial's Hopper choice
+            (32, 128, 4, 3),  # the Triton tutorial's Hopper tile
             (64, 128, 8, 3),
+            *extra,
         ]
     ] + [small]
     cpu_config = triton.Config({block_a: cpu[0], block_b: cpu[1]}, num_warps=4, num_stages=1)
@@ -60,8 +61,11 @@ DQ_D128_CONFIGS = _d128_configs(
 )
 
 
-# Being measured (notes/kernel.md, session 4): the Triton tutorial's backward runs its 4-warp tiles
-# with 5 pipeline stages (ours: 3). scripts/hopper_levers.py bwd-ab --extra deep measures them.
+# Deeper pipelines (the Triton tutorial's backward runs 4-warp tiles with 5 stages), measured with
+# scripts/hopper_levers.py bwd-ab --extra deep (course_kernels/data/bench/h200_bwd_deep_ab.json):
+# at d = 64 causal the autotuner chose dK/dV (64, 128, 4 warps, 4 stages), +5% to +9%; nothing
+# else was chosen. That one is in dkdv_configs() (DKDV_DEEP_TILE); the rest were not kept.
+DKDV_DEEP_TILE = (64, 128, 4, 4)
 DKDV_DEEP_CONFIGS = _d128_configs("BLOCK_M1", "BLOCK_N1", [(32, 128, 4, 5), (64, 128, 4, 4)])
 DQ_DEEP_CONFIGS = _d128_configs("BLOCK_N2", "BLOCK_M2", [(32, 128, 4, 5), (64, 128, 4, 4)])
 
@@ -98,7 +102,9 @@ DQ_SM75 = {
 
 def dkdv_configs() -> list[triton.Config]:
     """(BLOCK_M1 query rows per step, BLOCK_N1 keys per program)."""
-    return _configs("BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG)
+    return _configs(
+        "BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, (DKDV_DEEP_TILE,)
+    )
 
 
 def dq_configs() -> list[triton.Config]:

@@ -203,7 +203,7 @@ def cmd_bwd_ab(args):
     Triton tutorial's depth (``--ds`` picks the head dims)."""
     from triton.testing import do_bench
 
-    from course_kernels import flash, triton_backward
+    from course_kernels import flash, triton_backward, triton_backward_configs
     from course_kernels.bench import attention_flops
     from course_kernels.flash import flash_attention
 
@@ -211,7 +211,10 @@ def cmd_bwd_ab(args):
     kernels = {"dkdv": triton_backward._attn_bwd_dkdv, "dq": triton_backward._attn_bwd_dq}
     extra = {
         "d128": {"dkdv": triton_backward.DKDV_D128_CONFIGS, "dq": triton_backward.DQ_D128_CONFIGS},
-        "deep": {"dkdv": triton_backward.DKDV_DEEP_CONFIGS, "dq": triton_backward.DQ_DEEP_CONFIGS},
+        "deep": {
+            "dkdv": triton_backward_configs.DKDV_DEEP_CONFIGS,
+            "dq": triton_backward_configs.DQ_DEEP_CONFIGS,
+        },
     }[args.extra]
     old = {name: list(k.configs) for name, k in kernels.items()}
     full = {name: old[name] + list(extra[name]) for name in kernels}
