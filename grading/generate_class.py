@@ -26,7 +26,10 @@ WRONG = {  # exercise -> a plausible wrong solution (the classic mistakes)
     ),
     "block_size": "def block_size(M, d):\n    return -(-M // (4 * d))\n",
     "fa2_reads": "def fa2_reads(N, d, block_q):\n    return N * d + (N // block_q) * N * 2 * d\n",
-    "smem_bytes": "def smem_bytes(bm, bn, d, stages, b=2):\n    return (bm * d + 2 * bn * d) * b\n",
+    "smem_bytes": (
+        "def smem_bytes(block_q, block_k, head_dim, num_stages, dtype_bytes=2):\n"
+        "    return (block_q * head_dim + 2 * block_k * head_dim) * dtype_bytes\n"
+    ),
 }
 LOOP = "def {name}(*args, **kwargs):\n    while True:\n        pass\n"
 

@@ -124,7 +124,7 @@ def gqa_expand(k, h):
 
 
 def triton_variants(q, k, v, causal, gqa=False):
-    n, sc = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+    n, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
     kind = "causal" if causal else "none"
     out = []
     if gqa:
@@ -132,31 +132,31 @@ def triton_variants(q, k, v, causal, gqa=False):
         kk, vv = np.tile(k, (1, h // k.shape[1], 1, 1)), np.tile(v, (1, h // v.shape[1], 1, 1))
         out.append(
             (
-                lambda: masked_attention(q, kk, vv, sc, _mask(n, n, kind))[0],
-                "query head h must use kv head h // (H / H_kv) (groups of consecutive query "
-                "heads share one kv head), not h % H_kv",
+                lambda: masked_attention(q, kk, vv, scale, _mask(n, n, kind))[0],
+                "query head h must use kv head h // (Hq / kv_heads) (groups of consecutive "
+                "query heads share one kv head), not h % kv_heads",
             )
         )
         k, v = gqa_expand(k, h), gqa_expand(v, h)
     if causal:
         out += [
             (
-                lambda: masked_attention(q, k, v, sc, _mask(n, n, "strict"))[0],
+                lambda: masked_attention(q, k, v, scale, _mask(n, n, "strict"))[0],
                 "causal is off by one: query i sees keys j <= i (offs_m[:, None] >= offs_n[None, :])",
             ),
             (
-                lambda: masked_attention(q, k, v, sc, _mask(n, n, "strict"), "nan")[0],
+                lambda: masked_attention(q, k, v, scale, _mask(n, n, "strict"), "nan")[0],
                 "causal is off by one: query i sees keys j <= i (offs_m[:, None] >= offs_n[None, :])",
             ),
             (
-                lambda: masked_attention(q, k, v, sc, _mask(n, n, "none"))[0],
+                lambda: masked_attention(q, k, v, scale, _mask(n, n, "none"))[0],
                 "causal=True was ignored: mask scores where the key index is above the query index",
             ),
         ]
     else:
         out.append(
             (
-                lambda: masked_attention(q, k, v, sc, _mask(n, n, "causal"))[0],
+                lambda: masked_attention(q, k, v, scale, _mask(n, n, "causal"))[0],
                 "a causal mask was applied although causal=False",
             )
         )

@@ -123,14 +123,15 @@ def _backward_dense(q, k, v, dout, scale, mask, bug=None):
         ds = p * (dp - do.sum(-1, keepdims=True))
     else:
         ds = p * (dp - (do * o).sum(-1, keepdims=True))
-    sc = 1.0 if bug == "no_scale" else scale
-    return sc * ds @ k, sc * np.swapaxes(ds, -1, -2) @ q, dv
+    scale = 1.0 if bug == "no_scale" else scale
+    return scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv
 
 
 def tiled_variants(q, k, v, causal=False, scale=None, block_q=16, block_k=16, dout=None):
     """(variant output, message) pairs for the forward (or, with ``dout``, the backward)."""
     nq, nk = q.shape[-2], k.shape[-2]
-    sc = _scale(scale, q.shape[-1])
+    default_scale = scale is None
+    scale = _scale(scale, q.shape[-1])  # _tiled_bug resolves None the same way
     mask_kind = "causal" if causal else "none"
     out = []
     if dout is not None:  # each variant is a function returning (dq, dk, dv), computed once
@@ -141,7 +142,7 @@ def tiled_variants(q, k, v, causal=False, scale=None, block_q=16, block_k=16, do
 
             def get():
                 if not memo:
-                    memo.append(_backward_dense(q, k, v, dout, sc, mask, bug))
+                    memo.append(_backward_dense(q, k, v, dout, scale, mask, bug))
                 return memo[0]
 
             return get
@@ -180,25 +181,25 @@ def tiled_variants(q, k, v, causal=False, scale=None, block_q=16, block_k=16, do
                 out.append(
                     (
                         lambda kind=kind, empty=empty: masked_attention(
-                            q, k, v, sc, _mask(nq, nk, kind), empty
+                            q, k, v, scale, _mask(nq, nk, kind), empty
                         )[0],
                         msg,
                     )
                 )
         out.append(
             (
-                lambda: masked_attention(q, k, v, sc, _mask(nq, nk, "none"))[0],
+                lambda: masked_attention(q, k, v, scale, _mask(nq, nk, "none"))[0],
                 "causal=True was ignored: query i may only see keys j <= i",
             )
         )
     else:
         out.append(
             (
-                lambda: masked_attention(q, k, v, sc, _mask(nq, nk, "causal"))[0],
+                lambda: masked_attention(q, k, v, scale, _mask(nq, nk, "causal"))[0],
                 "a causal mask was applied although causal=False",
             )
         )
-    if scale is None:
+    if default_scale:
         out.append(
             (
                 lambda: masked_attention(q, k, v, 1.0, _mask(nq, nk, mask_kind))[0],
@@ -235,8 +236,8 @@ def _causal_messages():
 def lse_variants(q, k, causal, scale):
     """Wrong logsumexps a forward pass might save for the backward pass."""
     nq, nk = q.shape[-2], k.shape[-2]
-    sc = _scale(scale, q.shape[-1])
-    s = sc * np.asarray(q, np.float64) @ np.swapaxes(np.asarray(k, np.float64), -1, -2)
+    scale = _scale(scale, q.shape[-1])
+    s = scale * np.asarray(q, np.float64) @ np.swapaxes(np.asarray(k, np.float64), -1, -2)
     if causal:
         s = np.where(_mask(nq, nk, "causal"), s, -np.inf)
     m = s.max(-1)
@@ -255,8 +256,8 @@ def lse_variants(q, k, causal, scale):
 def naive_backward(q, k, v, dout, causal, scale):
     """Standard attention's gradients computed in the inputs' dtype: the 3x budget's yardstick."""
     dt = q.dtype.type
-    sc = dt(_scale(scale, q.shape[-1]))
-    s = (q @ np.swapaxes(k, -1, -2)) * sc
+    scale = dt(_scale(scale, q.shape[-1]))
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
     if causal:
         s = np.where(_mask(q.shape[-2], k.shape[-2], "causal"), s, dt(-np.inf))
     p = np.exp(s - s.max(-1, keepdims=True))
@@ -265,4 +266,4 @@ def naive_backward(q, k, v, dout, causal, scale):
     dv = np.swapaxes(p, -1, -2) @ dout
     dp = dout @ np.swapaxes(v, -1, -2)
     ds = p * (dp - (dout * o).sum(-1, keepdims=True))
-    return (ds @ k) * sc, (np.swapaxes(ds, -1, -2) @ q) * sc, dv
+    return (ds @ k) * scale, (np.swapaxes(ds, -1, -2) @ q) * scale, dv

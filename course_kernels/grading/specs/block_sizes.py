@@ -28,8 +28,9 @@ INTRO = (
     "The SRAM holds M elements. The article's rule: the Q, K, V and O blocks of B rows (d "
     "columns each) must fit, 4 B d <= M, and it says to round B = M / 4d *up*. Rounding an upper "
     "bound up breaks it: M = 100000, d = 64 gives 391 rows and 4 x 391 x 64 = 100096 > M. The "
-    "paper also has to fit the Br x Bc score tile S, which is why it sets Bc = M/4d and Br = "
-    "min(Bc, d) (FlashAttention Alg. 1 line 1, with floor)."
+    "paper also has to fit the score tile S (`block_q` x `block_k`), which is why it sets "
+    "B_c = M/4d and B_r = min(B_c, d) (FlashAttention Alg. 1 line 1, with floor): our "
+    "`block_k` and `block_q`."
 )
 
 
@@ -49,13 +50,16 @@ def block_size(M: int, d: int) -> int:
 
 
 def tile_sizes(M: int, d: int) -> Tuple[int, int]:
-    """(Br, Bc): Bc = floor(M / 4d), Br = min(Bc, d) (FlashAttention Alg. 1 line 1)."""
-    b_c = block_size(M, d)
-    return min(b_c, d), b_c
+    """(block_q, block_k): block_k = floor(M / 4d), block_q = min(block_k, d).
+
+    The paper's B_r, B_c (FlashAttention Alg. 1 line 1).
+    """
+    block_k = block_size(M, d)
+    return min(block_k, d), block_k
 
 
 def fits_in_sram(block_q: int, block_k: int, d: int, M: int) -> bool:
-    """True if 2*Br*d + 2*Bc*d + Br*Bc <= M (blocks plus the score tile)."""
+    """True if 2*block_q*d + 2*block_k*d + block_q*block_k <= M (blocks plus the score tile)."""
     return 2 * block_q * d + 2 * block_k * d + block_q * block_k <= M
 # fmt: on
 
@@ -71,12 +75,18 @@ EXERCISES = [
         "name": "block_size",
         "text": "The largest B with 4 B d <= M; raise `ValueError` when not even one row fits.",
     },
-    {"name": "tile_sizes", "text": "The paper's tiles: Bc = floor(M / 4d), Br = min(Bc, d)."},
+    {
+        "name": "tile_sizes",
+        "text": (
+            "The tiles of FlashAttention Alg. 1 line 1: `block_k` = floor(M / 4d), `block_q` = "
+            "min(`block_k`, d) (the paper's B_c, B_r)."
+        ),
+    },
     {
         "name": "fits_in_sram",
         "text": (
-            "Do Q_i and O_i (Br x d), K_j and V_j (Bc x d) *and* the score tile S_ij (Br x Bc) "
-            "fit in M elements?"
+            "Do Q_i and O_i (`block_q` x d), K_j and V_j (`block_k` x d) *and* the score tile "
+            "S_ij (`block_q` x `block_k`) fit in M elements?"
         ),
     },
 ]
@@ -157,17 +167,20 @@ def build_tile_sizes(params) -> Case:
     M, d = int(params["M"]), int(params["d"])
 
     def judge(out, outcome):
-        block_q, block_k = unpack(out, 2, "(Br, Bc)")
-        block_q, block_k = as_int(block_q, "Br"), as_int(block_k, "Bc")
+        block_q, block_k = unpack(out, 2, "(block_q, block_k)")
+        block_q, block_k = as_int(block_q, "block_q"), as_int(block_k, "block_k")
         want_block_k = M // (4 * d)
         want = (min(want_block_k, d), want_block_k)
         if (block_q, block_k) == want:
-            return f"(Br, Bc) = {want}"
+            return f"(block_q, block_k) = {want}"
         if block_k == math.ceil(M / (4 * d)) and block_k != want_block_k:
-            raise Fail("Bc was rounded up; use floor(M / 4d)")
+            raise Fail("block_k was rounded up; use floor(M / 4d)")
         if (block_q, block_k) == (want_block_k, want_block_k):
-            raise Fail("Br must also keep the Br x Bc score tile small: Br = min(Bc, d)")
-        raise Fail(f"got (Br, Bc) = ({block_q}, {block_k}); expected {want}")
+            raise Fail(
+                "block_q must also keep the block_q x block_k score tile small: "
+                "block_q = min(block_k, d)"
+            )
+        raise Fail(f"got (block_q, block_k) = ({block_q}, {block_k}); expected {want}")
 
     return Case(
         "tile_sizes",
@@ -192,15 +205,17 @@ def build_fits_in_sram(params) -> Case:
             return f"{need} elements {'<=' if want else '>'} M = {M}"
         if bool(out) == (2 * block_q * d + 2 * block_k * d <= M):
             raise Fail(
-                f"the Br x Bc = {block_q * block_k}-element score tile S must fit too ({need} > {M})"
+                f"the block_q x block_k = {block_q * block_k}-element score tile S must fit too "
+                f"({need} > {M})"
             )
         raise Fail(
-            f"Q_i, O_i (Br x d), K_j, V_j (Bc x d) and S_ij (Br x Bc) take {need} elements; M = {M}"
+            f"Q_i, O_i (block_q x d), K_j, V_j (block_k x d) and S_ij (block_q x block_k) take "
+            f"{need} elements; M = {M}"
         )
 
     return Case(
         "fits_in_sram",
-        name_of(params, f"Br={block_q}, Bc={block_k}, d={d}, M={M}"),
+        name_of(params, f"block_q={block_q}, block_k={block_k}, d={d}, M={M}"),
         float(params.get("points", 1)),
         "fits_in_sram",
         (block_q, block_k, d, M),

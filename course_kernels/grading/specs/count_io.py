@@ -27,8 +27,8 @@ INTRO = (
     "`mem.alloc(shape)` reserves an on-chip accumulator, and `mem.free(*tiles)` releases SRAM. A "
     "load or alloc beyond M elements raises `SRAMOverflowError`. In this model the score tile S, "
     "and the per-row m and l, live in registers: keep them as plain NumPy arrays. "
-    "FlashAttention-2 reads Q once and K, V once per query block: N d + ceil(N/Br) N 2d elements "
-    "(d = dv)."
+    "FlashAttention-2 reads Q once and K, V once per query block: N d + ceil(N/block_q) N 2d "
+    "elements (d = dv)."
 )
 
 
@@ -45,14 +45,14 @@ def fa2_forward_io(mem, block_q: int, block_k: int) -> None:
     scale = 1.0 / math.sqrt(d)
     for i0 in range(0, n, block_q):
         i1 = min(i0 + block_q, n)
-        q_i = mem.load("Q", slice(i0, i1))  # (Br, d): read once per query block
-        acc = mem.alloc((i1 - i0, dv))  # (Br, dv) on-chip accumulator
+        q_i = mem.load("Q", slice(i0, i1))  # (block_q, d): read once per query block
+        acc = mem.alloc((i1 - i0, dv))  # (block_q, dv) on-chip accumulator
         m = np.full(i1 - i0, -np.inf)  # registers, not SRAM
         l = np.zeros(i1 - i0)
         for j0 in range(0, n_k, block_k):
             j1 = min(j0 + block_k, n_k)
             k_j, v_j = mem.load("K", slice(j0, j1)), mem.load("V", slice(j0, j1))
-            s = scale * (q_i @ k_j.T)  # (Br, Bc) in registers
+            s = scale * (q_i @ k_j.T)  # (block_q, block_k) in registers
             m_new = np.maximum(m, s.max(axis=-1))
             p = np.exp(s - m_new[:, None])
             alpha = np.exp(m - m_new)
@@ -86,7 +86,7 @@ EXERCISES = [
             "Write the FA2 forward against the memory: for each query block load Q_i, alloc O_i, "
             "stream K_j, V_j (free them after use), update acc **in place** (`acc *= ...; acc += "
             "...`, so that `mem.free(acc)` frees the tile you allocated), then store O_i and "
-            "L_i. SRAM is exactly 2 Br d + 2 Bc d elements. Non-causal, 2-D inputs."
+            "L_i. SRAM is exactly 2 block_q d + 2 block_k d elements. Non-causal, 2-D inputs."
         ),
     },
     {"name": "fa2_reads", "text": "Predict the elements your function reads, for N = Nk, dv = d."},
@@ -241,11 +241,11 @@ def build_fa2_forward_io(params) -> Case:
         if count.reads > reads:
             raise Fail(
                 f"{count.reads} elements read; FA2 reads {reads} = N d (each Q_i once) + "
-                "Tr N (d + dv) (K_j and V_j once per query block). Load Q_i outside the "
-                "inner loop and nothing else inside it"
+                "ceil(N / block_q) N (d + dv) (K_j and V_j once per query block). Load Q_i "
+                "outside the inner loop and nothing else inside it"
             )
         raise Fail(
-            f"{count.writes} elements written; FA2 writes {writes}: each O_i (Br x dv) and "
+            f"{count.writes} elements written; FA2 writes {writes}: each O_i (block_q x dv) and "
             "L_i once, after the inner loop (write them through mem.store)"
         )
 
@@ -270,12 +270,14 @@ def build_fa2_reads(params) -> Case:
         if r == want:
             return f"{r} elements"
         if r == n * d + (n // bq) * n * 2 * d:
-            raise Fail("Tr = ceil(N / Br): the last, partial query block also reads K and V")
-        raise Fail(f"got {r}; N d + ceil(N/Br) N 2d = {want}")
+            raise Fail(
+                "ceil(N / block_q) query blocks: the last, partial query block also reads K and V"
+            )
+        raise Fail(f"got {r}; N d + ceil(N/block_q) N 2d = {want}")
 
     return Case(
         "fa2_reads",
-        name_of(params, f"N={n}, d={d}, Br={bq}"),
+        name_of(params, f"N={n}, d={d}, block_q={bq}"),
         float(params.get("points", 1)),
         "fa2_reads",
         (n, d, bq),

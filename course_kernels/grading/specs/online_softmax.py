@@ -42,14 +42,14 @@ def online_update(
         m: (Nq,) running row max (-inf: nothing seen yet).
         l: (Nq,) running sum of exp(s - m).
         acc: (Nq, dv) running sum of exp(s - m) @ v (not normalised).
-        s: (Nq, Bc) this block's scores (-inf = masked).
-        v: (Bc, dv) this block's values.
+        s: (Nq, block_k) this block's scores (-inf = masked).
+        v: (block_k, dv) this block's values.
     Returns:
         (m_new, l_new, acc_new) with the same shapes. Do not modify the inputs.
     """
     m_new = np.maximum(m, s.max(axis=-1))  # (Nq,)
     m_safe = np.where(np.isneginf(m_new), 0.0, m_new)  # fully masked rows: no -inf - -inf
-    p = np.exp(s - m_safe[:, None])  # (Nq, Bc), 0 where masked
+    p = np.exp(s - m_safe[:, None])  # (Nq, block_k), 0 where masked
     alpha = np.exp(m - m_safe)  # (Nq,) rescales what was accumulated so far
     l_new = alpha * l + p.sum(axis=-1)
     acc_new = alpha[:, None] * acc + p @ v  # (Nq, dv)

@@ -487,20 +487,20 @@ def build_ring_attention(params) -> Case:
     if scale is not None:
         kw["scale"] = float(scale)
     raises = "ValueError" if params.get("raises") else None
-    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
 
     def judge(out, outcome):
         if raises:
             raise Fail(f"N = {n} does not split into 2W = {2 * world} chunks: raise ValueError")
         got = as_array(out, "out", (*lead, n, dv))
-        ref = attention_reference(q, k, v, causal, sc)[0]
-        naive = attention_reference(q, k, v, causal, sc)[0].astype(np.float32)
+        ref = attention_reference(q, k, v, causal, scale)[0]
+        naive = attention_reference(q, k, v, causal, scale)[0].astype(np.float32)
         return compare(
             got,
             ref,
             None,
             "out",
-            ring_variants(q, k, v, world, causal, sc),
+            ring_variants(q, k, v, world, causal, scale),
             budget=max(2e-6, 4 * float(np.abs(naive - ref).max())) * (1 + float(np.abs(ref).max())),
             hint="check the ring order (rank r receives rank (r - step) mod W), "
             "the chunk layout and the merge",

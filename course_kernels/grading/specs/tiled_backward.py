@@ -58,18 +58,18 @@ def flash_backward(
     dv = np.zeros(v.shape, dtype=q.dtype)
     for j0 in range(0, n_k, block_k):  # outer loop over key blocks
         j1 = min(j0 + block_k, n_k)
-        k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]  # (..., Bc, d), (..., Bc, dv)
+        k_j, v_j = k[..., j0:j1, :], v[..., j0:j1, :]  # (..., block_k, d), (..., block_k, dv)
         first = (j0 // block_q) * block_q if causal else 0  # earlier rows cannot see key j0
         for i0 in range(first, n_q, block_q):
             i1 = min(i0 + block_q, n_q)
-            s = scale * (q[..., i0:i1, :] @ np.swapaxes(k_j, -1, -2))  # (..., Br, Bc)
+            s = scale * (q[..., i0:i1, :] @ np.swapaxes(k_j, -1, -2))  # (..., block_q, block_k)
             if causal:
                 visible = np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None]
                 s = np.where(visible, s, -np.inf)
             p = np.exp(s - lse[..., i0:i1, None])  # P recomputed from L
-            do_i = dout[..., i0:i1, :]  # (..., Br, dv)
+            do_i = dout[..., i0:i1, :]  # (..., block_q, dv)
             dv[..., j0:j1, :] += np.swapaxes(p, -1, -2) @ do_i
-            dp = do_i @ np.swapaxes(v_j, -1, -2)  # (..., Br, Bc)
+            dp = do_i @ np.swapaxes(v_j, -1, -2)  # (..., block_q, block_k)
             ds = p * (dp - big_d[..., i0:i1, None])
             dq[..., i0:i1, :] += scale * (ds @ k_j)
             dk[..., j0:j1, :] += scale * (np.swapaxes(ds, -1, -2) @ q[..., i0:i1, :])

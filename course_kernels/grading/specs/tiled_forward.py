@@ -49,7 +49,7 @@ def flash_forward(
         k: (..., Nk, d) keys.  v: (..., Nk, dv) values.
         causal: query i sees keys j <= i (top-left aligned, PyTorch is_causal).
         scale: multiplies Q K^T; None means 1/sqrt(d).
-        block_q, block_k: tile sizes Br, Bc (need not divide Nq, Nk).
+        block_q, block_k: rows of a query tile and of a key/value tile (need not divide Nq, Nk).
     Returns:
         out: (..., Nq, dv) in q's dtype;  lse: (..., Nq) logsumexp of each row's scaled scores.
     """
@@ -60,20 +60,20 @@ def flash_forward(
     lse = np.empty(q.shape[:-1], dtype=q.dtype)  # (..., Nq)
     for i0 in range(0, n_q, block_q):  # FA2 Alg. 1 line 3
         i1 = min(i0 + block_q, n_q)
-        q_i = q[..., i0:i1, :]  # (..., Br, d)
-        m = np.full(q_i.shape[:-1], -np.inf, dtype=q.dtype)  # (..., Br)
+        q_i = q[..., i0:i1, :]  # (..., block_q, d)
+        m = np.full(q_i.shape[:-1], -np.inf, dtype=q.dtype)  # (..., block_q)
         l = np.zeros(q_i.shape[:-1], dtype=q.dtype)
-        acc = np.zeros((*q_i.shape[:-1], dv), dtype=q.dtype)  # (..., Br, dv)
+        acc = np.zeros((*q_i.shape[:-1], dv), dtype=q.dtype)  # (..., block_q, dv)
         key_end = min(n_k, i1) if causal else n_k  # later key blocks are fully masked
         for j0 in range(0, key_end, block_k):
             j1 = min(j0 + block_k, key_end)
-            s = scale * (q_i @ np.swapaxes(k[..., j0:j1, :], -1, -2))  # (..., Br, Bc)
+            s = scale * (q_i @ np.swapaxes(k[..., j0:j1, :], -1, -2))  # (..., block_q, block_k)
             if causal:
                 visible = np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None]
                 s = np.where(visible, s, -np.inf)
             m_new = np.maximum(m, s.max(axis=-1))  # line 9
             m_safe = np.where(np.isneginf(m_new), 0.0, m_new)
-            p = np.exp(s - m_safe[..., None])  # (..., Br, Bc)
+            p = np.exp(s - m_safe[..., None])  # (..., block_q, block_k)
             alpha = np.exp(m - m_safe)  # rescale what is already in l and acc
             l = alpha * l + p.sum(axis=-1)
             acc = alpha[..., None] * acc + p @ v[..., j0:j1, :]  # line 10

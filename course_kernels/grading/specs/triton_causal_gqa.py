@@ -20,8 +20,8 @@ INTRO = (
     "Two features of real kernels. **Causal**: query i sees keys j <= i; key blocks entirely "
     "above the diagonal are skipped, the diagonal block is masked with `offs_m[:, None] >= "
     "offs_n[None, :]`. **GQA** (grouped-query attention): H query heads share H_kv < H key/value "
-    "heads; query head h reads kv head h // (H / H_kv). The kernel never copies K and V per "
-    "query head."
+    "heads (`kv_heads` in Python, `KV_HEADS` in the kernel); query head h reads kv head "
+    "h // (H / H_kv). The kernel never copies K and V per query head."
 )
 
 
@@ -38,16 +38,16 @@ def define_solution() -> dict:
 
     # fmt: off
     @triton.jit
-    def _attn_fwd_gqa(Q, K, V, O, N, scale, H, H_KV,
+    def _attn_fwd_gqa(Q, K, V, O, N, scale, H_Q, KV_HEADS,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       CAUSAL: tl.constexpr):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
-        h_kv = h // (H // H_KV)  # consecutive query heads share one kv head
+        b = pid_bh // H_Q
+        h = pid_bh % H_Q
+        kvh = h // (H_Q // KV_HEADS)  # consecutive query heads share one kv head
         q_base = pid_bh * N * HEAD_DIM
-        kv_base = (b * H_KV + h_kv) * N * HEAD_DIM
+        kv_base = (b * KV_HEADS + kvh) * N * HEAD_DIM
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -87,18 +87,18 @@ def define_solution() -> dict:
         """Attention forward with grouped-query heads and an optional causal mask.
 
         Args:
-            q: (batch, H, N, d); k, v: (batch, H_kv, N, d) with H % H_kv == 0; float32.
+            q: (batch, Hq, N, d); k, v: (batch, kv_heads, N, d), Hq % kv_heads == 0; float32.
             causal: query i sees keys j <= i.
         Returns:
-            out: (batch, H, N, d) float32.
+            out: (batch, Hq, N, d) float32.
         """
         b, h, n, d = q.shape
-        h_kv = k.shape[1]
+        kv_heads = k.shape[1]
         q, k, v = (x.to(DEVICE, torch.float32).contiguous() for x in (q, k, v))
         out = torch.empty_like(q)
         BLOCK = 16
         grid = (triton.cdiv(n, BLOCK), b * h)
-        _attn_fwd_gqa[grid](q, k, v, out, n, d ** -0.5, h, h_kv, HEAD_DIM=d, BLOCK_M=BLOCK,
+        _attn_fwd_gqa[grid](q, k, v, out, n, d ** -0.5, h, kv_heads, HEAD_DIM=d, BLOCK_M=BLOCK,
                             BLOCK_N=BLOCK, CAUSAL=causal)
         return out
     # fmt: on
@@ -112,7 +112,7 @@ def solution_source(name: str) -> str:
 
 # The stub keeps the kernel's signature: the student completes a skeleton.
 STUB = '''@triton.jit
-def _attn_fwd_gqa(Q, K, V, O, N, scale, H, H_KV,
+def _attn_fwd_gqa(Q, K, V, O, N, scale, H_Q, KV_HEADS,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr):
     # YOUR CODE: like _attn_fwd, plus the kv head of query head h, plus the causal mask
@@ -124,10 +124,10 @@ def attention_triton_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Attention forward with grouped-query heads and an optional causal mask.
 
     Args:
-        q: (batch, H, N, d); k, v: (batch, H_kv, N, d) with H % H_kv == 0; float32.
+        q: (batch, Hq, N, d); k, v: (batch, kv_heads, N, d), Hq % kv_heads == 0; float32.
         causal: query i sees keys j <= i.
     Returns:
-        out: (batch, H, N, d) float32.
+        out: (batch, Hq, N, d) float32.
     """
     # YOUR CODE
     raise NotImplementedError'''

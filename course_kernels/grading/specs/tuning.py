@@ -26,24 +26,26 @@ INTRO = (
     "asks for; a config that asks too much fails to launch ('out of resource: shared memory'). "
     "Colab's T4 allows 48 KB per block (64 KB opt-in), an A100 163 KB, an H100/H200 227 KB. In "
     "this exercise's model a config holds the Q tile once and the K and V tiles once per stage: "
-    "(BLOCK_M d + num_stages 2 BLOCK_N d) x bytes per element. The graded functions run "
-    "anywhere; the measurement at the end needs a GPU and is not graded (without one it says so)."
+    "(block_q d + num_stages 2 block_k d) x bytes per element, where `block_q` and `block_k` are "
+    "the rows of a query tile and of a key/value tile (a Triton kernel's `BLOCK_M` and `BLOCK_N`). "
+    "The graded functions run anywhere; the measurement at the end needs a GPU and is not graded "
+    "(without one it says so)."
 )
 
 
 # -- the solution (real code: the notebook's solution cells are these functions' source) -------
 # fmt: off
-def smem_bytes(block_m: int, block_n: int, head_dim: int, num_stages: int,
+def smem_bytes(block_q: int, block_k: int, head_dim: int, num_stages: int,
                dtype_bytes: int = 2) -> int:
-    """Bytes: the Q tile (BLOCK_M x d) once, K and V tiles (BLOCK_N x d) once per stage."""
-    return (block_m * head_dim + num_stages * 2 * block_n * head_dim) * dtype_bytes
+    """Bytes: the Q tile (block_q x d) once, K and V tiles (block_k x d) once per stage."""
+    return (block_q * head_dim + num_stages * 2 * block_k * head_dim) * dtype_bytes
 
 
 def configs_that_fit(head_dim: int, smem_limit: int) -> list:
-    """[(BLOCK_M, BLOCK_N, num_stages), ...] over blocks (32, 64, 128), stages (1, 2, 3) that fit
+    """[(block_q, block_k, num_stages), ...] over blocks (32, 64, 128), stages (1, 2, 3) that fit
     in smem_limit bytes with 2-byte (fp16) elements."""
-    return [(bm, bn, st) for bm in (32, 64, 128) for bn in (32, 64, 128) for st in (1, 2, 3)
-            if smem_bytes(bm, bn, head_dim, st) <= smem_limit]
+    return [(bq, bk, st) for bq in (32, 64, 128) for bk in (32, 64, 128) for st in (1, 2, 3)
+            if smem_bytes(bq, bk, head_dim, st) <= smem_limit]
 
 
 def pick_fastest(configs: list, times_ms: list) -> tuple:
@@ -64,7 +66,7 @@ EXERCISES = [
     {
         "name": "configs_that_fit",
         "text": (
-            "Every (BLOCK_M, BLOCK_N, num_stages) with blocks in (32, 64, 128) and stages in (1, "
+            "Every (block_q, block_k, num_stages) with blocks in (32, 64, 128) and stages in (1, "
             "2, 3) whose fp16 footprint is <= the limit."
         ),
     },
@@ -76,10 +78,10 @@ EXERCISES = [
 
 VISIBLE = {
     "smem_bytes": [
-        {"block_m": 64, "block_n": 64, "head_dim": 64, "num_stages": 2, "dtype_bytes": 2},
+        {"block_q": 64, "block_k": 64, "head_dim": 64, "num_stages": 2, "dtype_bytes": 2},
         {
-            "block_m": 128,
-            "block_n": 32,
+            "block_q": 128,
+            "block_k": 32,
             "head_dim": 128,
             "num_stages": 3,
             "dtype_bytes": 2,
@@ -136,9 +138,9 @@ else:
         limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
         configs = configs_that_fit(d, limit)
         times = []
-        for bm, bn, stages in configs:
-            run = lambda: _scores_rowmax[(triton.cdiv(n, bm),)](  # noqa: E731
-                q, k, m, n, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, num_stages=stages)
+        for block_q, block_k, stages in configs:
+            run = lambda: _scores_rowmax[(triton.cdiv(n, block_q),)](  # noqa: E731
+                q, k, m, n, HEAD_DIM=d, BLOCK_M=block_q, BLOCK_N=block_k, num_stages=stages)
             times.append(triton.testing.do_bench(run))
         best = pick_fastest(configs, times)
         print(f"{len(configs)} configs fit in {limit} bytes; fastest {best}: {min(times):.3f} ms")
@@ -151,15 +153,15 @@ BLOCKS = (32, 64, 128)
 STAGES = (1, 2, 3)
 
 
-def model_bytes(block_m, block_n, head_dim, num_stages, dtype_bytes=2):
+def model_bytes(block_q, block_k, head_dim, num_stages, dtype_bytes=2):
     """The judges' own copy of the model (independent of the solution above): the Q tile once,
     the K and V tiles once per pipeline stage."""
-    return (block_m * head_dim + num_stages * 2 * block_n * head_dim) * dtype_bytes
+    return (block_q * head_dim + num_stages * 2 * block_k * head_dim) * dtype_bytes
 
 
 def build_smem_bytes(params) -> Case:
     args = tuple(
-        int(params[x]) for x in ("block_m", "block_n", "head_dim", "num_stages", "dtype_bytes")
+        int(params[x]) for x in ("block_q", "block_k", "head_dim", "num_stages", "dtype_bytes")
     )
 
     def judge(out, outcome):
@@ -173,7 +175,9 @@ def build_smem_bytes(params) -> Case:
             )
         if out == want // args[4]:
             raise Fail("that is elements; multiply by dtype_bytes for bytes")
-        raise Fail(f"got {out}; the model gives (BLOCK_M d + stages 2 BLOCK_N d) bytes = {want}")
+        raise Fail(
+            f"got {out}; the model gives (block_q d + num_stages 2 block_k d) bytes = {want}"
+        )
 
     return Case(
         "smem_bytes",
@@ -192,7 +196,7 @@ def build_configs_that_fit(params) -> Case:
     def judge(out, outcome):
         if not isinstance(out, tuple):
             raise Fail(
-                f"should return a list of (BLOCK_M, BLOCK_N, num_stages); got {type(out).__name__}"
+                f"should return a list of (block_q, block_k, num_stages); got {type(out).__name__}"
             )
         got = sorted(tuple(int(x) for x in c) for c in out)
         want = sorted(
@@ -232,7 +236,7 @@ def build_pick_fastest(params) -> Case:
 
     def judge(out, outcome):
         if not isinstance(out, tuple) or len(out) != 3:
-            raise Fail("should return one config (BLOCK_M, BLOCK_N, num_stages)")
+            raise Fail("should return one config (block_q, block_k, num_stages)")
         best = min(range(len(times)), key=lambda i: (times[i], i))
         if [int(x) for x in out] == configs[best]:
             return f"{tuple(configs[best])} at {times[best]} ms"
