@@ -87,6 +87,20 @@ def fwd_gpu_configs() -> list[triton.Config]:
     ] + [FWD_SMALL_CONFIG]
 
 
+def smem_estimate(
+    block_q: int, block_k: int, num_stages: int, head_dim: int, dtype_bytes: int = 2
+) -> int:
+    """Shared memory of one forward program, estimated in bytes: the Q tile (block_q x d) once,
+    a K and a V tile (block_k x d each) per pipeline stage. Triton's compiled kernel reports
+    the exact figure (``metadata.shared``); this is the arithmetic that says what can fit."""
+    return dtype_bytes * (block_q * head_dim + num_stages * 2 * block_k * head_dim)
+
+
+def accumulator_registers(block_q: int, head_dim: int, num_warps: int) -> int:
+    """fp32 values of the (block_q x d) output accumulator each thread holds (32 threads a warp)."""
+    return block_q * head_dim // (32 * num_warps)
+
+
 @triton.jit
 def _load_tile(ptrs, row_ok, col_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
     """Load a 2-D tile, masking rows and/or columns only where needed (zeros elsewhere)."""

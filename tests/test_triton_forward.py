@@ -115,3 +115,17 @@ def test_forward_bf16_in_interpreter_is_fp32_rounded():
     expect = flash_attention(q.float(), k.float(), v.float(), causal=True).to(torch.bfloat16)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, expect)
+
+
+def test_smem_estimate_and_accumulator_registers_by_hand():
+    """Q tile once plus K and V per stage; one fp32 accumulator value per (row, column) per thread."""
+    from course_kernels.triton_forward import accumulator_registers, smem_estimate
+
+    # 2 bytes * (128 * 64 + 3 stages * 2 tiles * 64 * 64) = 65,536
+    assert smem_estimate(128, 64, 3, 64) == 65_536
+    assert smem_estimate(128, 64, 3, 64, dtype_bytes=4) == 131_072
+    assert smem_estimate(64, 64, 1, 128) == 2 * (64 * 128 + 2 * 64 * 128)
+    # one more stage adds exactly one K and one V tile
+    assert smem_estimate(128, 128, 4, 128) - smem_estimate(128, 128, 3, 128) == 2 * 2 * 128 * 128
+    assert accumulator_registers(128, 128, 8) == 64  # 16,384 values over 256 threads
+    assert accumulator_registers(64, 64, 4) == 32
