@@ -4,6 +4,7 @@
     python scripts/schedule_levers.py persistent --out DIR  # persistent causal forward
     python scripts/schedule_levers.py atomic --out DIR   # backward with atomic dQ vs the default
     python scripts/schedule_levers.py n1k --out DIR      # N = 1024 in fresh processes, configs kept
+    python scripts/schedule_levers.py graphs --out DIR   # N = 1024 under torch.compile's CUDA graphs
 
 * **Persistent forward** (a kernel defined here): one program per SM (or two), each claiming
   tiles from an atomic counter, the last (longest) query blocks of each head first (a dynamic
@@ -339,11 +340,47 @@ def cmd_n1k(args):
     return 0
 
 
+def cmd_graphs(args):
+    """N = 1024 causal fp16 forward + backward: eager vs ``torch.compile(mode="reduce-overhead")``
+    (CUDA-graph replays: no Python launch path per call); SDPA's flash backend eager."""
+    from course_kernels import flash_attention
+    from course_kernels.bench import provider_fn
+
+    sdpa, rows = provider_fn("sdpa-flash"), []
+    for d in (64, 128):
+        q, k, v, do = _inputs(torch.float16, d, 1024)
+        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+        ours = partial(flash_attention, causal=True)
+        compiled = torch.compile(ours, mode="reduce-overhead", fullgraph=True)
+
+        def step(fn, mark=False, q=q, k=k, v=v, do=do):
+            if mark:
+                torch.compiler.cudagraph_mark_step_begin()
+            return torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+
+        row = {"dtype": "float16", "d": d, "N": 1024, "causal": True, "mode": "fwd+bwd"}
+        try:  # the point is whether this path works at all: an error is recorded
+            want = step(ours)
+            for _ in range(3):  # compile, record the graphs, replay
+                got = step(compiled, mark=True)
+            diffs = [(a - b).abs().max().item() for a, b in zip(got, want, strict=True)]
+            row["max_abs_diff_compiled_vs_eager"] = max(diffs)
+            row["compiled_ms"] = _ms(partial(step, compiled, True))
+        except Exception as exc:
+            row["compiled_error"] = repr(exc)[:500]
+        row["eager_ms"] = _ms(partial(step, ours))
+        row["sdpa_flash_eager_ms"] = _ms(partial(step, partial(sdpa, causal=True)))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        _write(args, "n1024_reduce_overhead.json", rows)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("what", choices=["check", "persistent", "atomic", "n1k", "n1k-one"],
+    ap.add_argument("what", choices=["check", "persistent", "atomic", "n1k", "n1k-one", "graphs"],
                     help="which measurement (see above)")  # fmt: skip
     ap.add_argument("--out", default="/tmp/schedule_levers", help="folder for the JSON files")
     ap.add_argument("--dtypes", default="float16", help="comma-separated torch dtypes")
@@ -355,7 +392,7 @@ def main(argv=None):
     if args.what not in ("check",) and DEVICE != "cuda":
         ap.error(f"'{args.what}' times kernels and needs a CUDA GPU; 'check' runs on CPU too")
     cmds = {"check": cmd_check, "persistent": cmd_persistent, "atomic": cmd_atomic, "n1k": cmd_n1k,
-            "n1k-one": cmd_n1k_one}  # fmt: skip
+            "n1k-one": cmd_n1k_one, "graphs": cmd_graphs}  # fmt: skip
     return cmds[args.what](args)
 
 

@@ -58,7 +58,7 @@ def test_atomic_dq_backward_matches_the_package(causal):
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the timing subcommands run")
-@pytest.mark.parametrize("what", ["persistent", "atomic", "n1k"])
+@pytest.mark.parametrize("what", ["persistent", "atomic", "n1k", "graphs"])
 def test_timing_subcommands_refuse_without_a_gpu(what, capsys):
     with pytest.raises(SystemExit) as exc:
         levers.main([what])
