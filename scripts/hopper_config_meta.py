@@ -101,42 +101,7 @@ def _meta_worker(job):
                 "num_stages": c.num_stages,
             }
             try:
-                if name == "_attn_bwd_dkdv":
-                    args_ = (
-                        q,
-                        q,
-                        q,
-                        q,
-                        lse,
-                        lse,
-                        o,
-                        o,
-                        0.1,
-                        *q.stride(),
-                        *q.stride(),
-                        2,
-                        1,
-                        256,
-                        256,
-                    )
-                else:
-                    args_ = (
-                        q,
-                        q,
-                        q,
-                        q,
-                        o,
-                        lse,
-                        lse,
-                        o,
-                        0.1,
-                        *q.stride(),
-                        *q.stride(),
-                        2,
-                        1,
-                        256,
-                        256,
-                    )
+                args_, extra = bwd_args(name, q, o, lse)
                 kern = kernel.fn.warmup(
                     *args_,
                     grid=(1,),
@@ -144,6 +109,7 @@ def _meta_worker(job):
                     num_stages=c.num_stages,
                     **c.kwargs,
                     **common,
+                    **extra,
                 )
                 row.update(_meta(kern))
             except Exception as exc:
@@ -168,6 +134,17 @@ def cmd_meta(args):
     for r in rows:
         print(json.dumps(r))
     return 0
+
+
+def bwd_args(name, q, o, lse):
+    """Positional arguments and extra constexprs of a backward kernel compiled (not launched) for
+    (1, 2, 256, d) inputs: every pointer is q, o or lse (only dtypes and alignment matter)."""
+    pointers = {
+        "_attn_bwd_dkdv": (q, q, q, q, lse, lse, o, o, o),  # Q K V dO LSE D dK dV dQ
+        "_attn_bwd_dq": (q, q, q, q, o, lse, lse, o),  # Q K V dO O LSE D dQ
+    }[name]
+    extra = {"ATOMIC_DQ": False} if name == "_attn_bwd_dkdv" else {}
+    return (*pointers, 0.1, *q.stride(), *q.stride(), 2, 1, 256, 256), extra
 
 
 def kernel_configs(which):

@@ -10,6 +10,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def grader(*args, timeout=300):
+    """``python -m course_grader ARGS``, as an instructor runs it; the finished process."""
+    return subprocess.run(
+        [sys.executable, "-m", "course_grader", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
     subs = tmp_path / "class"
     (subs / "alice").mkdir(parents=True)
@@ -18,23 +28,7 @@ def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
     shutil.copy(ROOT / "exercises/01_stable_softmax.ipynb", subs / "bob")
     (subs / "bob" / "04_block_sizes.ipynb").write_text("{ this is not a notebook")
     out = tmp_path / "out"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course_grader",
-            "grade",
-            str(subs),
-            "--out",
-            str(out),
-            "--workers",
-            "2",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = grader("grade", str(subs), "--out", str(out), "--workers", "2", "--no-progress")
     assert r.returncode == 0, r.stderr
     with open(out / "gradebook.csv") as f:
         rows = {row["submission"]: row for row in csv.DictReader(f)}
@@ -56,22 +50,14 @@ def test_grade_folder_writes_gradebook_and_gradescope_json(tmp_path):
 
 
 def test_single_notebook_writes_results_json(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course_grader",
-            "grade",
-            str(ROOT / "solutions/04_block_sizes.ipynb"),
-            "--out",
-            str(tmp_path),
-            "--workers",
-            "1",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = grader(
+        "grade",
+        str(ROOT / "solutions/04_block_sizes.ipynb"),
+        "--out",
+        str(tmp_path),
+        "--workers",
+        "1",
+        "--no-progress",
     )
     assert r.returncode == 0, r.stderr
     res = json.loads((tmp_path / "results.json").read_text())
@@ -100,20 +86,7 @@ def test_notebook_points_equal_gradebook_points():
 def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
     import zipfile
 
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course_grader",
-            "release",
-            "--out",
-            str(tmp_path / "student"),
-            "--zip",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = grader("release", "--out", str(tmp_path / "student"), "--zip", timeout=120)
     assert r.returncode == 0, r.stderr
     with zipfile.ZipFile(tmp_path / "student.zip") as z:
         names = z.namelist()
@@ -139,26 +112,18 @@ def test_release_has_no_solutions_and_roster_lists_missing(tmp_path):
     roster = tmp_path / "roster.csv"
     roster.write_text("id,name\nalice,A\nbob,B\ncarol,C\neve,E\n")
     out = tmp_path / "out"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "course_grader",
-            "grade",
-            str(cls),
-            "--roster",
-            str(roster),
-            "--expect",
-            "01,04",
-            "--out",
-            str(out),
-            "--workers",
-            "2",
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    r = grader(
+        "grade",
+        str(cls),
+        "--roster",
+        str(roster),
+        "--expect",
+        "01,04",
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--no-progress",
     )
     assert r.returncode == 0, r.stderr
     with open(out / "roster.csv") as f:

@@ -68,3 +68,22 @@ def test_trim_tutorial_keeps_listed_configs_and_prunes_wide_blocks():
     assert got == set(levers.TUTORIAL_CONFIGS) and kept == {"_attn_fwd_tma": len(got)}
     pruned = mod._attn_fwd_tma.early_config_prune(mod._attn_fwd_tma.configs, {}, HEAD_DIM=64)
     assert pruned and all(c.kwargs["BLOCK_N"] <= 64 for c in pruned)
+
+
+@pytest.mark.parametrize("name", ["_attn_bwd_dkdv", "_attn_bwd_dq"])
+def test_config_meta_compiles_the_backward_with_every_argument(name):
+    """`meta` compiles each backward kernel with hand-built arguments: they must name every
+    parameter of the kernel as it is now (a kernel that gains an argument must fail here, not
+    leave error rows in h200_config_meta.json)."""
+    import hopper_config_meta
+
+    from course_kernels import triton_backward
+
+    kernel = getattr(triton_backward, name)
+    q = torch.zeros(1, 2, 256, 64)
+    args, extra = hopper_config_meta.bwd_args(name, q, q, q[..., 0])
+    config = kernel.configs[0]
+    named = {"HEAD_DIM", "HEAD_DIM_PADDED", "CAUSAL", "DOT_PRECISION", *config.kwargs, *extra}
+    params = list(kernel.fn.arg_names)
+    assert params[: len(args)] == [p for p in params if p not in named]
+    assert len(args) + len(named) == len(params)

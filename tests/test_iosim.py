@@ -139,36 +139,12 @@ def test_flash_io_bad_input(kwargs, exc, match):
         iosim.flash_attention_io(**kwargs)
 
 
-def student_fa2(mem, block_q, block_k):
-    """A student's FA2 written against the memory: Q_i, K_j, V_j and O_i on chip."""
-    q_shape, v_shape = mem.hbm["Q"].shape, mem.hbm["V"].shape
-    n_q, n_k, d = q_shape[0], v_shape[0], q_shape[1]
-    for i0 in range(0, n_q, block_q):
-        i1 = min(i0 + block_q, n_q)
-        q_i = mem.load("Q", slice(i0, i1))
-        acc = mem.alloc((i1 - i0, v_shape[1]))
-        m = np.full(i1 - i0, -np.inf)
-        l = np.zeros(i1 - i0)
-        for j0 in range(0, n_k, block_k):
-            j1 = min(j0 + block_k, n_k)
-            k_j, v_j = mem.load("K", slice(j0, j1)), mem.load("V", slice(j0, j1))
-            s = q_i @ k_j.T / np.sqrt(d)
-            m_new = np.maximum(m, s.max(1))
-            p = np.exp(s - m_new[:, None])
-            alpha = np.exp(m - m_new)
-            l = alpha * l + p.sum(1)
-            acc *= alpha[:, None]
-            acc += p @ v_j
-            m = m_new
-            mem.free(k_j, v_j)
-        mem.store("O", slice(i0, i1), acc / l[:, None])
-        mem.store("L", slice(i0, i1), m + np.log(l))
-        mem.free(q_i, acc)
-
-
 def test_count_io_counts_a_students_function_and_checks_its_answer(rng):
     q, k, v = make_qkv(rng, lead=(), n_q=100, d=16)
     m = 4 * 25 * 16
+    # A student's FA2 written against the memory: exercise 05's model answer.
+    from course_kernels.grading.specs.count_io import fa2_forward_io as student_fa2
+
     count, out, lse = iosim.count_io(student_fa2, q, k, v, m, block_q=25, block_k=25)
     ref_out, ref_lse = attention_reference(q, k, v)
     np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-13)
