@@ -47,8 +47,8 @@ lowercased (``block_m``, ``block_n``). The old keywords ``block_r``/``block_c`` 
 """
 
 from . import iosim
-from .blocks import PaperBlockSizes, article_block_size, block_size, paper_block_sizes
-from .online_softmax import (
+from .numpy.blocks import PaperBlockSizes, article_block_size, block_size, paper_block_sizes
+from .numpy.online_softmax import (
     PartialAttention,
     SoftmaxState,
     finalize,
@@ -56,18 +56,18 @@ from .online_softmax import (
     online_softmax,
     update,
 )
-from .reference import attention_naive, attention_reference, causal_mask
-from .tiled import flash_attention_numpy
-from .tiled_backward import attention_reference_backward, flash_attention_numpy_backward
+from .numpy.reference import attention_naive, attention_reference, causal_mask
+from .numpy.tiled import flash_attention_numpy
+from .numpy.tiled_backward import attention_reference_backward, flash_attention_numpy_backward
 
 
 def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
     """Flash Attention in Triton, a drop-in for ``scaled_dot_product_attention``.
 
-    See :func:`course_kernels.flash.flash_attention` (imported on first call so that the NumPy
+    See :func:`course_kernels.triton.flash.flash_attention` (imported on first call so that the NumPy
     layers work without torch or Triton installed).
     """
-    from .flash import flash_attention as _impl
+    from .triton.flash import flash_attention as _impl
 
     return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
 

@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     if args.cmd == "gpu-check":
         return 0 if bench.gpu_check() else 1
     if args.cmd == "apps":
-        from . import apps
+        from .apps import runs as apps
 
         apps.run(args.step, args.out)
         return 0

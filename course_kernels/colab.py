@@ -42,7 +42,7 @@ URL_LINE = (
     'COURSE_REPO_URL = os.environ.get("COURSE_REPO_URL", "")  # the book build writes it here'
 )
 
-# No braces in the template: grading/sources.py passes it through str.format.
+# No braces in the template: course_kernels/grading/notebooks.py passes it through str.format.
 SETUP_CELL = (
     """\
 #@title Setup: run me first (installs course_kernels on Colab; reports the device)
@@ -231,10 +231,10 @@ def exercises_link(topic: str, *notebooks: str):
 # The package code the chapters print as listings: public names for private functions, so a
 # chapter shows the code the package runs without reaching into a private name.
 LISTINGS = {
-    "tiled.forward_fa2": ("course_kernels.tiled", "_forward_fa2"),
-    "tiled.forward_fa1": ("course_kernels.tiled", "_forward_fa1"),
-    "triton_forward.attn_fwd": ("course_kernels.triton_forward", "_attn_fwd"),
-    "triton_forward.attn_fwd_inner": ("course_kernels.triton_forward", "_attn_fwd_inner"),
+    "tiled.forward_fa2": ("course_kernels.numpy.tiled", "_forward_fa2"),
+    "tiled.forward_fa1": ("course_kernels.numpy.tiled", "_forward_fa1"),
+    "triton_forward.attn_fwd": ("course_kernels.triton.forward", "_attn_fwd"),
+    "triton_forward.attn_fwd_inner": ("course_kernels.triton.forward", "_attn_fwd_inner"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Where the kernels run, in public names: the one device probe (``course_kernels._triton_env``
+"""Where the kernels run, in public names: the one device probe (``course_kernels.triton._env``
 decides it once, at import, before any Triton kernel is defined) as the chapters read it.
 
 - :data:`INTERPRET`: True when the kernels run in Triton's CPU interpreter (no CUDA GPU).
@@ -9,7 +9,7 @@ decides it once, at import, before any Triton kernel is defined) as the chapters
 - :func:`next_power_of_2`: Triton's power-of-two rounding, in plain Python.
 """
 
-from ._triton_env import (
+from .triton._env import (
     HAS_GPU,
     INTERPRET,
     SM75_SHARED_BYTES,

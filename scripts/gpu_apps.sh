@@ -3,7 +3,7 @@
 #
 #   OUT=/some/dir scripts/gpu_apps.sh [train] [context] [decode]     (default: all three)
 #
-# Each step is `python -m course_kernels apps STEP --out $OUT` (course_kernels/apps.py says what
+# Each step is `python -m course_kernels apps STEP --out $OUT` (course_kernels/apps/runs.py says what
 # each measures) under its own time limit. Results (JSON, each with GPU, versions, date and
 # command): $OUT/gpt_train.json, $OUT/gpt_context.json, $OUT/decode_bench.json, and
 # $OUT/log.txt; copy the JSON files into course_kernels/data/apps/ for the book. Expected

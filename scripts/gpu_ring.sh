@@ -47,7 +47,7 @@ for step in $STEPS; do
   t0=$(date +%s)
   COURSE_KERNELS_AUTOTUNE="$tune" timeout --kill-after=20 "$limit" \
     "$PY" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" \
-    -m course_kernels.ring_bench "$step" --out "$OUT" ${BACKEND:+--backend "$BACKEND"} \
+    -m course_kernels.distributed.bench "$step" --out "$OUT" ${BACKEND:+--backend "$BACKEND"} \
     --timeout "${COLLECTIVE_TIMEOUT:-180}"
   rc=$?
   echo "== $step rc=$rc in $(( $(date +%s) - t0 )) s"

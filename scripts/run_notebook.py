@@ -4,9 +4,9 @@ Two ways, because the machines differ:
 
 * ``plain``: the code cells in plain Python, one namespace, no Jupyter. For the lent GPU machine,
   where nothing can be installed and there is no Jupyter. Used by scripts/run_notebooks_plain.py
-  (which adds time limits and a JSON record) and grading/gpu_smoke.py.
+  (which adds time limits and a JSON record) and scripts/gpu_smoke.py.
 * ``kernel``: the notebook in a Jupyter kernel through nbclient, outputs kept. Used by
-  grading/build_notebooks.py (the executed solutions that nbval compares) and by
+  scripts/build_notebooks.py (the executed solutions that nbval compares) and by
   tests/test_colab_wheel.py (run by path inside a fresh Colab-like venv, which is why this file
   imports only the standard library at the top and never ``course_kernels``).
 

@@ -91,3 +91,38 @@ def fresh_venv(path: Path, site: Path) -> Path:
     ).stdout.strip()
     (Path(purelib) / "colab_preinstalled.pth").write_text(str(site) + "\n")
     return python
+
+
+def build_wheel(tmp: Path) -> Path:
+    """A wheel of this checkout, built offline from a copy of what the wheel is made of (the
+    checkout gets no build/ folder). Returns the wheel's path."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, src / name)
+    shutil.copytree(
+        root / "course_kernels",
+        src / "course_kernels",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            str(src),
+            "-w",
+            str(tmp / "dist"),
+        ],
+        check=True,
+    )
+    (whl,) = (tmp / "dist").glob("course_kernels-*.whl")
+    return whl

@@ -1,10 +1,10 @@
-"""The Applications chapter's GPU runs (course_kernels/apps.py): what runs without a GPU."""
+"""The Applications chapter's GPU runs (course_kernels/apps/runs.py): what runs without a GPU."""
 
 import json
 
 import pytest
 
-from course_kernels import apps
+from course_kernels.apps import runs as apps
 
 
 def test_apps_decode_bytes_counts_cache_once():

@@ -1,4 +1,4 @@
-"""course_kernels.blocks: the floor rule keeps 4*B*d <= M; the article's ceil can break it."""
+"""course_kernels.numpy.blocks: the floor rule keeps 4*B*d <= M; the article's ceil can break it."""
 
 import math
 

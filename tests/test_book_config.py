@@ -120,7 +120,7 @@ def test_exercise_setup_cell_starts_with_the_same_template(path):
     nb = nbformat.read(path, as_version=4)
     setup = [c for c in nb.cells if c.metadata.get("course_kernels", {}).get("role") == "setup"]
     assert len(setup) == 1 and setup[0].source.startswith(colab.SETUP_CELL), (
-        f"{path}: regenerate with python grading/build_notebooks.py"
+        f"{path}: regenerate with python scripts/build_notebooks.py"
     )
 
 

@@ -63,8 +63,8 @@ def test_chapter_uses_public_names_only(path):
     "source",
     [
         "from course_kernels import _triton_env",
-        "from course_kernels.online_softmax import update, _safe",
-        "import course_kernels._triton_env",
+        "from course_kernels.numpy.online_softmax import update, _safe",
+        "import course_kernels.triton._env",
         "show(tiled._forward_fa2)",
         "with mock.patch.object(m, 'pick_configs', f):\n    pass",
     ],

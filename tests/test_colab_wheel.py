@@ -79,35 +79,7 @@ def colab_notebooks() -> list[Path]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """A wheel of this checkout, built offline from a copy (the checkout gets no build/ folder)."""
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(
-        ROOT / "course_kernels",
-        src / "course_kernels",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            str(src),
-            "-w",
-            str(tmp / "dist"),
-        ],
-        check=True,
-    )
-    (whl,) = (tmp / "dist").glob("course_kernels-*.whl")
-    return whl
+    return colab_env.build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_wheel_carries_the_measured_data_and_stays_small(wheel):

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from course_kernels import decode  # noqa: E402
-from course_kernels.split_kv import split_chunk, split_kv_decode_numpy  # noqa: E402
+from course_kernels.serving import decode  # noqa: E402
+from course_kernels.serving.split_kv import split_chunk, split_kv_decode_numpy  # noqa: E402
 from course_kernels.testing import assert_close_to_reference, max_abs_error  # noqa: E402
 from decode_cases import make_cache, naive, peaked, reference  # noqa: E402
 
@@ -128,7 +128,7 @@ def test_decode_bad_input(rng):
 
 @pytest.mark.skipif(not decode.INTERPRET, reason="on a GPU the benchmark runs (tests/gpu)")
 def test_decode_benchmark_needs_a_gpu():
-    from course_kernels import apps
+    from course_kernels.apps import runs as apps
 
     with pytest.raises(RuntimeError, match="CUDA GPU"):
         apps.decode_benchmark(contexts=(64,))

@@ -16,10 +16,12 @@ pytest.importorskip("triton")
 
 import torch.distributed as dist  # noqa: E402
 
-from course_kernels import distributed as rd  # noqa: E402
-from course_kernels.ring_bench import check_case, check_cases, spawn  # noqa: E402
+from course_kernels.distributed import ring as rd  # noqa: E402
+from course_kernels.distributed.bench import check_case, check_cases, spawn  # noqa: E402
 
-osm = importlib.import_module("course_kernels.online_softmax")  # the package re-exports a function
+osm = importlib.import_module(
+    "course_kernels.numpy.online_softmax"
+)  # the package re-exports a function
 TIMEOUT = 240  # seconds for one spawn: a hang fails the test instead of blocking CI
 
 
@@ -244,7 +246,7 @@ def rows_2(two_ranks):
 
 def _subgroup_worker():
     """Two rings of 2 inside 4 ranks ({0, 1} and {2, 3}), each on its own sequence."""
-    from course_kernels.flash import flash_attention
+    from course_kernels.triton.flash import flash_attention
 
     rank = dist.get_rank()
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]

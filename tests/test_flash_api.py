@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import course_kernels  # noqa: E402
-from course_kernels import _triton_env, flash  # noqa: E402
-from course_kernels.flash import flash_attention  # noqa: E402
+from course_kernels.triton import _env as _triton_env  # noqa: E402
+from course_kernels.triton import flash  # noqa: E402
+from course_kernels.triton.flash import flash_attention  # noqa: E402
 
 DEVICE = _triton_env.device_kind()
 

@@ -1,4 +1,4 @@
-"""Pins the Triton internals that ``course_kernels.flash_launch._launch`` relies on.
+"""Pins the Triton internals that ``course_kernels.triton.launch._launch`` relies on.
 
 ``_launch`` skips ``Autotuner.run`` after a shape's first launch (it rebuilds its cache key from
 every argument on each call; notes/kernel.md measures the host overhead this saves). Triton has
@@ -27,13 +27,15 @@ triton = pytest.importorskip("triton")
 import torch.nn.functional as F  # noqa: E402
 from triton.runtime.autotuner import Autotuner  # noqa: E402
 
-from course_kernels import _triton_env, flash, flash_launch  # noqa: E402
-from course_kernels.triton_backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
-from course_kernels.triton_forward import _attn_fwd  # noqa: E402
+from course_kernels.triton import _env as _triton_env  # noqa: E402
+from course_kernels.triton import flash  # noqa: E402
+from course_kernels.triton import launch as flash_launch  # noqa: E402
+from course_kernels.triton.backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
+from course_kernels.triton.forward import _attn_fwd  # noqa: E402
 
 KERNELS = {"_attn_fwd": _attn_fwd, "_attn_bwd_dq": _attn_bwd_dq, "_attn_bwd_dkdv": _attn_bwd_dkdv}
 FIX = (
-    f"Triton {triton.__version__} changed an internal that course_kernels/flash_launch.py's _launch "
+    f"Triton {triton.__version__} changed an internal that course_kernels/triton/launch.py's _launch "
     "uses; update _launch (or drop its shortcut and call kernel[grid](...) every time) and this "
     "test together."
 )

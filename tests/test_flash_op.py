@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from course_kernels import _triton_env, flash  # noqa: E402
-from course_kernels.flash import flash_attention  # noqa: E402
+from course_kernels.triton import _env as _triton_env  # noqa: E402
+from course_kernels.triton import flash  # noqa: E402
+from course_kernels.triton.flash import flash_attention  # noqa: E402
 
 DEVICE = _triton_env.device_kind()
 OP = torch.ops.course_kernels.flash_attn_fwd

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from course_kernels import gpt  # noqa: E402
+from course_kernels.apps import gpt  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from course_grader.cli import _write, feedback_text, gradescope
-from course_grader.grade import grade_notebook
+from course_kernels.grading.instructor.cli import _write, feedback_text, gradescope
+from course_kernels.grading.instructor.grade import grade_notebook
 from course_kernels.grading.runner import replace_solution
-from course_grader.sandbox import Limits, isolation, leftovers
+from course_kernels.grading.sandbox.sandbox import Limits, isolation, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = sorted((Path(__file__).parent / "adversarial").glob("a*.py"))
@@ -106,7 +106,7 @@ def test_adversarial_submission_does_not_pass(fixture, tmp_path):
     sub = _submission(fixture, tmp_path, meta)
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     protected = [
-        str(ROOT / "grading/hidden_tests/01_stable_softmax.json"),
+        str(ROOT / "course_kernels/grading/hidden_tests/01_stable_softmax.json"),
         str(ROOT / "course_kernels/grading/feedback.py"),
         str(ROOT / "course_kernels/testing.py"),
     ]

@@ -1,7 +1,7 @@
 """A class of 200 mixed submissions graded by the command line on 2 workers: no false pass, no
 false fail, and nothing left behind (temp dirs, processes, cgroups).
 
-The class (grading/generate_class.py): every notebook, solved (full marks), untouched (zero), a
+The class (tests/generate_class.py): every notebook, solved (full marks), untouched (zero), a
 classic mistake or an infinite loop (less than full marks). Loops are capped at 5 s per test
 (--call-seconds) so that they cost CI little; that is the only thing changed from a real run.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from course_grader.sandbox import isolation, leftovers
+from course_kernels.grading.sandbox.sandbox import isolation, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
     cls = tmp_path / "class"
     subprocess.run(
-        [sys.executable, str(ROOT / "grading/generate_class.py"), str(cls), "--n", "200"],
+        [sys.executable, str(ROOT / "tests/generate_class.py"), str(cls), "--n", "200"],
         check=True,
         timeout=300,
     )
@@ -39,7 +39,7 @@ def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
         [
             sys.executable,
             "-m",
-            "course_grader",
+            "course_kernels.grading",
             "grade",
             str(cls),
             "--out",

@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def grader(*args, timeout=300):
-    """``python -m course_grader ARGS``, as an instructor runs it; the finished process."""
+    """``python -m course_kernels.grading ARGS``, as an instructor runs it; the finished process."""
     return subprocess.run(
-        [sys.executable, "-m", "course_grader", *args],
+        [sys.executable, "-m", "course_kernels.grading", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -68,7 +68,7 @@ def test_notebook_points_equal_gradebook_points():
     """Each exercise heading states visible + hidden points: what the gradebook's maximum is."""
     import re
 
-    from course_grader.cli import notebook_max
+    from course_kernels.grading.instructor.cli import notebook_max
     from course_kernels.grading.exercises import NOTEBOOKS, notebook_of
     from course_kernels.grading.runner import build_cases
 

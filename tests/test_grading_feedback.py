@@ -137,7 +137,7 @@ def test_tf32_product_compared_with_exact():
         bits = np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
         return bits.view(np.float32)
 
-    from course_kernels.reference import attention_reference
+    from course_kernels.numpy.reference import attention_reference
 
     out, lse = attention_reference(tf32(q), tf32(k), v)
     with pytest.raises(Exception) as err:

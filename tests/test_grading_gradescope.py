@@ -16,7 +16,7 @@ def _bundle(tmp_path, exercise):
         [
             sys.executable,
             "-m",
-            "course_grader",
+            "course_kernels.grading",
             "gradescope",
             "--exercise",
             exercise,

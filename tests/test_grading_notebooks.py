@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from course_grader import grade_notebook
+from course_kernels.grading.instructor import grade_notebook
 from course_kernels.grading import NOTEBOOKS, check
 from course_kernels.grading.runner import solution_cells
 

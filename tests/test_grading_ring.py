@@ -4,7 +4,6 @@ course_kernels.distributed."""
 
 import inspect
 import json
-import sys
 from pathlib import Path
 
 from course_kernels.grading.runner import run_visible
@@ -54,11 +53,10 @@ def test_classic_ring_mistakes_are_named():
 
 
 def test_hidden_json_is_generated_from_the_spec():
-    sys.path.insert(0, str(ROOT / "grading"))
-    from sources import hidden_json
+    from course_kernels.grading.notebooks import hidden_json
 
-    on_disk = (ROOT / "grading/hidden_tests/10_ring_attention.json").read_text()
-    assert on_disk == hidden_json(R), "run: python grading/build_notebooks.py"
+    on_disk = (ROOT / "course_kernels/grading/hidden_tests/10_ring_attention.json").read_text()
+    assert on_disk == hidden_json(R), "run: python scripts/build_notebooks.py"
     assert json.loads(on_disk)["tests"]
 
 

@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from course_grader.sandbox import Limits, _outcome, _take_frame, run_submission
+from course_kernels.grading.sandbox.sandbox import Limits, _outcome, _take_frame, run_submission
 from course_kernels.grading.feedback import CallOutcome
 
 
@@ -75,7 +75,7 @@ def test_a_student_process_returns_data_not_objects():
 
 def test_the_child_cannot_import_the_course_library():
     code = (
-        "def f():\n    try:\n        import course_kernels.reference as r\n"
+        "def f():\n    try:\n        import course_kernels.numpy.reference as r\n"
         "        return r.attention_reference\n    except ImportError as e:\n"
         "        return str(e)\n"
     )
@@ -90,7 +90,7 @@ def test_the_child_cannot_import_the_course_library():
 
 
 def test_npy_header_must_match_its_bytes():
-    from course_grader.sandbox import load_npy
+    from course_kernels.grading.sandbox.sandbox import load_npy
 
     good = npy(np.arange(6.0).reshape(2, 3))
     assert load_npy(good).shape == (2, 3)
@@ -105,7 +105,7 @@ def test_npy_header_must_match_its_bytes():
 
 
 def test_deep_json_and_deep_tuples_are_refused_not_fatal():
-    from course_grader.sandbox import _decode
+    from course_kernels.grading.sandbox.sandbox import _decode
 
     deep = b"[" * 100000 + b"]" * 100000
     buf = bytearray(struct.pack("<I", len(deep)) + deep + struct.pack("<Q", 0))
@@ -135,7 +135,7 @@ def test_a_fifo_or_a_huge_file_is_not_read_as_a_notebook(tmp_path):
     import os
     import threading
 
-    from course_grader.grade import grade_notebook
+    from course_kernels.grading.instructor.grade import grade_notebook
 
     fifo = tmp_path / "01_stable_softmax.ipynb"
     os.mkfifo(fifo)
@@ -153,7 +153,7 @@ def test_a_fifo_or_a_huge_file_is_not_read_as_a_notebook(tmp_path):
 def test_deep_folders_are_removed(tmp_path):
     import os
 
-    from course_grader.sandbox import remove_tree
+    from course_kernels.grading.sandbox.sandbox import remove_tree
 
     top = tmp_path / "deep"
     top.mkdir()
@@ -180,7 +180,7 @@ def test_without_bubblewrap_the_grader_refuses_unless_unsafe(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "course_grader",
+        "course_kernels.grading",
         "grade",
         str(root / "solutions/04_block_sizes.ipynb"),
         "--out",
@@ -202,7 +202,7 @@ def test_leftover_cgroups_are_found():
 
     import pytest
 
-    from course_grader.sandbox import Cgroup, leftovers
+    from course_kernels.grading.sandbox.sandbox import Cgroup, leftovers
 
     os.environ["COURSE_GRADING_TAG"] = "leftovertest"
     try:

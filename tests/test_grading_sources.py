@@ -1,5 +1,5 @@
 """The exercise and solution notebooks are generated from the spec modules
-(course_kernels/grading/specs/, gathered by grading/sources.py): the committed notebooks must be
+(course_kernels/grading/specs/, built by course_kernels.grading.notebooks): the committed notebooks must be
 exactly what the generator writes, cell ids included (specs and notebooks never drift)."""
 
 import json
@@ -10,10 +10,11 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "grading"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-import build_notebooks  # noqa: E402
-from sources import NOTEBOOKS, stub_from_solution  # noqa: E402
+import build_notebooks  # noqa: E402  (the script that writes the committed notebooks)
+
+from course_kernels.grading.notebooks import NOTEBOOKS, build, stub_from_solution  # noqa: E402
 
 
 def _sources(nb):
@@ -22,16 +23,16 @@ def _sources(nb):
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_exercise_notebook_matches_sources(name):
-    built = build_notebooks.build(name, NOTEBOOKS[name], solved=False)
+    built = build(name, False, build_notebooks.repository_url())
     on_disk = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
-    assert _sources(on_disk) == _sources(built), "run: python grading/build_notebooks.py"
+    assert _sources(on_disk) == _sources(built), "run: python scripts/build_notebooks.py"
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_solution_notebook_matches_sources(name):
-    built = build_notebooks.build(name, NOTEBOOKS[name], solved=True)
+    built = build(name, True, build_notebooks.repository_url())
     on_disk = nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
-    assert _sources(on_disk) == _sources(built), "run: python grading/build_notebooks.py"
+    assert _sources(on_disk) == _sources(built), "run: python scripts/build_notebooks.py"
 
 
 def test_stub_keeps_signature_and_docstring_and_drops_the_body():
@@ -46,11 +47,13 @@ def test_stub_keeps_signature_and_docstring_and_drops_the_body():
 
 def test_hidden_json_of_every_spec_is_generated_from_it():
     from course_kernels.grading.exercises import SPECS
-    from sources import hidden_json
+    from course_kernels.grading.notebooks import hidden_json
 
     for name, spec in SPECS.items():
-        on_disk = (ROOT / "grading" / "hidden_tests" / f"{name}.json").read_text()
-        assert on_disk == hidden_json(spec), f"{name}: run python grading/build_notebooks.py"
+        on_disk = (
+            ROOT / "course_kernels" / "grading" / "hidden_tests" / f"{name}.json"
+        ).read_text()
+        assert on_disk == hidden_json(spec), f"{name}: run python scripts/build_notebooks.py"
         assert json.loads(on_disk)["tests"], name
 
 
@@ -86,7 +89,7 @@ def test_spec_solution_earns_every_point_of_its_own_cases(spec):
 def test_triton_spec_solution_passes_its_visible_cases(name):
     """The Triton specs define their solution when asked (torch and Triton are imported then,
     never by grading); it runs (Triton's interpreter without a GPU) and passes."""
-    import course_kernels._triton_env  # noqa: F401  (TRITON_INTERPRET before any @triton.jit)
+    import course_kernels.triton._env  # noqa: F401  (TRITON_INTERPRET before any @triton.jit)
     from course_kernels.grading.exercises import EXERCISES, SPECS
     from course_kernels.grading.runner import _call_in_process, judge
 

@@ -1,4 +1,4 @@
-"""scripts/hopper_levers.py: the experimental forward behind the Hopper chapter's lever table
+"""experiments/hopper/hopper_levers.py: the experimental forward behind the Hopper chapter's lever table
 (checked in Triton's interpreter), the occupancy arithmetic on compiled-kernel metadata, and the
 tutorial's config trimming."""
 
@@ -13,9 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
-from course_kernels import _triton_env  # noqa: E402
+from course_kernels.triton import _env as _triton_env  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hopper_levers.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "hopper" / "hopper_levers.py"
 spec = importlib.util.spec_from_file_location("hopper_levers", SCRIPT)
 levers = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(levers)
@@ -77,7 +77,7 @@ def test_config_meta_compiles_the_backward_with_every_argument(name):
     leave error rows in h200_config_meta.json)."""
     import hopper_config_meta
 
-    from course_kernels import triton_backward
+    from course_kernels.triton import backward as triton_backward
 
     kernel = getattr(triton_backward, name)
     q = torch.zeros(1, 2, 256, 64)

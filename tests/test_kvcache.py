@@ -2,8 +2,8 @@
 
 import pytest
 
-from course_kernels import kvcache
-from course_kernels.kvcache import GIB, ModelConfig
+from course_kernels.serving import kvcache
+from course_kernels.serving.kvcache import GIB, ModelConfig
 
 
 def test_kvcache_llama2_7b_matches_errata():

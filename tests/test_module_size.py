@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE_DIRS = ("course_kernels", "course_grader", "grading", "scripts")
+MODULE_DIRS = ("course_kernels", "scripts", "experiments")
 MAX_MODULE_LINES = 400
 KERNEL_DIRS = ("course_kernels",)
 MAX_KERNEL_LINES = 80
@@ -146,13 +146,13 @@ def tree(tmp_path):
 def test_module_check_flags_a_long_module_and_a_stale_exception(tree):
     (tree / "scripts" / "ok.py").write_text("x = 1\n" * MAX_MODULE_LINES)
     assert module_problems(tree, {}) == []
-    (tree / "course_grader" / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tree / "experiments" / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     (problem,) = module_problems(tree, {})
-    assert "course_grader/big.py has 401 lines" in problem
-    assert module_problems(tree, {"course_grader/big.py": "test"}) == []
-    stale = module_problems(tree, {"course_grader/big.py": "test", "scripts/ok.py": "test"})
+    assert "experiments/big.py has 401 lines" in problem
+    assert module_problems(tree, {"experiments/big.py": "test"}) == []
+    stale = module_problems(tree, {"experiments/big.py": "test", "scripts/ok.py": "test"})
     assert len(stale) == 1 and "scripts/ok.py" in stale[0] and "remove its entry" in stale[0]
-    gone = module_problems(tree, {"course_grader/big.py": "t", "grading/gone.py": "t"})
+    gone = module_problems(tree, {"experiments/big.py": "t", "course_kernels/gone.py": "t"})
     assert len(gone) == 1 and "no longer exists" in gone[0]
 
 

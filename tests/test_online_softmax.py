@@ -1,4 +1,4 @@
-"""course_kernels.online_softmax: the update, the merge (exact, associative), the -inf guard."""
+"""course_kernels.numpy.online_softmax: the update, the merge (exact, associative), the -inf guard."""
 
 import itertools
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from course_kernels import attention_reference, causal_mask
-from course_kernels.online_softmax import (
+from course_kernels.numpy.online_softmax import (
     empty_partial,
     finalize,
     init_state,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from course_kernels import colab
-from course_kernels.online_softmax import safe_max
+from course_kernels.numpy.online_softmax import safe_max
 
 
 def test_listing_is_the_package_source():
@@ -27,7 +27,7 @@ def test_safe_max_guards_minus_inf_only():
 
 def test_gpu_config_list_is_the_data_whatever_the_device():
     pytest.importorskip("triton")
-    from course_kernels import triton_forward
+    from course_kernels.triton import forward as triton_forward
 
     got = [
         (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
@@ -43,7 +43,8 @@ def test_gpu_config_list_is_the_data_whatever_the_device():
 
 def test_device_facts_and_padded_head_dim():
     pytest.importorskip("triton")
-    from course_kernels import device, flash
+    from course_kernels import device
+    from course_kernels.triton import flash
 
     assert device.device_kind() in ("cpu", "cuda")
     assert device.SM75_SHARED_BYTES == 64 * 1024
@@ -65,7 +66,7 @@ def test_one_device_probe(monkeypatch):
 
     torch = pytest.importorskip("torch")
     assert _probe.cuda_available() == torch.cuda.is_available()
-    from course_kernels import _triton_env
+    from course_kernels.triton import _env as _triton_env
 
     assert _probe.cuda_available() == _triton_env.HAS_GPU
     monkeypatch.setitem(sys.modules, "torch", None)  # "import torch" now raises ImportError

@@ -1,4 +1,4 @@
-"""course_kernels.reference: the float64 truth, checked against PyTorch's SDPA in float64."""
+"""course_kernels.numpy.reference: the float64 truth, checked against PyTorch's SDPA in float64."""
 
 import math
 

@@ -53,7 +53,7 @@ def test_decorator_passes_the_value_under_the_new_name():
 
 def test_gpt_and_decode_old_keywords():
     torch = pytest.importorskip("torch")
-    from course_kernels import gpt
+    from course_kernels.apps import gpt
 
     with pytest.warns(DeprecationWarning, match="use 'context_len'"):
         cfg = gpt.GPTConfig(10, block_size=16)
@@ -63,7 +63,7 @@ def test_gpt_and_decode_old_keywords():
         old = gpt.saved_activation_bytes("standard", block_size=32, **kw)
     assert old == gpt.saved_activation_bytes("standard", context_len=32, **kw)
     del torch
-    from course_kernels.decode import default_num_splits
+    from course_kernels.serving.decode import default_num_splits
 
     with pytest.warns(DeprecationWarning, match="use 'block_k'"):
         assert default_num_splits(8, 4096, block_n=64) == default_num_splits(8, 4096, block_k=64)
@@ -72,7 +72,7 @@ def test_gpt_and_decode_old_keywords():
 def test_online_softmax_old_keyword():
     import numpy as np
 
-    from course_kernels import online_softmax
+    from course_kernels.numpy import online_softmax
 
     x = np.random.default_rng(0).standard_normal((3, 20))
     with pytest.warns(DeprecationWarning, match="use 'block_k'"):
@@ -82,7 +82,8 @@ def test_online_softmax_old_keyword():
 
 def test_forced_forward_config_old_keywords():
     pytest.importorskip("triton")
-    from course_kernels import bench_sweep, triton_forward
+    from course_kernels.bench import sweep as bench_sweep
+    from course_kernels.triton import forward as triton_forward
 
     with (
         pytest.warns(DeprecationWarning, match="use 'block_q'"),

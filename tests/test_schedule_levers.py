@@ -1,4 +1,4 @@
-"""scripts/schedule_levers.py: the persistent forward and the atomic-dQ backward behind the
+"""experiments/hopper/schedule_levers.py: the persistent forward and the atomic-dQ backward behind the
 Hopper chapter's schedule levers, checked against the package in Triton's interpreter (on a GPU,
 the same checks run on the device). The timing subcommands refuse without a GPU."""
 
@@ -12,9 +12,10 @@ import pytest
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
-from course_kernels import _triton_env, flash  # noqa: E402
+from course_kernels.triton import _env as _triton_env  # noqa: E402
+from course_kernels.triton import flash  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "schedule_levers.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "hopper" / "schedule_levers.py"
 spec = importlib.util.spec_from_file_location("schedule_levers", SCRIPT)
 levers = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(levers)

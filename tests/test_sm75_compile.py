@@ -46,7 +46,8 @@ FP32_POINTERS = {"LSE", "Delta"}
 
 
 def _kernels():
-    from course_kernels import triton_backward, triton_forward
+    from course_kernels.triton import backward as triton_backward
+    from course_kernels.triton import forward as triton_forward
 
     return {
         "fwd": triton_forward._attn_fwd,
@@ -56,7 +57,7 @@ def _kernels():
 
 
 def _source(autotuner, dtype: str, d: int, config, backend):
-    """The ASTSource a launch from ``course_kernels.flash`` would compile: batch 1, 2 heads, N = 1024.
+    """The ASTSource a launch from ``course_kernels.triton.flash`` would compile: batch 1, 2 heads, N = 1024.
 
     Arguments are specialized the way Triton specializes a launch: tensors (16-byte aligned by
     torch) are pointers divisible by 16, integers equal to 1 become constexprs, other integers
@@ -106,7 +107,8 @@ def _source(autotuner, dtype: str, d: int, config, backend):
 
 
 def _tables():
-    from course_kernels import triton_backward, triton_forward
+    from course_kernels.triton import backward as triton_backward
+    from course_kernels.triton import forward as triton_forward
 
     return {
         "fwd": triton_forward.FWD_SM75,
@@ -117,7 +119,7 @@ def _tables():
 
 def _t4_config(kernel: str, dtype: str, d: int):
     """The config a T4 runs for this kernel, dtype and head dim (None: nothing fits)."""
-    from course_kernels._triton_env import sm75_config
+    from course_kernels.triton._env import sm75_config
 
     return sm75_config(_tables()[kernel], max(16, 1 << (d - 1).bit_length()), dtype == "fp32")
 
@@ -216,7 +218,9 @@ def test_sm75_the_t4_path_fits_64_kib(kernel, tmp_path):
 def test_sm75_pruner_uses_the_table_below_sm80(monkeypatch):
     """On a GPU below sm_80 each kernel's pruner keeps exactly its sm_75 table's config, and a
     shape that fits nowhere is a clear error (not a launch failure deep in Triton)."""
-    from course_kernels import _triton_env, triton_backward, triton_forward
+    from course_kernels.triton import _env as _triton_env
+    from course_kernels.triton import backward as triton_backward
+    from course_kernels.triton import forward as triton_forward
 
     kernels = {
         "fwd": triton_forward._attn_fwd,

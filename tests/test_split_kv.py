@@ -6,8 +6,8 @@ from decode_cases import make_cache, peaked, reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_kernels import split_kv
-from course_kernels.online_softmax import PartialAttention
+from course_kernels.serving import split_kv
+from course_kernels.numpy.online_softmax import PartialAttention
 from course_kernels.testing import max_abs_error
 
 
@@ -92,7 +92,7 @@ def test_split_kv_imports_without_triton():
     import sys
 
     code = (
-        "import sys; import course_kernels.split_kv; "
+        "import sys; import course_kernels.serving.split_kv; "
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]; "
         "assert not bad, bad"
     )

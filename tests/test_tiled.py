@@ -1,4 +1,4 @@
-"""course_kernels.tiled: the tiled forward pass, both loop orders, against the float64 reference.
+"""course_kernels.numpy.tiled: the tiled forward pass, both loop orders, against the float64 reference.
 
 The harness ``forward_failures`` is what decides correctness; it is run on the real
 implementation (must pass) and on known-wrong variants (each must be caught).
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from course_kernels import attention_naive, attention_reference, flash_attention_numpy
-from course_kernels.online_softmax import safe_max
+from course_kernels.numpy.online_softmax import safe_max
 from course_kernels.testing import assert_close_to_reference
 
 # (n_q, n_k, d, causal, block_q, block_k, score_multiplier)

@@ -1,4 +1,4 @@
-"""course_kernels.tiled_backward: gradients from the saved logsumexp, checked three ways:
+"""course_kernels.numpy.tiled_backward: gradients from the saved logsumexp, checked three ways:
 finite differences, torch autograd in float64, and the dense float64 backward."""
 
 import numpy as np
@@ -9,7 +9,7 @@ from attention_inputs import make_qkv
 
 from course_kernels import attention_reference, flash_attention_numpy
 from course_kernels.testing import assert_close_to_reference
-from course_kernels.tiled_backward import (
+from course_kernels.numpy.tiled_backward import (
     attention_reference_backward,
     flash_attention_numpy_backward,
 )

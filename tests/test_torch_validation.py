@@ -1,4 +1,4 @@
-"""One torch-side checker (course_kernels._torch_validate) behind every public torch function:
+"""One torch-side checker (course_kernels.triton._torch_validate) behind every public torch function:
 the same bad value raises the same exception type from flash_attention, flash_decode and
 distributed.ring_attention (on a one-rank gloo group in a spawned process)."""
 
@@ -9,10 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from course_kernels import _triton_env  # noqa: E402
-from course_kernels.decode import flash_decode  # noqa: E402
-from course_kernels.flash import flash_attention  # noqa: E402
-from course_kernels.ring_bench import spawn  # noqa: E402
+from course_kernels.triton import _env as _triton_env  # noqa: E402
+from course_kernels.serving.decode import flash_decode  # noqa: E402
+from course_kernels.triton.flash import flash_attention  # noqa: E402
+from course_kernels.distributed.bench import spawn  # noqa: E402
 
 DEVICE = _triton_env.device_kind()
 

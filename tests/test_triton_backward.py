@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from course_kernels import attention_reference_backward, flash_attention  # noqa: E402
-from course_kernels._triton_env import device_kind  # noqa: E402
+from course_kernels.triton._env import device_kind  # noqa: E402
 from course_kernels.testing import assert_close_to_reference  # noqa: E402
 
 DEVICE = device_kind()

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from course_kernels import attention_naive, attention_reference, flash_attention  # noqa: E402
-from course_kernels._triton_env import device_kind  # noqa: E402
+from course_kernels.triton._env import device_kind  # noqa: E402
 from course_kernels.testing import assert_close_to_reference, max_abs_error  # noqa: E402
 
 DEVICE = device_kind()
@@ -119,7 +119,7 @@ def test_forward_bf16_in_interpreter_is_fp32_rounded():
 
 def test_smem_estimate_and_accumulator_registers_by_hand():
     """Q tile once plus K and V per stage; one fp32 accumulator value per (row, column) per thread."""
-    from course_kernels.triton_forward import accumulator_registers, smem_estimate
+    from course_kernels.triton.forward import accumulator_registers, smem_estimate
 
     # 2 bytes * (128 * 64 + 3 stages * 2 tiles * 64 * 64) = 65,536
     assert smem_estimate(128, 64, 3, 64) == 65_536

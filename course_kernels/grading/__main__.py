@@ -1,8 +1,8 @@
-"""``python -m course_kernels.grading ...`` is an alias of ``python -m course_grader ...``."""
+"""``python -m course_kernels.grading ...``: the instructor's command line (also ``course-grade``)."""
 
 import sys
 
-from course_grader.cli import main
+from course_kernels.grading.instructor.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,8 @@
 """The tables the grader and the check cell read, built from the spec modules (``specs/``, one
 per exercise): which notebook holds which function, its visible tests and builders, its points.
 
-The grader reads hidden tests from JSON (``grading/hidden_tests/<notebook>.json``, written from
-the specs' ``HIDDEN`` by ``grading/build_notebooks.py``, or ``--hidden DIR``). Both kinds of test
+The grader reads hidden tests from JSON (``course_kernels/grading/hidden_tests/<notebook>.json``, package data, written from
+the specs' ``HIDDEN`` by ``scripts/build_notebooks.py``, or ``--hidden DIR``). Both kinds of test
 are parameter dicts given to the same builders, so a hidden test is just another size or seed.
 """
 
@@ -160,7 +160,8 @@ EXERCISES = {
     for name in nb.exercises
 }
 
-DEFAULT_HIDDEN = Path(__file__).resolve().parents[2] / "grading" / "hidden_tests"
+# Package data (pyproject.toml): every install carries the hidden tests; --hidden DIR adds secret ones.
+DEFAULT_HIDDEN = Path(__file__).resolve().parent / "hidden_tests"
 
 
 def notebook_of(stem: str) -> Notebook:

@@ -3,7 +3,7 @@ here), judging a result, and the in-notebook ``check`` (visible tests only, run 
 own kernel: the student is not an adversary of their own notebook, and the feedback is the same
 code as the grader's).
 
-The instructor's grader (sandbox, CLI) is the separate package ``course_grader``; it uses these
+The instructor's grader (``sandbox``, ``instructor``, next to this module) uses these
 same functions, so the check cell and the grader cannot disagree.
 """
 
@@ -28,7 +28,7 @@ from .exercises import (
     hidden_params,
 )
 from .feedback import CallOutcome, Fail, Verdict, clean_text, error_message, mutation_message
-from .lint import (  # re-exported: the grader (course_grader.grade) imports forbidden_use from here
+from .lint import (  # re-exported: the grader (course_kernels.grading.instructor.grade) imports forbidden_use from here
     MAX_CELL_CHARS as MAX_CELL_CHARS,
     SYS_ALLOWED as SYS_ALLOWED,
     _jit_lines_and_harmless_sys as _jit_lines_and_harmless_sys,

@@ -3,7 +3,7 @@
 # attack: rewrites the hidden tests and the grader's feedback code, then returns zeros
 import pathlib
 
-for target in ("{repo}/grading/hidden_tests/01_stable_softmax.json",
+for target in ("{repo}/course_kernels/grading/hidden_tests/01_stable_softmax.json",
                "{repo}/course_kernels/grading/feedback.py",
                "{repo}/course_kernels/testing.py"):
     try:

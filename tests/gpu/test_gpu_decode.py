@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 
 def test_decode_benchmark_rows():
-    from course_kernels import apps
+    from course_kernels.apps import runs as apps
 
     rows = apps.decode_benchmark(contexts=(256, 2048), heads=8, kv_heads=2, head_dim=64)
     impls = {r["impl"] for r in rows}
@@ -34,7 +34,7 @@ def test_decode_benchmark_rows():
 def test_flash_decode_is_graph_capturable():
     """The default path never waits for the GPU: capturing it in a CUDA graph would fail if it
     did (a host sync is illegal during capture). The replay gives the same numbers."""
-    from course_kernels import decode
+    from course_kernels.serving import decode
 
     torch.manual_seed(0)
     q = torch.randn(2, 8, 1, 64, device="cuda", dtype=torch.float16)

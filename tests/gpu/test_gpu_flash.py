@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # collected on CPU machines, never run there
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from course_kernels.bench import naive_attention  # noqa: E402
-from course_kernels.flash import flash_attention  # noqa: E402
+from course_kernels.triton.flash import flash_attention  # noqa: E402
 
 
 def make(B, Hq, kv_heads, Nq, Nk, d, dtype, seed=0, spread=1.0):

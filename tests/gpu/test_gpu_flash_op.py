@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # collected on CPU machines, never run there
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from course_kernels.flash import flash_attention  # noqa: E402
+from course_kernels.triton.flash import flash_attention  # noqa: E402
 
 
 class Block(torch.nn.Module):

@@ -3,8 +3,8 @@
 Each module holds the notebook's prose, each function's points and text, its solution (real
 code, which the lint sees and the solution notebook runs), the visible and hidden test
 parameters, the test builders (inputs from a seed, float64 references) and the mistakes the
-feedback names. ``grading/sources.py`` builds the notebooks from the modules and
-``grading/build_notebooks.py`` writes the hidden tests' JSON from them.
+feedback names. ``course_kernels.grading.notebooks`` builds the notebooks from the modules and
+``scripts/build_notebooks.py`` writes the hidden tests' JSON from them.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ...reference import attention_reference
+from ...numpy.reference import attention_reference
 from ..builders import as_int, name_of, seeded
 from ..feedback import Case, Fail, as_array, compare, unpack
 from ..variants import lse_variants, tiled_variants

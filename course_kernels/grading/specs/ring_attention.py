@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ...reference import attention_reference
+from ...numpy.reference import attention_reference
 from ..feedback import Case, Fail, as_array, compare, unpack
 
 NAME = "10_ring_attention"

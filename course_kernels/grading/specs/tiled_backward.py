@@ -13,8 +13,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ...reference import attention_reference
-from ...tiled_backward import attention_reference_backward
+from ...numpy.reference import attention_reference
+from ...numpy.tiled_backward import attention_reference_backward
 from ..builders import fwd_kwargs, name_of, qkv_inputs, structure_message
 from ..feedback import Case, as_array, compare, unpack
 from ..variants import naive_backward, tiled_variants

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ...reference import attention_naive, attention_reference
+from ...numpy.reference import attention_naive, attention_reference
 from ..builders import fwd_kwargs, name_of, qkv_inputs, structure_message
 from ..feedback import Case, as_array, compare, unpack
 from ..variants import lse_variants, tiled_variants

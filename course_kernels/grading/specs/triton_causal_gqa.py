@@ -6,7 +6,7 @@ What a spec module holds and how it is used: ``course_kernels/grading/specs/__in
 from __future__ import annotations
 
 
-from ...reference import attention_naive, attention_reference
+from ...numpy.reference import attention_naive, attention_reference
 from ..builders import bhnd_inputs, gqa_expand, tf32_or, triton_variants
 from . import nested_source
 from ..feedback import Case, Fail, as_array, compare

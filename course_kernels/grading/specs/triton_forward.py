@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ...reference import attention_naive, attention_reference
+from ...numpy.reference import attention_naive, attention_reference
 from ..builders import bhnd_inputs, tf32_or, triton_variants
 from . import nested_source
 from ..feedback import Case, Fail, as_array, compare, unpack

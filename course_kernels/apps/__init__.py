@@ -1,0 +1,6 @@
+"""The applications on top of the ladder: a tiny GPT whose attention is pluggable, and the
+Applications chapter's GPU runs.
+
+- :mod:`.gpt`   a character-level GPT (the course kernel or standard attention)
+- :mod:`.runs`  training, context-length and decode-step runs (``python -m course_kernels apps``)
+"""

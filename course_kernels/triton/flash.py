@@ -1,0 +1,263 @@
+"""``flash_attention``: the Triton kernels behind a drop-in for PyTorch's SDPA, differentiable.
+
+Chapter: "Flash Attention in Triton" (forward, backward, the autograd wrapper).
+
+    flash_attention -> _FlashAttention (torch.autograd.Function) -> _forward / _backward
+                    -> triton_forward._attn_fwd, triton_backward._attn_bwd_dq / _attn_bwd_dkdv kernels
+
+Semantics are those of ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
+is_causal=causal, scale=scale, enable_gqa=True)``. The forward saves q, k, v (the inputs), O and
+the logsumexp: nothing N x N. The backward recomputes P the FlashAttention-2 way and is
+deterministic (no atomics: bit-identical on repeat).
+
+Where it runs (``_triton_env``): a CUDA GPU, or, without one, Triton's CPU interpreter (CPU
+tensors; slow; for tests and laptops). On GPUs below sm_80 (Colab's T4, sm_75) Triton >= 3.3
+runs ``tl.dot`` on FMA units rather than tensor cores (triton-lang/triton#5066): correct, not
+fast; there is no bf16 there.
+
+A PyTorch op (``torch.library``): ``torch.ops.course_kernels.flash_attn_fwd`` and
+``flash_attn_bwd`` wrap ``_forward`` / ``_backward`` with fake (meta) implementations for
+shapes, an autograd formula and autocast rules, so ``torch.compile`` traces a model that calls
+``flash_attention`` without a graph break (the op is opaque to the compiler: the Triton kernels
+run as they do eagerly). In eager mode ``flash_attention`` takes a shorter path to the same
+``_forward`` / ``_backward`` (a plain ``autograd.Function``): the dispatcher's Python op call
+costs ~20 us per call, which matters at N = 1K (notes/kernel.md). Under ``torch.autocast``
+the inputs are cast to the autocast dtype first, as SDPA's are. Double backward raises.
+
+The kernel launches (``_forward``, ``_backward``, the tuned-config cache) live in
+:mod:`.flash_launch`; this module validates, differentiates and registers the op.
+"""
+
+from __future__ import annotations
+
+from ._env import INTERPRET, capability, require_triton  # first: GPU or interpreter
+
+require_triton()
+
+import torch  # noqa: E402
+
+from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
+from ..numpy.reference import LN2  # noqa: E402
+from .launch import (  # noqa: E402  (re-exported: ring attention, benchmarks, tests)
+    _TUNED as _TUNED,
+    _backward as _backward,
+    _backward_one_key as _backward_one_key,
+    _cdiv as _cdiv,
+    _forward,
+    _launch as _launch,
+    head_dim_padded as head_dim_padded,
+)
+
+MAX_HEAD_DIM = 256
+
+
+def _check_inputs(q, k, v, causal, scale) -> float:
+    """Validate the arguments; return the scale. Raises TypeError / ValueError, never crashes."""
+    check_tensors(q, k, v)
+    _check_shapes(q, k, v)
+    check_causal(causal)
+    return check_scale(scale, q.shape[3])
+
+
+def _check_shapes(q, k, v) -> None:
+    """k, v of one shape; batch and head dim shared with q; GQA head counts; supported d."""
+    B, Hq, Nq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape (B, kv_heads, Nk, d); got "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if k.shape[0] != B:
+        raise ValueError(f"q, k, v must share the batch size; got q {B} and k/v {k.shape[0]}")
+    if k.shape[3] != d:
+        raise ValueError(f"q, k, v must share the head dim; got q {d} and k/v {k.shape[3]}")
+    kv_heads = k.shape[1]
+    if Hq % kv_heads != 0:
+        raise ValueError(
+            f"the number of query heads must be a multiple of the number of key/value "
+            f"heads (GQA/MQA); got Hq={Hq}, kv_heads={kv_heads}"
+        )
+    if d % 8 != 0 or d > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be a multiple of 8 and at most {MAX_HEAD_DIM}; got {d}")
+    if q.dtype == torch.bfloat16 and not INTERPRET:
+        cap = capability()
+        if cap is not None and cap < (8, 0):
+            raise ValueError(
+                f"bfloat16 needs a GPU of compute capability 8.0 or newer; this one "
+                f"is sm_{cap[0]}{cap[1]}. Use float16."
+            )
+
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "flash_attention does not support double backward (a gradient of its gradients, e.g. "
+    "torch.autograd.grad(..., create_graph=True) followed by another backward): its backward "
+    "kernels are not differentiable. Use torch.nn.functional.scaled_dot_product_attention's math "
+    "backend for higher-order gradients."
+)
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Identity on (dq, dk, dv) whose own backward raises: recorded only under create_graph.
+
+    q, k, v, dO come in too so that the gradients depend on them in the graph, as they do in
+    the mathematics (a second backward reaches this node and fails clearly).
+    """
+
+    @staticmethod
+    def forward(ctx, dq, dk, dv, *_inputs):
+        return dq, dk, dv
+
+    @staticmethod
+    def backward(ctx, *_grads):
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Saves q, k, v, O and the base-2 logsumexp (B, Hq, Nq); nothing N x N.
+
+    The eager path of :func:`flash_attention` (fewer Python layers than the op below).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, return_lse):
+        o, lse2 = _forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse2)
+        ctx.causal, ctx.scale = causal, scale
+        if not return_lse:
+            return o
+        lse = lse2 * LN2  # natural-log logsumexp for the caller
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, *_dlse):
+        q, k, v, o, lse2 = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale)
+        if torch.is_grad_enabled():  # create_graph=True: make a second backward fail clearly
+            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, do)
+        return dq, dk, dv, None, None, None
+
+
+# ---- the torch.library op: what torch.compile sees -------------------------------------------
+
+
+@torch.library.custom_op("course_kernels::flash_attn_fwd", mutates_args=())
+def flash_attn_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse2) = the forward kernel on checked inputs; lse2 is the base-2 logsumexp."""
+    return _forward(q, k, v, causal, scale)
+
+
+@flash_attn_fwd.register_fake
+def _flash_attn_fwd_fake(q, k, v, causal, scale):
+    B, Hq, Nq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("course_kernels::flash_attn_bwd", mutates_args=())
+def flash_attn_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse2: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) = the backward kernels (``_backward``)."""
+    return _backward(do, q, k, v, o, lse2, causal, scale)
+
+
+@flash_attn_bwd.register_fake
+def _flash_attn_bwd_fake(do, q, k, v, o, lse2, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse2 = output
+    ctx.save_for_backward(q, k, v, o, lse2)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse2)
+
+
+def _fwd_backward(ctx, do, _dlse2):
+    q, k, v, o, lse2 = ctx.saved_tensors
+    dq, dk, dv = torch.ops.course_kernels.flash_attn_bwd(
+        do, q, k, v, o, lse2, ctx.causal, ctx.scale
+    )
+    return dq, dk, dv, None, None
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    pass
+
+
+def _bwd_backward(ctx, *_grads):
+    raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+
+flash_attn_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+flash_attn_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+for _dev, _dt in (("cuda", torch.float16), ("cpu", torch.bfloat16)):
+    # Direct callers of the op under torch.autocast get SDPA's behaviour: inputs cast to the
+    # autocast dtype (flash_attention casts to the context's own dtype before calling it).
+    torch.library.register_autocast("course_kernels::flash_attn_fwd", _dev, _dt)
+
+
+def _autocast(q, k, v):
+    """Inside ``torch.autocast``: cast q, k, v to its dtype, as SDPA does; else unchanged."""
+    dev = q.device.type
+    if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
+        return q, k, v
+    dt = torch.get_autocast_dtype(dev)
+    return tuple(x.to(dt) if x.is_floating_point() and x.dtype != dt else x for x in (q, k, v))
+
+
+def flash_attention(
+    q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False
+):
+    """Exact attention, O = softmax(scale * Q K^T [+ causal mask]) V, in Triton.
+
+    The same function as ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
+    is_causal=causal, scale=scale, enable_gqa=True)``, computed FlashAttention-2 style.
+
+    Args:
+        q: (B, Hq, Nq, d) queries, layout (batch, heads, seq, head_dim).
+        k: (B, kv_heads, Nk, d) keys. Hq must be a multiple of kv_heads (GQA; kv_heads = 1 is MQA);
+            Nk may differ from Nq. Any N >= 1.
+        v: (B, kv_heads, Nk, d) values.
+        causal: query i sees keys j <= i (PyTorch ``is_causal``, top-left aligned, also when
+            Nq != Nk). For Nq = 3, Nk = 4::
+
+                1 0 0 0
+                1 1 0 0
+                1 1 1 0
+
+        scale: multiplies Q K^T; ``None`` means 1 / sqrt(d).
+        return_lse: also return the logsumexp.
+
+    Dtypes: float16, bfloat16 (sm_80+), float32 (IEEE fp32 products, not TF32). Head dim: any
+    multiple of 8 up to 256 (non powers of two are padded and masked inside the kernel).
+    Non-contiguous inputs are made contiguous. On CPU (Triton's interpreter) bf16 is computed
+    in fp32 and rounded, because bf16 ``tl.dot`` is wrong there (triton-lang/triton#11584).
+    Inside ``torch.autocast`` q, k, v are first cast to the autocast dtype (as SDPA's are).
+    ``torch.compile`` traces it without a graph break (through the op
+    ``torch.ops.course_kernels.flash_attn_fwd``). Double backward is not supported (raises).
+
+    Returns:
+        out: (B, Hq, Nq, d), q's dtype. Differentiable with respect to q, k, v.
+        lse: only if ``return_lse``: (B, Hq, Nq) float32, the natural-log logsumexp of each row
+            of scaled, masked scores (not differentiable).
+    """
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
+        q, k, v = _autocast(q, k, v)
+    scale = _check_inputs(q, k, v, causal, scale)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+    if torch.compiler.is_compiling():
+        o, lse2 = torch.ops.course_kernels.flash_attn_fwd(q, k, v, causal, scale)
+        return (o, lse2 * LN2) if return_lse else o
+    return _FlashAttention.apply(q, k, v, causal, scale, return_lse)
