@@ -46,7 +46,8 @@ lowercased (``block_m``, ``block_n``). The old keywords ``block_r``/``block_c`` 
 (``bench.forced_forward_config``) still work for one release with a ``DeprecationWarning``.
 """
 
-from . import iosim
+from . import datafiles, hardware, iosim
+from .colab import glue, md_table
 from .blocks import PaperBlockSizes, article_block_size, block_size, paper_block_sizes
 from .online_softmax import (
     PartialAttention,
@@ -82,11 +83,15 @@ __all__ = [
     "attention_reference_backward",
     "block_size",
     "causal_mask",
+    "datafiles",
     "finalize",
     "flash_attention",
     "flash_attention_numpy",
     "flash_attention_numpy_backward",
+    "glue",
+    "hardware",
     "iosim",
+    "md_table",
     "merge",
     "online_softmax",
     "paper_block_sizes",
