@@ -1,4 +1,4 @@
-"""The dQ pass of the Triton backward (FA2 Algorithm 2, line 16 turned inside out), and D.
+"""The dQ pass of the Triton backward (FA2 Algorithm 2, line 15 turned inside out), and D.
 
 Chapter: "Flash Attention in Triton: the backward kernel"; the whole backward is described in
 :mod:`.triton_backward`, which re-exports these names. ``_attn_bwd_dq`` runs first: one program
@@ -42,7 +42,7 @@ def _attn_bwd_dq_inner(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 11-16 for one query block)."""
+    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 10-15 for one query block)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_n in range(lo, hi, BLOCK_N2):
@@ -53,15 +53,15 @@ def _attn_bwd_dq_inner(
         k = _load_tile(k_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
         v = _load_tile(v_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_N2)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # FA2 Alg. 2 line 12
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # FA2 Alg. 2 line 11
         if MASKED:
             keep = offs_n[None, :] < N_CTX_K  # keys past Nk load as 0 but must get P = 0
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= offs_m[:, None])
             p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 14: dP = dO V^T
-        ds = p * (dp - delta[:, None])  # line 15: dS = P * (dP - D)
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 16: dQ += dS K
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 13: dP = dO V^T
+        ds = p * (dp - delta[:, None])  # line 14: dS = P * (dP - D)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 15: dQ += dS K
     return dq
 
 
@@ -126,7 +126,7 @@ def _attn_bwd_dq(
     do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
     row = off_hz.to(tl.int64) * N_CTX_Q + offs_m  # (BLOCK_M2,)
     lse2 = tl.load(LSE + row, mask=offs_m < N_CTX_Q, other=0.0)
-    # FA2 Alg. 2 line 4, fused here: D_i = rowsum(dO_i * O_i) (rows past Nq load as 0).
+    # FA2 Alg. 2 line 4, fused here: D = rowsum(dO * O) (rows past Nq load as 0).
     o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M2,)
     tl.store(Delta + row, delta, mask=offs_m < N_CTX_Q)
