@@ -4,7 +4,10 @@ Chapter: "Backward and recomputation" (book part two).
 
 The forward pass saves only O (..., Nq, dv) and lse (..., Nq). The backward pass recomputes
 each tile of P = exp(S - lse) from Q, K and the saved lse (FlashAttention-2, arXiv 2307.08691,
-Alg. 2), so memory stays O(N) and FLOPs go up (S is computed twice).
+Alg. 2), so memory stays O(N) and FLOPs go up (S is computed twice). The "# line N" comments
+below are the line numbers of that Algorithm 2 (FA2 paper, Sec. 3.1.2: dQ = 0 is line 3, the loops
+are lines 5 and 8, the load of Q_i, O_i, dO_i, dQ_i, L_i, D_i line 9, S_ij to dK_j lines 10-16,
+the write of dK_j, dV_j line 18).
 
 With D_i = rowsum(dO_i * O_i) (Alg. 2 line 4; equal to rowsum(dP_i * P_i)):
     dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K,  dK = scale * dS^T Q.
