@@ -10,6 +10,7 @@ Chapter: "Flash Attention in Triton" (forward, backward). Private to the package
 from __future__ import annotations
 
 import contextlib
+import os
 
 from . import _env as _triton_env  # first: decides GPU vs interpreter before any kernel is defined
 from ._env import INTERPRET, require_triton
@@ -18,6 +19,7 @@ require_triton()
 
 import torch  # noqa: E402
 
+from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
 from ..numpy.reference import LOG2E  # noqa: E402
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .forward import _attn_fwd  # noqa: E402
@@ -76,13 +78,54 @@ def _launch(kernel, grid, args, key, **constexprs):
         kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **tuned)
 
 
+# Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: a Hopper
+# GPU with the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk; the tl kernel elsewhere),
+# "gluon" (always; an error where it cannot) or "triton" (always the tl kernel).
+FORWARD_ENV = "COURSE_KERNELS_FORWARD"
+FORWARD_CHOICES = ("auto", "gluon", "triton")
+
+
+def _gluon_fits(q, k) -> bool:
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[3] in (64, 128)
+        and q.shape[2] == k.shape[2]
+    )
+
+
+def _use_gluon(q, k) -> bool:
+    """Whether ``_forward`` runs the Gluon forward (``$COURSE_KERNELS_FORWARD``, see above)."""
+    choice = os.environ.get(FORWARD_ENV, "auto")
+    if choice not in FORWARD_CHOICES:
+        raise ValueError(f"${FORWARD_ENV}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
+    if choice == "triton":
+        return False
+    if choice == "gluon":
+        if not gluon_available():
+            raise RuntimeError(f"${FORWARD_ENV}=gluon, but {why_unavailable()}")
+        if not _gluon_fits(q, k):
+            raise ValueError(
+                f"${FORWARD_ENV}=gluon: the Gluon forward takes CUDA fp16/bf16 inputs with "
+                f"d = 64 or 128 and Nq = Nk; got {q.dtype}, d = {q.shape[3]}, "
+                f"Nq = {q.shape[2]}, Nk = {k.shape[2]} on {q.device}"
+            )
+        return True
+    return not INTERPRET and _gluon_fits(q, k) and gluon_available()
+
+
 def _forward(q, k, v, causal: bool, scale: float):
-    """Run ``_attn_fwd``. q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
+    """Run the forward: ``_attn_fwd`` (the tl kernel), or on Hopper the Gluon FA3-schedule
+    forward (:mod:`course_kernels.gluon`; see :func:`_use_gluon`). q (B, Hq, Nq, d),
+    k/v (B, kv_heads, Nk, d), already checked.
 
     Returns o (B, Hq, Nq, d) contiguous in q.dtype and lse2 (B, Hq, Nq) float32 in base 2.
     Non-contiguous inputs are made contiguous. Under the interpreter bf16 is computed in fp32
     and O rounded to bf16 (triton-lang/triton#11584).
     """
+    if _use_gluon(q, k):
+        o, lse = gluon_attention_forward(q, k, v, causal=causal, scale=scale)
+        return o, lse * LOG2E  # natural-log lse -> base 2, as the tl backward reads it
     if INTERPRET and q.dtype == torch.bfloat16:
         o, lse2 = _forward(q.float(), k.float(), v.float(), causal, scale)
         return o.to(torch.bfloat16), lse2
