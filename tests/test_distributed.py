@@ -350,4 +350,4 @@ def test_the_package_resolves_the_ring_public_names():
     for name in rd.__all__:
         assert getattr(pkg, name) is getattr(rd, name), name
     with pytest.raises(AttributeError):
-        pkg._local_calls  # private names stay in their module
+        _ = pkg._local_calls  # private names stay in their module
