@@ -56,6 +56,8 @@ PART_TWO = [
     "backward_and_recomputation",
     "engineering",
     "tuning",
+    "hopper",
+    "below_triton",
     "performance",
     "applications",
 ]

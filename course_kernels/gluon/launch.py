@@ -71,7 +71,9 @@ DEFAULT_CONFIG = {
         BN=128, NUM_CONSUMERS=2, STAGES=2, QSTAGES=2, OVERLAP=True, persistent=False, LPT=False
     ),
 }
-_REGS = {1: 240, 2: 240, 3: 160}
+# Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
+# lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
+CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 _NUM_SMS = {}
 
 
@@ -162,7 +164,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         QSTAGES=cfg["QSTAGES"],
         CAUSAL=bool(causal),
         OVERLAP=bool(cfg["OVERLAP"]),
-        CONSUMER_REGS=cfg.get("CONSUMER_REGS", _REGS[NC]),
+        CONSUMER_REGS=cfg.get("CONSUMER_REGS", CONSUMER_REGS[NC]),
         LPT=bool(cfg["LPT"] and causal),
         num_warps=4,
     )
