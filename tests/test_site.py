@@ -519,8 +519,11 @@ PHONE_390_PAGES = [
     "chapters/03_tiling.html",
     "chapters/05_io_complexity.html",
     "part2/hopper.html",
+    "part2/below_triton.html",
     "part2/performance.html",
     "part2/beyond_one_gpu.html",
+    "chapters/backward_pass.html",
+    "chapters/execution_model.html",
 ]
 OVERFLOWING = """
 const out = [];
