@@ -9,8 +9,7 @@
 * **Persistent forward** (a kernel defined here): one program per SM (or two), each claiming
   tiles from an atomic counter, the last (longest) query blocks of each head first (a dynamic
   tile scheduler, FA3's idea), running the package's loop helper ``_attn_fwd_inner`` on each
-  tile. (A heavy-first *grid* order was measured too, at commit 2c59a2f, as a kernel switch:
-  no change beyond noise, so the switch was removed; notes/kernel.md.)
+  tile. (A heavy-first *grid* order, measured at commit 2c59a2f: noise; notes/kernel.md.)
 * **Atomic dQ** (``ATOMIC_DQ``, a switch of the package's dK/dV kernel): FA2 Algorithm 2 as the
   paper writes it, dQ_i += dS K_j added in fp32 atomics from the dK/dV kernel, so S and dP are
   computed once per block pair (5 matmuls instead of 7) but dQ's summation order varies.
@@ -40,8 +39,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from course_kernels.triton import flash  # noqa: E402
-from course_kernels.triton import launch as flash_launch  # noqa: E402
+from course_kernels.triton import flash, launch as flash_launch  # noqa: E402
 from course_kernels.triton.launch import _cdiv, _dot_precision, head_dim_padded  # noqa: E402
 from course_kernels.triton.backward import _attn_bwd_dkdv, _attn_bwd_preprocess  # noqa: E402
 from course_kernels.triton.forward import LOG2E, _attn_fwd, _attn_fwd_inner, _load_tile  # noqa: E402
