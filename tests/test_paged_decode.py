@@ -118,3 +118,18 @@ def test_paged_bad_input(rng):
         run(tq[:, :3], tkp, tvp, table, lens)
     with pytest.raises(TypeError, match="check_table"):
         run(tq, tkp, tvp, table, lens, check_table=1)
+
+
+def test_benchmark_pages_hold_the_cache(rng):
+    """The GPU benchmark's scatter (apps.paged_runs.to_pages), checked here on the CPU."""
+    from course_kernels.apps.paged_runs import to_pages
+
+    q, k, v = to_torch(
+        *(rng.standard_normal(s) for s in ((2, 4, 1, 16), (2, 2, 45, 16), (2, 2, 45, 16)))
+    )
+    table = torch.randperm(2 * 6, dtype=torch.int32).view(2, 6)  # pages of 8: 6 hold 45 tokens
+    kp, vp = to_pages(k, table, 8), to_pages(v, table, 8)
+    gk, _ = pages.gather_cache(kp.numpy(), vp.numpy(), table.numpy(), [45, 45])
+    np.testing.assert_array_equal(gk, k.numpy())
+    paged = paged_decode.flash_decode_paged(q, kp, vp, table, [45, 45], num_splits=2)
+    assert max_abs_error(paged.numpy(), decode.flash_decode(q, k, v, num_splits=2).numpy()) < 2e-6
