@@ -45,6 +45,7 @@ NUMPY_ONLY = [
     "course_kernels.serving.split_kv",
     "course_kernels.serving.kvcache",
     "course_kernels.serving.pages",
+    "course_kernels.serving.varlen",
     "course_kernels.distributed.cost",
     "course_kernels.grading",
     "course_kernels.datafiles",
