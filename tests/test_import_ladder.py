@@ -45,6 +45,8 @@ NUMPY_ONLY = [
     "course_kernels.hardware",
     "course_kernels.serving.split_kv",
     "course_kernels.serving.kvcache",
+    "course_kernels.serving.pages",
+    "course_kernels.serving.varlen",
     "course_kernels.distributed.cost",
     "course_kernels.grading",
     "course_kernels.datafiles",
@@ -118,6 +120,8 @@ def test_the_top_level_lists_subpackages_not_modules():
     modules = sorted(p.stem for p in PKG.glob("*.py"))
     assert len(modules) <= 10, f"course_kernels/ has {len(modules)} modules: {modules}"
     for sub in (p for p in PKG.rglob("*") if p.is_dir() and (p / "__init__.py").is_file()):
+        if sub == PKG / "grading" / "specs":
+            continue  # one module per exercise, by design (specs/__init__.py): a list, not a level
         n = len(list(sub.glob("*.py")))
         assert n <= 11, f"{sub.relative_to(PKG.parent)} has {n} modules (at most ~10 a level)"
 
