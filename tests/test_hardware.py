@@ -232,7 +232,6 @@ def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_pa
     import json
     from pathlib import Path
 
-    from course_kernels.datafiles import load_json
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "measure_ceilings.py"
     spec = importlib.util.spec_from_file_location("measure_ceilings", path)
@@ -249,8 +248,17 @@ def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_pa
     assert c.fp16_matmul_flops == max(r["best_flops"] for r in runs)
     assert all(r["worst_flops"] <= r["mean_flops"] <= r["best_flops"] for r in runs)
     assert "best of 4 runs" in c.matmul_method
-    old = hw.ceilings_from_record(load_json("hardware/h200_ceilings_run2.json"))  # first format
+    first_format = {  # the H200 record of 2026-11-30 (experiments/data/hardware/), abridged
+        "environment": dict(record["environment"], date="2026-11-30T19:16:40+00:00"),
+        "ceilings": {
+            "copy_bandwidth": 4233463387011.161,
+            "fp16_matmul_flops": 691078625987215.2,
+            "matmul_n": 8192,
+        },
+    }
+    old = hw.ceilings_from_record(first_format)
     assert "one run" in old.matmul_method and old.matmul_n == 8192
+    assert old.fp16_matmul_flops == 691078625987215.2
     assert (
         "measure_ceilings.py" in record["environment"]["command"] and record["environment"]["date"]
     )
