@@ -118,7 +118,13 @@ def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True) -> list[str]:
     a = [bwrap, "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     # every namespace but the user namespace (--unshare-all would add a user namespace mapping
     # only root, in which nobody does not exist)
-    a += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    a += [
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+    ]
     if mode == "root":
         a += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -139,30 +145,8 @@ def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True) -> list[str]:
         os.path.realpath(sys.prefix),
         os.path.dirname(os.path.dirname(_python())),
     }
-    sites = _site_paths()
-    binds = [p for p in sorted(py_roots) + sites if os.path.isdir(p) and not p.startswith("/usr/")]
-    made: set = set()
-    for p in binds:  # parents of the binds: traversable by nobody (bwrap would copy 0700 /root)
-        for parent in reversed(Path(p).parents[:-1]):
-            if str(parent) not in made and str(parent) not in ("/tmp", "/usr"):
-                made.add(str(parent))
-                a += ["--perms", "0755", "--dir", str(parent)]
-    for p in binds:
-        a += ["--ro-bind", p, p]
-    hidden = HIDDEN_PACKAGES + (() if triton else NUMPY_ONLY_HIDDEN)
-    for sp in _all_site_dirs(py_roots):
-        for name in hidden:
-            target = os.path.join(sp, name)
-            if os.path.isdir(target):  # an empty folder would import as a namespace package
-                a += [
-                    "--tmpfs",
-                    target,
-                    "--ro-bind",
-                    os.path.join(req_dir, "_blocked.py"),
-                    os.path.join(target, "__init__.py"),
-                    "--remount-ro",
-                    target,
-                ]
+    a += _bind_args(sorted(py_roots) + _site_paths())
+    a += _hide_args(req_dir, py_roots, triton)
     # a fresh /proc whose kernel settings are read-only; a /dev that nothing can be created in
     # (its tmpfs is outside every size limit): the device nodes, /dev/pts, the fd links only
     a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
@@ -177,6 +161,37 @@ def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True) -> list[str]:
             a += ["--ro-bind-try", name, name]
     a += ["--remount-ro", "/dev"]
     a += ["--ro-bind", req_dir, "/req", "--chdir", "/box"]
+    return a
+
+
+def _bind_args(paths) -> list[str]:
+    """Read-only binds of ``paths``, their parents made first as 0755 folders (bwrap would copy
+    a 0700 /root, which nobody cannot traverse)."""
+    binds = [p for p in paths if os.path.isdir(p) and not p.startswith("/usr/")]
+    a: list[str] = []
+    made: set = set()
+    for p in binds:
+        for parent in reversed(Path(p).parents[:-1]):
+            if str(parent) not in made and str(parent) not in ("/tmp", "/usr"):
+                made.add(str(parent))
+                a += ["--perms", "0755", "--dir", str(parent)]
+    for p in binds:
+        a += ["--ro-bind", p, p]
+    return a
+
+
+def _hide_args(req_dir, py_roots, triton) -> list[str]:
+    """Cover each hidden package, in every site folder, with a package whose import fails (an
+    empty folder would import as a namespace package)."""
+    hidden = HIDDEN_PACKAGES + (() if triton else NUMPY_ONLY_HIDDEN)
+    a: list[str] = []
+    for sp in _all_site_dirs(py_roots):
+        for name in hidden:
+            target = os.path.join(sp, name)
+            if os.path.isdir(target):
+                blocked = os.path.join(req_dir, "_blocked.py")
+                a += ["--tmpfs", target, "--ro-bind", blocked, os.path.join(target, "__init__.py")]
+                a += ["--remount-ro", target]
     return a
 
 
