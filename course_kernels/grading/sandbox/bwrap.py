@@ -68,7 +68,11 @@ def _site_paths() -> list[str]:
     for key in ("purelib", "platlib"):
         sites.append(os.path.realpath(sysconfig.get_paths()[key]))
     paths = []
-    for real in sites + [os.path.realpath(os.path.dirname(np.__path__[0]))]:
+    numpy_dirs = [  # where numpy is found, and where it really is (a folder of symlinks)
+        os.path.realpath(os.path.dirname(np.__path__[0])),
+        os.path.dirname(os.path.realpath(np.__path__[0])),
+    ]
+    for real in sites + numpy_dirs:
         if real in paths or not os.path.isdir(real):
             continue
         if real == holder and real not in sites:
@@ -185,10 +189,14 @@ def _hide_args(req_dir, py_roots, triton) -> list[str]:
     empty folder would import as a namespace package)."""
     hidden = HIDDEN_PACKAGES + (() if triton else NUMPY_ONLY_HIDDEN)
     a: list[str] = []
+    bound = [*py_roots, *_site_paths(), "/usr"]
+    done = set()
     for sp in _all_site_dirs(py_roots):
         for name in hidden:
-            target = os.path.join(sp, name)
-            if os.path.isdir(target):
+            target = os.path.realpath(os.path.join(sp, name))  # a symlink: cover what it names
+            inside = any(target.startswith(b.rstrip("/") + "/") for b in bound)
+            if os.path.isdir(target) and inside and target not in done:
+                done.add(target)
                 blocked = os.path.join(req_dir, "_blocked.py")
                 a += ["--tmpfs", target, "--ro-bind", blocked, os.path.join(target, "__init__.py")]
                 a += ["--remount-ro", target]
