@@ -48,6 +48,7 @@ from course_kernels.grading.exercises import NOTEBOOKS
 from .gradebook import (  # re-exported: tests and scripts import them from here
     _safe_rel,
     _write,
+    csv_row,
     feedback_text,
     gradescope,
     notebook_max as notebook_max,
@@ -211,7 +212,7 @@ def grade(
     ) as f:
         w = csv.DictWriter(f, fieldnames=fields, restval="", extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(csv_row(r) for r in rows)
     if roster is not None:
         write_roster(roster, subs, results, out_dir / "roster.csv", expect, hidden)
     return rows

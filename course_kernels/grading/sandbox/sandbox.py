@@ -174,7 +174,7 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         for fd in (wfd, rss_w):
             os.close(fd)
             fds.remove(fd)
-        _pump(rfd, state, calls, limits, start)
+        _pump(rfd, state, calls, limits, start, cells)
         returncode = _wait_for(proc, state)
         maxrss_kb = _read_small(rss_r)
         peak = cgroup.peak() if cgroup else None
