@@ -86,12 +86,19 @@ def _pump(rfd, state, calls, limits, start, cells=()):
             _frames(buf, state, limits)
     except (ValueError, RecursionError, MemoryError, TypeError, KeyError) as e:
         state["problem"] = f"malformed: {clean_text(e, 200)}"
+        _blame(state)
 
 
 def _blame_timeout(state):
-    """A step ran out of time: the call (or cell) in progress, or the last one, whose frames
-    came back but after which the child never went on (a forged result, then a sleep)."""
     state["problem"] = "timeout"
+    _blame(state)
+
+
+def _blame(state):
+    """A step ran out of time, or a frame was not the expected one: the call (or cell) in
+    progress is to blame, or else the last one, whose frames came back but after which the child
+    did not go on as the grader expects (a forged result, then a sleep or more forged frames):
+    its result is dropped."""
     last = state.get("last")
     if state["in_call"] is None and state["in_cell"] is None and last is not None:
         kind, key = last
