@@ -162,10 +162,11 @@ _ALIGNED = (
     1
     != 2
 )
-_REMAINDER = (
-    7
-    % 3
-)
+_REMAINDER = (7
+              % 3)
+_SAME = (1
+         != len([
+             2]))
 %time _x = 1
 """
 
