@@ -3,9 +3,9 @@
 Chapter: every chapter's first cell, every exercise's setup cell.
 
 :data:`SETUP_CELL` is the one template of that cell. Committed notebooks carry it with no
-repository address; the book build (``book/_ext/colab_copies.py``) writes the address from
-``_config.yml`` (``repository.url``, the one place it lives) into the copies that the Colab
-buttons open (:func:`stamp_setup_cell`). What the cell does:
+repository address; the book build (``book/_ext/colab_copies.py``) and the instructor's release
+write :data:`REPOSITORY_URL` (the one place it lives) into the copies that the Colab buttons
+open and into the released notebooks (:func:`stamp_setup_cell`). What the cell does:
 
 - ``course_kernels`` importable (a checkout, ``pip install``, the book build): installs nothing.
 - On Colab without it: ``pip install --no-deps`` from the stamped address (or from
@@ -31,6 +31,11 @@ import os
 import shutil
 import sys
 from typing import NamedTuple
+
+#: The course's repository: the one place its address is written. The book build (the repository
+#: button, the Colab copies), ``scripts/build_notebooks.py`` and the instructor's release (the
+#: setup cells of the students' notebooks) all read it from here, in a checkout or an install.
+REPOSITORY_URL = "https://github.com/flash-attention-course/flash-attention-course"
 
 #: Where the book build publishes the Colab copies: this folder of the built site, served from
 #: this branch (``ghp-import`` pushes ``_build/html`` there; see the README, "Publish your own copy").

@@ -339,8 +339,9 @@ def test_site_screenshots(site, browser, page):
 def test_site_every_notebook_page_has_a_colab_button():
     if not (HTML / "index.html").is_file():
         pytest.fail(f"no built book at {HTML}: run ./dev book first (or set BOOK_HTML)")
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    repo = config["repository"]["url"].removeprefix("https://github.com/")
+    from course_kernels.colab import REPOSITORY_URL
+
+    repo = REPOSITORY_URL.removeprefix("https://github.com/")
     for page in PAGES:
         source = ROOT / "book" / page.replace(".html", ".ipynb")
         if not source.is_file():
