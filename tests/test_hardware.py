@@ -232,7 +232,6 @@ def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_pa
     import json
     from pathlib import Path
 
-
     path = Path(__file__).resolve().parents[1] / "scripts" / "measure_ceilings.py"
     spec = importlib.util.spec_from_file_location("measure_ceilings", path)
     mod = importlib.util.module_from_spec(spec)
