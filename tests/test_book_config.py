@@ -139,7 +139,9 @@ def test_repository_url_is_written_only_in_the_package():
     holders = [
         p.relative_to(ROOT).as_posix() for p in files if URL in p.read_text(errors="replace")
     ]
-    assert holders == ["course_kernels/colab.py"]
+    # the package holds it; Jupyter Book's config needs a copy before any extension runs
+    assert holders == ["_config.yml", "course_kernels/colab.py"]
+    assert CONFIG["repository"]["url"] == URL
 
 
 def test_book_every_toc_notebook_has_the_template():
