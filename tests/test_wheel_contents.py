@@ -24,9 +24,8 @@ import colab_env  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "course_kernels" / "data"
 # A data file is named in code as "folder/name.ext" (data_path / load_json / a table of names).
-DATA_NAME = re.compile(
-    r"(?<!data/)\b((?:anchors|apps|bench|dram|hardware|memory|ring|text|gpu)/[\w.\-]+)"
-)
+_FOLDERS = "|".join(sorted(p.name for p in DATA.iterdir() if p.is_dir()))
+DATA_NAME = re.compile(rf"(?<!data/)\b((?:{_FOLDERS})/[\w.\-]+)")
 
 
 @pytest.fixture(scope="module")
