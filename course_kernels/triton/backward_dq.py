@@ -169,9 +169,13 @@ def _attn_bwd_dq(
     do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
     row = off_z * stride_lz + off_h * stride_lh + q_start + offs_m  # (BLOCK_M2,)
     lse_c = tl.load(LSE + row, mask=offs_m < n_q, other=float("inf"))
-    # FA2 Alg. 2 line 4, fused here: D_i = rowsum(dO_i * O_i) (rows past Nq load as 0).
+    # FA2 Alg. 2 line 4, fused here: D_i = rowsum(dO_i * O_i) (rows past Nq load as 0), as the
+    # diagonal of the dot dO O^T: the same tensor-core sum as dP = dO V^T, so a row with one
+    # visible key (O_i = V_j bitwise) gets D_i = dP_ij bitwise and dS = 0 exactly (issue 22).
     o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M2,)
+    od = tl.dot(do, tl.trans(o), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_M2)
+    rows = tl.arange(0, BLOCK_M2)
+    delta = tl.sum(tl.where(rows[:, None] == rows[None, :], od, 0.0), axis=1)  # (BLOCK_M2,)
     tl.store(Delta + row, delta, mask=offs_m < n_q)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
     alibi_r = 0.0

@@ -93,9 +93,9 @@ def _seq(CU, off_z, n_dense, VARLEN: tl.constexpr):
 def _key_blocks(start_m, n_k, diag_lo, diag_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key ranges of query block [start_m, start_m + BLOCK_M): masked [lo, full_lo), unmasked
     [full_lo, full_hi), masked [full_hi, hi). Block starts are multiples of BLOCK_N; a row that
-    sees nothing gives hi <= lo (nothing visited); full_lo <= hi, so no block past hi is visited."""
+    sees nothing gives hi = lo (nothing visited); full_lo <= hi, so no block past hi is visited."""
     lo = (tl.maximum(start_m + diag_lo, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.minimum(start_m + BLOCK_M + diag_hi, n_k)
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + diag_hi, n_k), lo)  # hi = lo: nothing to see
     first = tl.maximum(start_m + BLOCK_M - 1 + diag_lo, 0)  # the first key every row sees
     full_lo = tl.minimum(tl.maximum(((first + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
     full_hi = (tl.maximum(tl.minimum(start_m + 1 + diag_hi, n_k), 0) // BLOCK_N) * BLOCK_N
@@ -107,7 +107,7 @@ def _key_blocks(start_m, n_k, diag_lo, diag_hi, BLOCK_M: tl.constexpr, BLOCK_N: 
 def _query_blocks(start_n, n_q, diag_lo, diag_hi, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """Query ranges that see key block [start_n, start_n + BLOCK_N), as :func:`_key_blocks`."""
     lo = (tl.maximum(start_n - diag_hi, 0) // BLOCK_M) * BLOCK_M
-    hi = tl.minimum(start_n + BLOCK_N - diag_lo, n_q)
+    hi = tl.maximum(tl.minimum(start_n + BLOCK_N - diag_lo, n_q), lo)
     first = tl.maximum(start_n + BLOCK_N - 1 - diag_hi, 0)  # the first row that sees every key
     full_lo = tl.minimum(tl.maximum(((first + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), hi)
     full_hi = tl.minimum((tl.maximum(start_n + 1 - diag_lo, 0) // BLOCK_M) * BLOCK_M, hi)
@@ -118,7 +118,7 @@ def _query_blocks(start_n, n_q, diag_lo, diag_hi, BLOCK_N: tl.constexpr, BLOCK_M
 def key_blocks(start_m, n_k, diag_lo, diag_hi, block_m, block_n):
     """:func:`_key_blocks` in plain Python (the same integer arithmetic)."""
     lo = (max(start_m + diag_lo, 0) // block_n) * block_n
-    hi = min(start_m + block_m + diag_hi, n_k)
+    hi = max(min(start_m + block_m + diag_hi, n_k), lo)
     first = max(start_m + block_m - 1 + diag_lo, 0)
     full_lo = min(max(((first + block_n - 1) // block_n) * block_n, lo), hi)
     full_hi = max((max(min(start_m + 1 + diag_hi, n_k), 0) // block_n) * block_n, full_lo)
@@ -128,7 +128,7 @@ def key_blocks(start_m, n_k, diag_lo, diag_hi, block_m, block_n):
 def query_blocks(start_n, n_q, diag_lo, diag_hi, block_n, block_m):
     """:func:`_query_blocks` in plain Python (the same integer arithmetic)."""
     lo = (max(start_n - diag_hi, 0) // block_m) * block_m
-    hi = min(start_n + block_n - diag_lo, n_q)
+    hi = max(min(start_n + block_n - diag_lo, n_q), lo)
     first = max(start_n + block_n - 1 - diag_hi, 0)
     full_lo = min(max(((first + block_m - 1) // block_m) * block_m, lo), hi)
     full_hi = max(min((max(start_n + 1 - diag_lo, 0) // block_m) * block_m, hi), full_lo)
