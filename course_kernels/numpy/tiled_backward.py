@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import accumulator_dtype, as_float_array, check_bool, check_qkv, resolve_scale
+from .._validate import accumulator_dtype, as_float_array, check_qkv, resolve_scale
 from .online_softmax import safe_max
 from .reference import _softmax_times_v, variant_scores
 from .tiled import block_mask, check_tiled_args

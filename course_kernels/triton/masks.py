@@ -46,7 +46,9 @@ def _tanh(x):
     |x| = 0.25 (where 1 - e cancels), (1 - e) / (1 + e) with e = exp(-2|x|) above."""
     ax = tl.abs(x)
     x2 = x * x
-    small = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
+    small = x * (
+        1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0))))
+    )
     e = tl.math.exp2(ax * (-2.0 * LOG2E_TL))
     big = (1.0 - e) / (1.0 + e)
     big = tl.where(x < 0, -big, big)

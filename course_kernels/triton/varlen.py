@@ -100,11 +100,13 @@ def _check_cu(cu, name: str, total: int, max_seqlen, max_name: str, device) -> t
             f"got {cu if not isinstance(cu, torch.Tensor) else tuple(cu.shape)}"
         )
     if cu.dtype not in (torch.int32, torch.int64) or cu.device != device:
-        raise TypeError(f"{name} must be int32 (or int64) on {device}; got {cu.dtype} on {cu.device}")
+        raise TypeError(
+            f"{name} must be int32 (or int64) on {device}; got {cu.dtype} on {cu.device}"
+        )
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral):
         raise TypeError(f"{max_name} must be an int; got {type(max_seqlen).__name__}")
     offsets = cu.tolist()  # one small copy (a device sync on a GPU)
-    lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+    lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
     if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
         raise ValueError(
             f"{name} must start at 0, never decrease and end at the number of packed tokens "
