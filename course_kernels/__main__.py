@@ -7,7 +7,7 @@ sweep      forward TFLOP/s of each block-size / warps / stages config (tuning ch
 memory     extra memory of one forward / forward+backward vs N
 dram run   the cases for ``ncu`` (DRAM bytes); ``dram parse`` turns ncu's CSV into data
 gpu-check  one quick correctness check per dtype, and the versions
-apps       the Applications chapter's runs: train, context, decode (see ``apps.py``)
+apps       the Applications chapter's runs: train, context, decode, paged (``apps/runs.py``)
 """
 
 from __future__ import annotations
@@ -71,9 +71,10 @@ def main(argv=None) -> int:
     a = sub.add_parser("apps", help="Applications chapter: GPT training, context length, decode")
     a.add_argument(
         "step",
-        choices=["train", "context", "decode"],
+        choices=["train", "context", "decode", "paged"],
         help="train: loss curves per attention; context: tokens/s and memory vs "
-        "context length; decode: one decode step vs a long KV cache",
+        "context length; decode: one decode step vs a long KV cache; paged: the same step "
+        "over a paged KV cache (block table) vs the contiguous one",
     )
     a.add_argument(
         "--out",

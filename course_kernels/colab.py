@@ -3,9 +3,9 @@
 Chapter: every chapter's first cell, every exercise's setup cell.
 
 :data:`SETUP_CELL` is the one template of that cell. Committed notebooks carry it with no
-repository address; the book build (``book/_ext/colab_copies.py``) writes the address from
-``_config.yml`` (``repository.url``, the one place it lives) into the copies that the Colab
-buttons open (:func:`stamp_setup_cell`). What the cell does:
+repository address; the book build (``book/_ext/colab_copies.py``) and the instructor's release
+write :data:`REPOSITORY_URL` (the one place it lives) into the copies that the Colab buttons
+open and into the released notebooks (:func:`stamp_setup_cell`). What the cell does:
 
 - ``course_kernels`` importable (a checkout, ``pip install``, the book build): installs nothing.
 - On Colab without it: ``pip install --no-deps`` from the stamped address (or from
@@ -31,6 +31,11 @@ import os
 import shutil
 import sys
 from typing import NamedTuple
+
+#: The course's repository: the one place its address is written. The book build (the repository
+#: button, the Colab copies), ``scripts/build_notebooks.py`` and the instructor's release (the
+#: setup cells of the students' notebooks) all read it from here, in a checkout or an install.
+REPOSITORY_URL = "https://github.com/flash-attention-course/flash-attention-course"
 
 #: Where the book build publishes the Colab copies: this folder of the built site, served from
 #: this branch (``ghp-import`` pushes ``_build/html`` there; see the README, "Publish your own copy").
@@ -235,19 +240,54 @@ LISTINGS = {
     "tiled.forward_fa1": ("course_kernels.numpy.tiled", "_forward_fa1"),
     "triton_forward.attn_fwd": ("course_kernels.triton.forward", "_attn_fwd"),
     "triton_forward.attn_fwd_inner": ("course_kernels.triton.forward", "_attn_fwd_inner"),
+    "triton_launch.use_gluon": ("course_kernels.triton.launch", "_use_gluon"),
+    # The Gluon rung (course_kernels.gluon): its kernels exist only where Gluon imports, so
+    # their listings are read from the module's file when the function is not defined.
+    "gluon.mma_layout": ("course_kernels.gluon.producer", "_mma_layout"),
+    "gluon.a_operand_layout": ("course_kernels.gluon.producer", "_a_operand_layout"),
+    "gluon.tile_coords": ("course_kernels.gluon.producer", "_tile_coords"),
+    "gluon.producer": ("course_kernels.gluon.producer", "_producer"),
+    "gluon.softmax": ("course_kernels.gluon.consumer", "_softmax"),
+    "gluon.qk": ("course_kernels.gluon.consumer", "_qk"),
+    "gluon.pv": ("course_kernels.gluon.consumer", "_pv"),
+    "gluon.step_serial": ("course_kernels.gluon.consumer", "_step_serial"),
+    "gluon.step_overlap": ("course_kernels.gluon.consumer", "_step_overlap"),
+    "gluon.epilogue": ("course_kernels.gluon.consumer", "_epilogue"),
+    "gluon.consumer": ("course_kernels.gluon.consumer", "_consumer"),
+    "gluon.attn_fwd_kernel": ("course_kernels.gluon.forward", "_attn_fwd_kernel"),
 }
+
+
+def _source_from_file(module: str, attr: str) -> str:
+    """The text of function ``attr`` (decorators included) as written in ``module``'s file,
+    wherever it is defined there (inside an ``if`` too), found with :mod:`ast`."""
+    import ast
+    import importlib.util
+
+    path = importlib.util.find_spec(module).origin
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == attr:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return "\n".join(text.splitlines()[first - 1 : node.end_lineno]) + "\n"
+    raise ValueError(f"{module} defines no function {attr!r}")
 
 
 def listing(name: str) -> str:
     """The source text of a package function named in :data:`LISTINGS` (Triton's
-    ``@autotune``/``@jit`` wrappers unwrapped), read from the module (never a pasted copy)."""
+    ``@autotune``/``@jit`` wrappers unwrapped), read from the module (never a pasted copy),
+    dedented (the Gluon kernels are defined inside ``if HAVE_GLUON:``)."""
     import importlib
     import inspect
+    import textwrap
 
     if name not in LISTINGS:
         raise ValueError(f"no listing named {name!r}; the listings are {sorted(LISTINGS)}")
     module, attr = LISTINGS[name]
-    obj = getattr(importlib.import_module(module), attr)
+    obj = getattr(importlib.import_module(module), attr, None)
+    if obj is None:  # a Gluon kernel where Gluon does not import: read the file
+        return textwrap.dedent(_source_from_file(module, attr))
     while not inspect.isfunction(obj) and hasattr(obj, "fn"):
         obj = obj.fn
-    return inspect.getsource(obj)
+    return textwrap.dedent(inspect.getsource(obj))

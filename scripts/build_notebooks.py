@@ -5,14 +5,13 @@ tests' JSON (course_kernels/grading/hidden_tests/) from the spec modules
     python scripts/build_notebooks.py            # both, solutions executed (for nbval)
     python scripts/build_notebooks.py --no-exec  # do not execute the solutions
 
-The Colab install line uses the repository URL of _config.yml (repository.url).
+The Colab install line uses course_kernels.colab.REPOSITORY_URL.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -28,12 +27,10 @@ HIDDEN_DIR = ROOT / "course_kernels" / "grading" / "hidden_tests"
 
 
 def repository_url() -> str:
-    """repository.url from _config.yml (the one place it lives)."""
-    text = (ROOT / "_config.yml").read_text()
-    match = re.search(r"^repository:\s*\n(?:\s+.*\n)*?\s+url:\s*(\S+)", text, re.M)
-    if not match:
-        raise SystemExit("no repository.url in _config.yml")
-    return match.group(1).rstrip("/")
+    """course_kernels.colab.REPOSITORY_URL (the one place it lives)."""
+    from course_kernels.colab import REPOSITORY_URL
+
+    return REPOSITORY_URL.rstrip("/")
 
 
 def main(argv=None):

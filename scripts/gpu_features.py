@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MASKS = ("causal", "window", "document")
 PROVIDERS = ("course", "flex", "varlen_attn")
 DOC_TOKENS, DOCS = 16_384, 6
+DEVICE = ["cuda"]  # --device cpu: a smoke test of the script in Triton's interpreter
 
 
 def parse_args(argv=None):
@@ -50,10 +51,16 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=2048, help="H * d")
     p.add_argument("--window", type=int, default=1024, help="keys a row sees in 'window'")
     p.add_argument("--autotune", action="store_true", help="autotune the course kernels")
+    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests this script")
+    p.add_argument("--doc-tokens", type=int, default=DOC_TOKENS, help="tokens of 'document'")
     p.add_argument("--budget-s", type=float, default=330.0, help="stop starting rows after this")
     p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up (ms)")
     p.add_argument("--rep", type=int, default=40, help="do_bench repetitions (ms)")
+    p.add_argument("--verbose-tests", action="store_true", help="pytest -v (one line a test)")
     p.add_argument("--pytest-args", default="", help="extra pytest arguments for --part tests")
+    p.add_argument(
+        "--tests-timeout-s", type=float, default=420.0, help="stop pytest after this (keeps output)"
+    )
     return p.parse_args(argv)
 
 
@@ -79,7 +86,7 @@ def rows(args):
     out = []
     for mask in args.masks:
         for d in args.d:
-            ns = [DOC_TOKENS] if mask == "document" else args.n
+            ns = [args.doc_tokens] if mask == "document" else args.n
             for n in ns:
                 for provider in args.providers:
                     for pass_ in args.passes:
@@ -92,7 +99,7 @@ def rows(args):
 def flops(row, args):
     heads = args.hidden // row["d"]
     batch = 1 if row["mask"] == "document" else args.batch
-    pairs = visible_pairs(row["mask"], row["n"], args.window, doc_lengths())
+    pairs = visible_pairs(row["mask"], row["n"], args.window, doc_lengths(row["n"]))
     f = 4.0 * row["d"] * heads * batch * pairs
     return f * (2.5 if row["pass"] == "bwd" else 1.0)
 
@@ -109,6 +116,7 @@ def environment(args):
 
     return {
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "device": args.device,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
@@ -118,6 +126,7 @@ def environment(args):
         "commit": git("rev-parse", "HEAD"),
         "dirty": bool(git("status", "--porcelain")),
         "autotune": args.autotune,
+        "forward_choice": os.environ.get("COURSE_KERNELS_FORWARD", "auto"),
         "dtype": "float16",
     }
 
@@ -126,22 +135,36 @@ def run_tests(args):
     """pytest tests/gpu in a subprocess; returns a summary dict."""
     env = dict(os.environ, COURSE_KERNELS_AUTOTUNE="0")
     cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-rf", "-p", "no:cacheprovider"]
+    cmd += ["-v"] if args.verbose_tests else []
     cmd += args.pytest_args.split()
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    lines = proc.stdout.strip().splitlines()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.tests_timeout_s
+        )
+        stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:  # keep what ran
+        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        stderr, rc = f"timed out after {args.tests_timeout_s} s", "timeout"
+    lines = stdout.strip().splitlines()
     return {
         "command": " ".join(cmd),
-        "returncode": proc.returncode,
+        "returncode": rc,
         "seconds": round(time.time() - t0, 1),
         "summary": lines[-1] if lines else "",
         "failed": [ln for ln in lines if ln.startswith("FAILED")],
-        "tail": "\n".join(lines[-40:]) + ("\n" + proc.stderr[-2000:] if proc.stderr else ""),
+        "tail": "\n".join(lines[-60:]) + ("\n" + stderr[-2000:] if stderr else ""),
     }
 
 
 def _bench(fn, args):
     import triton
+
+    if DEVICE[0] != "cuda":  # the smoke test: one timed call
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
 
     try:
         return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
@@ -154,11 +177,11 @@ def _inputs(row, args):
 
     d, n = row["d"], row["n"]
     heads = args.hidden // d
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=DEVICE[0]).manual_seed(0)
     batch = 1 if row["mask"] == "document" else args.batch
 
     def r():
-        return torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16, generator=g)
+        return torch.randn(batch, heads, n, d, device=DEVICE[0], dtype=torch.float16, generator=g)
 
     return [r().requires_grad_() for _ in range(3)] + [r()]
 
@@ -188,12 +211,9 @@ def make_fn(row, args, q, k, v):
 
     mask, provider, n = row["mask"], row["provider"], row["n"]
     w = args.window
-    if mask == "document":
-        lengths = doc_lengths()
-    else:
-        lengths = [n] * q.shape[0]
+    lengths = doc_lengths(n) if mask == "document" else [n] * q.shape[0]
     cu = torch.tensor(
-        [0, *__import__("itertools").accumulate(lengths)], device="cuda", dtype=torch.int32
+        [0, *__import__("itertools").accumulate(lengths)], device=DEVICE[0], dtype=torch.int32
     )
     window = (w - 1, 0) if mask == "window" else (-1, 0)
 
@@ -212,7 +232,7 @@ def make_fn(row, args, q, k, v):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     doc = torch.repeat_interleave(
-        torch.arange(len(lengths), device="cuda"), torch.tensor(lengths, device="cuda")
+        torch.arange(len(lengths), device=DEVICE[0]), torch.tensor(lengths, device=DEVICE[0])
     )
 
     def mask_mod(b, h, qi, ki):
@@ -223,7 +243,7 @@ def make_fn(row, args, q, k, v):
             keep = keep & (doc[qi] == doc[ki])
         return keep
 
-    block_mask = create_block_mask(mask_mod, None, None, n, n, device="cuda")
+    block_mask = create_block_mask(mask_mod, None, None, n, n, device=DEVICE[0])
     flex = torch.compile(flex_attention)
     return lambda: flex(q, k, v, block_mask=block_mask)
 
@@ -288,6 +308,7 @@ def main(argv=None):
         for row in rows(args):
             print(json.dumps({**row, "gflop": round(flops(row, args) / 1e9, 1)}))
         return 0
+    DEVICE[0] = args.device
     if not args.autotune:
         os.environ["COURSE_KERNELS_AUTOTUNE"] = "0"  # read when course_kernels loads
     sys.path.insert(0, str(ROOT))

@@ -40,3 +40,33 @@ def peaked(rng, Nk=64, d=16):
     k = rng.standard_normal((1, 1, Nk, d)) * 0.1 + np.linspace(0, 3, Nk)[None, None, :, None]
     v = rng.standard_normal((1, 1, Nk, d))
     return q, k, v
+
+
+def make_paged(
+    rng, lens, B=None, Hq=4, kv_heads=2, Nq=1, d=16, block_size=5, spare=3, dtype=np.float64, pad=-1
+):
+    """A page pool holding ``len(lens)`` sequences in pages of ``block_size`` tokens, assigned in
+    random order (as after other sequences finished), a block table padded with ``pad`` and one
+    spare column, and the contiguous cache it describes: (q, k_pages, v_pages, table, lens, k, v).
+    """
+    lens = np.asarray(lens)
+    B = len(lens)
+    need = [-(-int(n) // block_size) for n in lens]
+    num_blocks = sum(need) + spare
+    order = rng.permutation(num_blocks)
+    table = np.full((B, max(need) + 1), pad, dtype=np.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = order[at : at + n]
+        at += n
+    k_pages = rng.standard_normal((num_blocks, block_size, kv_heads, d)).astype(dtype)
+    v_pages = rng.standard_normal((num_blocks, block_size, kv_heads, d)).astype(dtype)
+    q = rng.standard_normal((B, Hq, Nq, d)).astype(dtype)
+    Nk = int(lens.max())
+    k = np.zeros((B, kv_heads, Nk, d), dtype)
+    v = np.zeros((B, kv_heads, Nk, d), dtype)
+    for b in range(B):
+        for j in range(int(lens[b])):
+            page, slot = table[b, j // block_size], j % block_size
+            k[b, :, j], v[b, :, j] = k_pages[page, slot], v_pages[page, slot]
+    return q, k_pages, v_pages, table, lens, k, v

@@ -38,3 +38,25 @@ def test_apps_save_records_environment(tmp_path):
     assert data["command"] == "the command"
     for key in ("gpu", "torch", "triton", "date"):
         assert key in data
+
+
+def test_paged_summary_reads_a_run():
+    """The Serving chapter's sentence from a paged run (synthetic rows: no GPU here)."""
+    from course_kernels.apps.paged_runs import summary
+
+    rows = []
+    for b, n in ((1, 4096), (8, 131072)):
+        rows.append({"batch": b, "context": n, "impl": "flash_decode_cudagraph", "page_size": None,
+                     "us": 10.0 * b, "gb_per_s": 1000.0 * b, "host_us": 5.0})  # fmt: skip
+        for p in (16, 256):
+            for impl, us in (
+                ("flash_decode_paged_cudagraph", 11.0 * b + p / 256),
+                ("flash_decode_paged", 90.0),
+            ):
+                rows.append({"batch": b, "context": n, "impl": impl, "page_size": p, "us": us,
+                             "gb_per_s": 900.0 * b, "host_us": 80.0 + p / 16,
+                             "max_abs_err_vs_flash_decode": 1e-4})  # fmt: skip
+    text, table = summary(rows, copy_bandwidth=4e12)
+    assert "1.10 to 1.20 times" in text and "pages of 16: 1.10-1.11" in text
+    assert "batch 8 and 131,072 tokens" in text and "pages of 16 (" in text
+    assert "81 to 96 us" in text and len(table) == 4

@@ -184,3 +184,13 @@ def test_bench_split_by_job_keeps_the_old_names():
     assert bench.format_ratio_table is bench_report.format_ratio_table
     with pytest.raises(AttributeError, match="has no attribute 'no_such_job'"):
         bench.no_such_job  # noqa: B018
+
+
+def test_every_name_the_bench_package_lists_resolves_to_its_module():
+    import importlib
+
+    for name, module in bench._WHERE.items():
+        sub = importlib.import_module(f"course_kernels.bench.{module}")
+        assert getattr(bench, name) is getattr(sub, name), name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = bench.nope

@@ -54,6 +54,8 @@ QUOTED: dict[str, dict[str, str]] = {
     },
     "part2/hopper.ipynb": {
         "10": "the TMA lever's prediction, recorded before the measurement (notes/kernel.md, Levers 1)",
+        "989": "FlashAttention-3 paper (Shah et al. 2024), Sec. 3: H100 SXM5 FP16 matmul TFLOP/s",
+        "3.9": "FlashAttention-3 paper (Shah et al. 2024), Sec. 3: H100 special-function TFLOP/s",
     },
     "part2/tuning.ipynb": {
         "35": "FlashAttention-3 paper (Shah et al. 2024), abstract: FA2's share of H100 peak",

@@ -1,4 +1,5 @@
-"""The book's chapters use the package's public names only: no ``import`` of a private module
+"""The book's chapters and the exercise notebooks (and their solutions) use the package's
+public names only: no ``import`` of a private module
 or name, no ``module._private`` attribute, no ``mock.patch`` of package internals. The setup
 cell (the one template in course_kernels.colab) is the package's own code and is skipped.
 
@@ -16,6 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted(p for p in (ROOT / "book").rglob("*.ipynb") if "_build" not in p.parts)
+CHAPTERS += sorted((ROOT / "exercises").glob("*.ipynb")) + sorted(
+    (ROOT / "solutions").glob("*.ipynb")
+)
 
 
 def _private(name: str) -> bool:
@@ -53,7 +57,7 @@ def _code_cells(path):
             yield cell
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.relative_to(ROOT / "book").as_posix())
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_chapter_uses_public_names_only(path):
     bad = [(cell.id, use) for cell in _code_cells(path) for use in private_uses(cell.source)]
     assert not bad, f"{path.name} uses private names (cell id, use): {bad}"

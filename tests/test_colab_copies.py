@@ -2,7 +2,7 @@
 
 The book build (book/_ext/colab_copies.py) writes ``_build/html/_colab/``: a copy of every
 chapter with each ``{glue:...}`` role replaced by the value the build computed, and of every
-exercise and solution, each with the repository URL of ``_config.yml`` in its setup cell. Here the
+exercise and solution, each with the repository URL (``course_kernels.colab.REPOSITORY_URL``) in its setup cell. Here the
 copies are read back and compared with the built site's HTML, independently of the code that
 wrote them: the glued numbers of each page (``<span class="pasted-text">``) must be, in order,
 the numbers in the copy's text. Needs the built book (``./dev book``; ``./dev test`` builds it
@@ -21,12 +21,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from course_kernels.colab import COPIES_BRANCH, COPIES_DIR, URL_LINE, colab_copy_url
+from course_kernels.colab import (
+    COPIES_BRANCH,
+    COPIES_DIR,
+    REPOSITORY_URL,
+    URL_LINE,
+    colab_copy_url,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html"))
 COPIES = HTML / COPIES_DIR
-URL = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"].rstrip("/")
+URL = REPOSITORY_URL.rstrip("/")
 GLUE = re.compile(r"\{glue(?::(text|md|any))?\}`([^`]+)`")
 LINK = re.compile(r"\]\([^)\s]+\.ipynb(?:#[^)\s]*)?\)")
 

@@ -342,3 +342,12 @@ def test_distributed_errors_are_raised_on_every_rank(two_ranks):
         assert r["steps"] == 4
     assert "rank(s) [1] are invalid" in res[0]["one rank bad"]  # the others say who
     assert "must have rank 4" in res[1]["one rank bad"]  # the bad rank says what
+
+
+def test_the_package_resolves_the_ring_public_names():
+    import course_kernels.distributed as pkg
+
+    for name in rd.__all__:
+        assert getattr(pkg, name) is getattr(rd, name), name
+    with pytest.raises(AttributeError):
+        _ = pkg._local_calls  # private names stay in their module

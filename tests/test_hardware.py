@@ -209,7 +209,8 @@ def test_hardware_bank_conflict_degree_column_of_a_row_major_tile():
 def test_hardware_architecture_constants_match_the_cuda_guide():
     assert (hw.WARP_SIZE, hw.SMEM_BANKS, hw.SMEM_BANK_BYTES) == (32, 32, 4)
     assert (hw.REGISTERS_PER_SM, hw.MAX_REGISTERS_PER_THREAD) == (64 * 1024, 255)
-    assert hw.H200_MEASURED.matmul_n == 8192
+    # the size of the product that set the ceiling (the largest dimension for a non-square one)
+    assert hw.H200_MEASURED.matmul_n in (4096, 8192, 16384)
 
 
 def test_hardware_measure_ceilings_arithmetic_with_a_fixed_timer():
@@ -240,6 +241,23 @@ def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_pa
     record = json.loads(out.read_text())
     c = hw.ceilings_from_record(record)
     assert c.copy_bandwidth > 0 and c.fp16_matmul_flops > 0 and c.matmul_n == 64
+    # the extended format: several shapes and dtypes, the ceiling is the best run's best rate
+    runs = record["ceilings"]["matmul_runs"]
+    assert {r["dtype"] for r in runs} == {"float16", "bfloat16"} and len(runs) == 4
+    assert c.fp16_matmul_flops == max(r["best_flops"] for r in runs)
+    assert all(r["worst_flops"] <= r["mean_flops"] <= r["best_flops"] for r in runs)
+    assert "best of 4 runs" in c.matmul_method
+    first_format = {  # the H200 record of 2026-11-30 (experiments/data/hardware/), abridged
+        "environment": dict(record["environment"], date="2026-11-30T19:16:40+00:00"),
+        "ceilings": {
+            "copy_bandwidth": 4233463387011.161,
+            "fp16_matmul_flops": 691078625987215.2,
+            "matmul_n": 8192,
+        },
+    }
+    old = hw.ceilings_from_record(first_format)
+    assert "one run" in old.matmul_method and old.matmul_n == 8192
+    assert old.fp16_matmul_flops == 691078625987215.2
     assert (
         "measure_ceilings.py" in record["environment"]["command"] and record["environment"]["date"]
     )

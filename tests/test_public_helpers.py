@@ -1,6 +1,8 @@
 """Public names the chapters use instead of private ones: listings, the GPU config list, the
 device facts, the -inf guard and the padded head dim."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -71,3 +73,17 @@ def test_one_device_probe(monkeypatch):
     assert _probe.cuda_available() == _triton_env.HAS_GPU
     monkeypatch.setitem(sys.modules, "torch", None)  # "import torch" now raises ImportError
     assert _probe.cuda_available() is False
+
+
+def test_gluon_listings_are_read_from_the_file_where_gluon_does_not_import(monkeypatch):
+    # The Gluon kernels are defined only where Gluon imports (inside ``if HAVE_GLUON:``); the
+    # chapter's listings must read the same text from the module's file everywhere else.
+    from course_kernels.gluon import producer
+
+    src = colab.listing("gluon.producer")
+    assert src.startswith("@gluon.jit\ndef _producer(") and "tma.async_copy_global_to_shared" in src
+    monkeypatch.delattr(producer, "_producer", raising=False)
+    assert colab.listing("gluon.producer") == src
+    for name in colab.LISTINGS:
+        text = colab.listing(name)
+        assert text == text.lstrip() and re.search(r"^def _", text, re.M), name

@@ -339,8 +339,9 @@ def test_site_screenshots(site, browser, page):
 def test_site_every_notebook_page_has_a_colab_button():
     if not (HTML / "index.html").is_file():
         pytest.fail(f"no built book at {HTML}: run ./dev book first (or set BOOK_HTML)")
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    repo = config["repository"]["url"].removeprefix("https://github.com/")
+    from course_kernels.colab import REPOSITORY_URL
+
+    repo = REPOSITORY_URL.removeprefix("https://github.com/")
     for page in PAGES:
         source = ROOT / "book" / page.replace(".html", ".ipynb")
         if not source.is_file():
@@ -512,3 +513,75 @@ def test_site_wide_screen_menu_button_collapses_the_sidebar(site, browser):
     )
     _visible_toggle(browser, ".primary-toggle").click()
     assert not browser.execute_script(hidden), "the menu button did not bring the sidebar back"
+
+
+PHONE_390 = {"width": 390, "height": 844, "deviceScaleFactor": 3, "mobile": True}  # iPhone 12-14
+PHONE_390_PAGES = [
+    "chapters/03_tiling.html",
+    "chapters/05_io_complexity.html",
+    "part2/hopper.html",
+    "part2/below_triton.html",
+    "part2/performance.html",
+    "part2/beyond_one_gpu.html",
+    "chapters/backward_pass.html",
+    "chapters/execution_model.html",
+]
+OVERFLOWING = """
+const out = [];
+document.querySelectorAll('.bd-article mjx-container[display="true"]').forEach(m => {
+  if (m.scrollWidth > m.clientWidth + 1) {
+    out.push(`equation ${m.scrollWidth} px in ${m.clientWidth}: ${(m.textContent || '').slice(0, 40)}`);
+  }
+});
+document.querySelectorAll('.bd-article .cell_output img').forEach(i => {
+  const box = i.closest('.cell_output').getBoundingClientRect(), b = i.getBoundingClientRect();
+  if (b.right > box.right + 1 || b.left < box.left - 1) { out.push(`figure ${i.src.slice(-40)}`); }
+  if (i.closest('.tag_panels') && b.width < 0.9 * box.width) {
+    out.push(`panel not stacked: ${Math.round(b.width)} of ${Math.round(box.width)} px`);
+  }
+});
+return out;
+"""
+
+
+@pytest.fixture(scope="module")
+def phone390(tmp_path_factory):
+    driver = _chromium(tmp_path_factory)
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", PHONE_390)
+    yield driver
+    driver.quit()
+
+
+def test_site_at_390_px_equations_and_figures_fit(site, phone390):
+    """At 390 px no display equation or figure is wider than its box (equations scale down or
+    are written on two lines; multi-panel figures come one panel per image, stacked)."""
+    failures = []
+    for page in PHONE_390_PAGES:
+        open_page(phone390, site + page)
+        time.sleep(0.3)  # phone_view.js scales wide equations once MathJax is done
+        failures += [f"{page}: {x}" for x in phone390.execute_script(OVERFLOWING)]
+        phone390.save_screenshot(str(ARTIFACTS / f"phone390_{page.replace('/', '_')}.png"))
+    assert not failures, "\n".join(failures)
+
+
+def test_site_at_390_px_wide_table_keeps_first_column_and_header(site, phone390):
+    """The performance page's wide tables scroll in their box; the first column stays in view."""
+    open_page(phone390, site + "part2/performance.html")
+    state = phone390.execute_script(
+        """const wraps = [...document.querySelectorAll('.bd-article .pst-scrollable-table-container')]
+             .filter(w => w.scrollWidth > w.clientWidth + 1);
+           if (!wraps.length) { return null; }
+           const w = wraps[0], cell = w.querySelector('tbody tr td'), head = w.querySelector('thead th');
+           w.scrollIntoView();
+           const before = cell.getBoundingClientRect().left;
+           w.scrollLeft = w.scrollWidth;
+           const after = cell.getBoundingClientRect(), box = w.getBoundingClientRect();
+           return {before, after: after.left, boxLeft: box.left, scrolled: w.scrollLeft,
+                   wide: w.scrollWidth, room: w.clientWidth,
+                   sticky: getComputedStyle(head).position};"""
+    )
+    assert state is not None, "no table wider than a 390 px screen on the performance page"
+    phone390.save_screenshot(str(ARTIFACTS / "phone390_performance_table_scrolled.png"))
+    assert state["scrolled"] > 0, state
+    assert abs(state["after"] - state["boxLeft"]) <= 2, f"first column scrolled away: {state}"
+    assert state["sticky"] == "sticky", state

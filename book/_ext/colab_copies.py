@@ -1,7 +1,8 @@
 """The notebooks the Colab buttons open: made by the book build, published with the site.
 
-The repository's address lives in one place, ``_config.yml`` (``repository.url``). This
-extension takes it from there (Jupyter Book passes it to the theme as ``repository_url``) and:
+The repository's address lives in one place, ``course_kernels.colab.REPOSITORY_URL`` (the package
+reads it too: the instructor's release stamps it). This extension gives it to the theme
+(``repository_url``, the repository button) and:
 
 1. sets ``$COURSE_REPO_URL`` for the notebooks the build executes (the chapters' exercise links);
 2. after the build, writes a copy of every chapter, exercise and solution notebook to
@@ -155,13 +156,23 @@ def colab_copy(
 
 
 # -- Sphinx ---------------------------------------------------------------------------------
-def _repository_url(app) -> str:
-    url = (app.config.html_theme_options or {}).get("repository_url", "").rstrip("/")
+def _repository_url(app=None) -> str:
+    from course_kernels.colab import REPOSITORY_URL
+
+    url = REPOSITORY_URL.rstrip("/")
     if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
         raise CopyError(
-            f"_config.yml repository.url must be https://github.com/OWNER/REPO, got {url!r}"
+            "course_kernels.colab.REPOSITORY_URL must be https://github.com/OWNER/REPO, "
+            f"got {url!r}"
         )
     return url
+
+
+def _config_inited(app, config):
+    # the theme's repository button: the same address as everything else
+    options = dict(config.html_theme_options or {})
+    options["repository_url"] = _repository_url()
+    config.html_theme_options = options
 
 
 def _notebook_docs(app) -> list[str]:
@@ -239,6 +250,7 @@ def _build_finished(app, exception):
 
 
 def setup(app):
+    app.connect("config-inited", _config_inited)
     app.connect("builder-inited", _builder_inited)
     app.connect("html-page-context", _colab_button, priority=600)  # after the theme's buttons
     app.connect("build-finished", _build_finished)

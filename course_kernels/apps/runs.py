@@ -6,6 +6,7 @@ records GPU, versions, date and the command, and prints one line per result)::
     python -m course_kernels apps train   --out DIR   # gpt_train.json
     python -m course_kernels apps context --out DIR   # gpt_context.json
     python -m course_kernels apps decode  --out DIR   # decode_bench.json
+    python -m course_kernels apps paged   --out DIR   # paged_decode_bench.json (apps.paged_runs)
 
 ``scripts/gpu_apps.sh`` runs all three with a time limit each. The committed results are in the
 package's measured data (``course_kernels.datafiles.load_json("apps/gpt_train.json")`` ...).
@@ -28,7 +29,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-STEPS = ("train", "context", "decode")
+STEPS = ("train", "context", "decode", "paged")
 FULL_GPT = dict(n_layer=6, n_head=6, n_embd=384, lr=1e-3)
 
 
@@ -146,13 +147,17 @@ def decode_runs(contexts=(1024, 4096, 16384, 65536, 131072), log=print) -> list[
 
 
 def run(step: str, out_dir, log=print) -> Path:
-    """Run one step (``train``, ``context`` or ``decode``) and save its JSON in ``out_dir``."""
+    """Run one step (``train``, ``context``, ``decode`` or ``paged``) and save its JSON in
+    ``out_dir``."""
+    from .paged_runs import paged_decode_benchmark
+
     if step not in STEPS:
         raise ValueError(f"unknown step {step!r}; choose from {', '.join(STEPS)}")
     fn, name = {
         "train": (train_runs, "gpt_train.json"),
         "context": (context_runs, "gpt_context.json"),
         "decode": (decode_runs, "decode_bench.json"),
+        "paged": (paged_decode_benchmark, "paged_decode_bench.json"),
     }[step]
     rows = fn(log=log)
     path = save(out_dir, name, rows, f"python -m course_kernels apps {step} --out {out_dir}")
@@ -172,6 +177,38 @@ def decode_bytes(
     """The least HBM traffic of one decode step: K and V read once, q read, out written."""
     cache = 2 * batch * kv_heads * n_keys * head_dim  # K and V
     return elem_bytes * (cache + 2 * batch * q_heads * n_q * head_dim)  # + q read, out written
+
+
+def _host_us(fn, calls=50):
+    """Host time per call: launches are queued without waiting for the GPU, so the loop's wall
+    time over ``calls`` calls is the Python + launch cost (the queue does not fill)."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def _graphed(fn):
+    """Capture one call in a CUDA graph; replaying it launches every kernel of the step with one
+    host call, which is how serving engines run decode steps. The capture fails if ``fn``
+    synchronizes with the host."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def decode_benchmark(
@@ -202,32 +239,6 @@ def decode_benchmark(
     from ..serving.decode import default_num_splits, flash_decode
     from ..triton.flash import flash_attention
 
-    def host_us(fn, calls=50):
-        # Host time per call: launches are queued without waiting for the GPU, so the loop's
-        # wall time over ``calls`` calls is the Python + launch cost (the queue does not fill).
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) / calls * 1e6
-
-    def graphed(fn):
-        # Capture one call in a CUDA graph; replaying it launches every kernel of the step with
-        # one host call, which is how serving engines run decode steps. The capture fails if
-        # ``fn`` synchronizes with the host.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return graph.replay
-
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     rows = []
     for n in contexts:
@@ -243,21 +254,21 @@ def decode_benchmark(
             err = (out.float() - ref.float()).abs().max().item()
             name = "flash_decode" + ("" if s is None else f"_splits{s}")
             ms = triton.testing.do_bench(partial(flash_decode, q, k, v, num_splits=s))
-            host[name] = host_us(partial(flash_decode, q, k, v, num_splits=s))
+            host[name] = _host_us(partial(flash_decode, q, k, v, num_splits=s))
             runs[name] = (ms, err, s or default_num_splits(batch * kv_heads, n))
-        replay = graphed(partial(flash_decode, q, k, v))
+        replay = _graphed(partial(flash_decode, q, k, v))
         runs["flash_decode_cudagraph"] = (
             triton.testing.do_bench(replay),
             None,
             default_num_splits(batch * kv_heads, n),
         )
-        host["flash_decode_cudagraph"] = host_us(replay)
+        host["flash_decode_cudagraph"] = _host_us(replay)
         runs["flash_attention_fwd"] = (
             triton.testing.do_bench(partial(flash_attention, q, k, v)),
             None,
             None,
         )
-        host["flash_attention_fwd"] = host_us(partial(flash_attention, q, k, v))
+        host["flash_attention_fwd"] = _host_us(partial(flash_attention, q, k, v))
         for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
             try:
                 with sdpa_kernel(getattr(SDPBackend, backend)):
@@ -267,15 +278,15 @@ def decode_benchmark(
                     fn = partial(sdpa, q, k, v, enable_gqa=True)
 
                     runs[f"sdpa_{backend.lower()}"] = (triton.testing.do_bench(fn), None, None)
-                    host[f"sdpa_{backend.lower()}"] = host_us(fn)
+                    host[f"sdpa_{backend.lower()}"] = _host_us(fn)
                     if backend == "FLASH_ATTENTION":
-                        replay = graphed(fn)
+                        replay = _graphed(fn)
                         runs["sdpa_flash_attention_cudagraph"] = (
                             triton.testing.do_bench(replay),
                             None,
                             None,
                         )
-                        host["sdpa_flash_attention_cudagraph"] = host_us(replay)
+                        host["sdpa_flash_attention_cudagraph"] = _host_us(replay)
             except (RuntimeError, AttributeError) as exc:  # backend refuses this shape
                 reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
                 runs[f"sdpa_{backend.lower()}"] = (None, f"not run: {reason}", None)

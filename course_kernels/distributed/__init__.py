@@ -18,32 +18,12 @@ from __future__ import annotations
 
 import importlib
 
-# The public names of :mod:`.ring` (its ``__all__``), imported on first use: the cost model and
-# the plan stay importable without torch.
-__all__ = [
-    "LAYOUTS",
-    "BlockTask",
-    "RingStats",
-    "RingStep",
-    "chunk_bounds",
-    "gather_sequence",
-    "merge_attention",
-    "n_chunks",
-    "rank_chunks",
-    "ring_attention",
-    "ring_balance",
-    "ring_bytes",
-    "ring_memory_bytes",
-    "ring_min_shard",
-    "ring_step_times",
-    "ring_schedule",
-    "shard_lengths",
-    "shard_sequence",
-    "unshard_sequence",
-]
 
-
+# The public names of :mod:`.ring` (its ``__all__``) resolve here on first use, so that the cost
+# model and the plan stay importable without torch.
 def __getattr__(name):
-    if name in __all__:
-        return getattr(importlib.import_module(".ring", __name__), name)
+    if not name.startswith("_"):
+        ring = importlib.import_module(".ring", __name__)
+        if name in ring.__all__:
+            return getattr(ring, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ from .specs import (
     count_io,
     online_softmax,
     ring_attention,
+    serving_maps,
     stable_softmax,
     tiled_backward,
     tiled_forward,
@@ -39,6 +40,7 @@ SPECS = {
         triton_causal_gqa,
         tuning,
         ring_attention,
+        serving_maps,
     )
 }
 BUILDERS = {name: build for spec in SPECS.values() for name, build in spec.BUILDERS.items()}

@@ -13,14 +13,64 @@ from .exercises import FORBIDDEN_ALWAYS, FORBIDDEN_NUMPY, FORBIDDEN_NUMPY_ATTRS,
 
 
 def _strip_magics(src: str) -> str:
-    """IPython magics and shell escapes are not Python: comment them out."""
-    return "\n".join(
-        "# " + ln if ln.lstrip().startswith(("%", "!")) else ln for ln in src.splitlines()
-    )
+    """IPython magics and shell escapes are not Python: comment them out, as IPython reads them,
+    only where a logical line starts (not inside brackets, a string, or after a backslash), so
+    that a black-formatted ``!= x`` or ``% n`` continuation line stays code. Cells longer than
+    MAX_CELL_CHARS are returned as they are (the lint refuses them unread)."""
+    if len(src) > MAX_CELL_CHARS:
+        return src
+    out = []
+    depth = 0  # open brackets
+    quote = None  # the open string's delimiter (a triple-quoted string spans lines)
+    continued = False  # the previous line ended with a backslash
+    for line in src.splitlines():
+        starts = depth == 0 and quote is None and not continued
+        if starts and line.lstrip().startswith(("%", "!")):
+            out.append("# " + line)
+            continue
+        out.append(line)
+        depth, quote, continued = _scan(line, depth, quote)
+    return "\n".join(out)
+
+
+def _scan(line: str, depth: int, quote):
+    """(bracket depth, open string delimiter, ends with a backslash) after ``line``."""
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if quote is not None:
+            if c == "\\":
+                i += 2
+                continue
+            if line.startswith(quote, i):
+                i += len(quote)
+                quote = None
+                continue
+            i += 1
+            continue
+        if c == "#":
+            break
+        if c in "\"'":
+            q = line[i : i + 3] if line[i : i + 3] in ('"""', "'''") else c
+            quote = q
+            i += len(q)
+            continue
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth = max(0, depth - 1)
+        i += 1
+    if quote is not None and len(quote) == 1:
+        # an unterminated one-line string: Python's error; a backslash continues it
+        continued = line.endswith("\\")
+        return depth, (quote if continued else None), continued
+    return depth, quote, quote is None and line.endswith("\\")
+
+
+MAX_CELL_CHARS = 100_000  # a solution cell larger than this is not parsed, run or graded
 
 
 SYS_ALLOWED = {"float_info", "maxsize", "version_info", "byteorder", "float_repr_style"}
-MAX_CELL_CHARS = 100_000  # a solution cell larger than this is not parsed, run or graded
 
 
 def forbidden_use(source: str, torch_rules: bool) -> str | None:

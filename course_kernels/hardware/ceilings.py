@@ -80,22 +80,44 @@ def ceilings_from_record(record: dict, gpu: str | None = None) -> MeasuredCeilin
     """A :class:`MeasuredCeilings` from a JSON record written by scripts/measure_ceilings.py.
 
     ``gpu``: the :data:`GPUS` key of the measured GPU (the record holds the driver's name).
+    Two formats read: the first (one fp16 8192^3 product, median of ``do_bench``) and the
+    extended one, whose ``ceilings["matmul_runs"]`` lists several shapes and dtypes with
+    repeated timings; the matmul ceiling is then the **best** rate of any run (fp16 and bf16
+    share one tensor-core peak), and ``matmul_method`` says how it was measured.
     """
     try:
         env, res = record["environment"], record["ceilings"]
+        flops, matmul_n = float(res["fp16_matmul_flops"]), int(res["matmul_n"])
+        method = f"one fp16 {matmul_n}^3 product, median time of triton.testing.do_bench, one run"
+        runs = res.get("matmul_runs")
+        if runs:
+            best = max(runs, key=lambda r: r["best_flops"])
+            flops, (m, n, k) = float(best["best_flops"]), best["shape"]
+            matmul_n = n if m == n == k else max(m, n, k)
+            shapes = sorted({tuple(r["shape"]) for r in runs})
+            clock = res.get("clocks", {}).get("sm_mhz_during")
+            method = (
+                f"best of {len(runs)} runs ({len(shapes)} shapes x "
+                f"{', '.join(sorted({r['dtype'] for r in runs}))}), each {best['repeats']} timed "
+                f"repetitions; best run {best['dtype']} {m} x {n} x {k}: best "
+                f"{best['best_flops'] / 1e12:.0f}, mean {best['mean_flops'] / 1e12:.0f} TFLOP/s"
+                + (f"; SM clock {clock} MHz during the runs (nvidia-smi)" if clock else "")
+            )
         return MeasuredCeilings(
             gpu=gpu or env["gpu"],
             copy_bandwidth=float(res["copy_bandwidth"]),
-            fp16_matmul_flops=float(res["fp16_matmul_flops"]),
+            fp16_matmul_flops=flops,
             date=env["date"],
             software=f"torch {env['torch']}, Triton {env['triton']}",
             source=f"measured with: {env['command']}",
-            matmul_n=int(res["matmul_n"]),
+            matmul_n=matmul_n,
+            matmul_method=method,
         )
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(
             "a ceilings record needs 'environment' (gpu, date, torch, triton, command) and "
-            f"'ceilings' (copy_bandwidth, fp16_matmul_flops, matmul_n); missing {e}"
+            f"'ceilings' (copy_bandwidth, fp16_matmul_flops, matmul_n; optionally matmul_runs "
+            f"with shape, dtype, repeats, best_flops, mean_flops); missing {e}"
         ) from None
 
 

@@ -200,11 +200,12 @@ class MeasuredCeilings:
 
     gpu: str
     copy_bandwidth: float  # bytes/s, device-to-device copy, bytes read + written
-    fp16_matmul_flops: float  # FLOP/s, fp16 8192 x 8192 x 8192 matmul
+    fp16_matmul_flops: float  # FLOP/s, the matmul ceiling: the best 16-bit dense matmul measured
     date: str
     software: str
     source: str
-    matmul_n: int = 8192  # the matmul's size: (n x n) @ (n x n)
+    matmul_n: int = 8192  # the size of the matmul that set the ceiling: (n x n) @ (n x n)
+    matmul_method: str = ""  # how the ceiling was measured (shapes, repeats, statistic, clocks)
 
 
 # H200_MEASURED is read from the committed measurement at the end of this module.

@@ -49,7 +49,7 @@ def safe_max(m: np.ndarray) -> np.ndarray:
 
 
 def init_state(shape, dtype=np.float64) -> SoftmaxState:
-    """The empty state: m = -inf, l = 0 (FA2 Alg. 1 line 4)."""
+    """The empty state: m = -inf, l = 0 (FA2 Alg. 1 line 5)."""
     return SoftmaxState(np.full(shape, -np.inf, dtype=dtype), np.zeros(shape, dtype=dtype))
 
 

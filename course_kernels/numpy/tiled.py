@@ -10,7 +10,11 @@ Nothing of size Nq x Nk is ever formed: only block_q x block_k score tiles.
   K_j, V_j past it, and normalises once at the end. K and V are read once per query block.
 - ``loop_order="fa1"`` (FlashAttention, arXiv 2205.14135, Alg. 1): the outer loop runs over key
   blocks K_j, V_j (each read once); the inner loop re-reads Q_i and the *normalised* O_i, l_i, m_i
-  from HBM and writes them back. More traffic (~12 N^2 d^2 / M vs ~8 N^2 d^2 / M), same result.
+  from HBM and writes them back. Same result. Which order moves more depends on the block
+  model (chapter "IO complexity"): with four equal blocks of M/4 elements (block_q = block_k =
+  M/4d, score tile in registers) FA1 moves ~12 N^2 d^2 / M and FA2 ~8 N^2 d^2 / M; under the
+  FA paper's block_q = min(block_k, d) FA1 moves less when M > 6 d^2; other splits of M give
+  other constants (FA2 order with a small block_k and block_q ~ M/2d: ~4 N^2 d^2 / M).
 
 Precision: the working dtype is kept. float32 in -> float32 everywhere; float16 in -> float32
 scores, statistics and accumulator (like a GPU kernel's fp32 accumulators), float16 out;

@@ -4,7 +4,10 @@ Chapter: "Backward and recomputation" (book part two).
 
 The forward pass saves only O (..., Nq, dv) and lse (..., Nq). The backward pass recomputes
 each tile of P = exp(S - lse) from Q, K and the saved lse (FlashAttention-2, arXiv 2307.08691,
-Alg. 2), so memory stays O(N) and FLOPs go up (S is computed twice).
+Alg. 2), so memory stays O(N) and FLOPs go up (S is computed twice). The "# line N" comments
+below are the line numbers of that Algorithm 2 (FA2 paper, Sec. 3.1.2: dQ = 0 is line 3, the loops
+are lines 5 and 8, the load of Q_i, O_i, dO_i, dQ_i, L_i, D_i line 9, S_ij to dK_j lines 10-16,
+the write of dK_j, dV_j line 18).
 
 With D_i = rowsum(dO_i * O_i) (Alg. 2 line 4; equal to rowsum(dP_i * P_i)):
     dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K,  dK = scale * dS^T Q.
@@ -101,32 +104,32 @@ def flash_attention_numpy_backward(
     scale = acc_t.type(scale)
     lse_safe = safe_max(lse.astype(acc_t))  # a fully masked row (lse = -inf) has P = 0
     dlt = (dout.astype(acc_t) * out.astype(acc_t)).sum(axis=-1)  # line 4: D = rowsum(dO * O)
-    dq = np.zeros(q.shape, dtype=acc_t)  # line 5: dQ = 0 in HBM
+    dq = np.zeros(q.shape, dtype=acc_t)  # line 3: dQ = 0 in HBM
     dk = np.empty(k.shape, dtype=acc_t)
     dv = np.empty(v.shape, dtype=acc_t)
-    for j0 in range(0, n_k, block_k):  # line 6: for 1 <= j <= Tc
+    for j0 in range(0, n_k, block_k):  # line 5: for 1 <= j <= Tc
         j1 = min(j0 + block_k, n_k)
-        k_j = k[..., j0:j1, :].astype(acc_t)  # line 7: load K_j, V_j
+        k_j = k[..., j0:j1, :].astype(acc_t)  # line 6: load K_j, V_j
         v_j = v[..., j0:j1, :].astype(acc_t)
-        dk_j = np.zeros(k_j.shape, dtype=acc_t)  # line 8: dK_j = 0, dV_j = 0 on chip
+        dk_j = np.zeros(k_j.shape, dtype=acc_t)  # line 7: dK_j = 0, dV_j = 0 on chip
         dv_j = np.zeros(v_j.shape, dtype=acc_t)
         first_i = (j0 // block_q) * block_q if causal else 0
-        for i0 in range(first_i, n_q, block_q):  # line 9: for 1 <= i <= Tr
+        for i0 in range(first_i, n_q, block_q):  # line 8: for 1 <= i <= Tr
             i1 = min(i0 + block_q, n_q)
-            q_i = q[..., i0:i1, :].astype(acc_t)  # line 10: load Q_i, O_i, dO_i, dQ_i, L_i, D_i
+            q_i = q[..., i0:i1, :].astype(acc_t)  # line 9: load Q_i, O_i, dO_i, dQ_i, L_i, D_i
             do_i = dout[..., i0:i1, :].astype(acc_t)
-            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 11: S_ij, (..., block_q, block_k)
-            p = np.exp(s - lse_safe[..., i0:i1, None])  # line 12: P_ij = exp(S_ij - L_i)
+            s = scale * (q_i @ np.swapaxes(k_j, -1, -2))  # line 10: S_ij, (..., block_q, block_k)
+            p = np.exp(s - lse_safe[..., i0:i1, None])  # line 11: P_ij = exp(S_ij - L_i)
             mask = block_mask(i0, i1, j0, j1, causal)
             if mask is not None:
                 p = np.where(mask, p, 0)
             if np.any(np.isneginf(lse[..., i0:i1])):
                 p = np.where(np.isneginf(lse[..., i0:i1, None]), 0, p)
-            dv_j += np.swapaxes(p, -1, -2) @ do_i  # line 13: dV_j += P^T dO_i
-            dp = do_i @ np.swapaxes(v_j, -1, -2)  # line 14: dP_ij = dO_i V_j^T
-            ds = p * (dp - dlt[..., i0:i1, None])  # line 15: dS_ij = P * (dP - D_i)
-            dq[..., i0:i1, :] += scale * (ds @ k_j)  # line 16: dQ_i += dS K_j (written to HBM)
-            dk_j += scale * (np.swapaxes(ds, -1, -2) @ q_i)  # line 17: dK_j += dS^T Q_i
-        dk[..., j0:j1, :] = dk_j  # line 19: write dK_j, dV_j
+            dv_j += np.swapaxes(p, -1, -2) @ do_i  # line 12: dV_j += P^T dO_i
+            dp = do_i @ np.swapaxes(v_j, -1, -2)  # line 13: dP_ij = dO_i V_j^T
+            ds = p * (dp - dlt[..., i0:i1, None])  # line 14: dS_ij = P * (dP - D_i)
+            dq[..., i0:i1, :] += scale * (ds @ k_j)  # line 15: dQ_i += dS K_j (written to HBM)
+            dk_j += scale * (np.swapaxes(ds, -1, -2) @ q_i)  # line 16: dK_j += dS^T Q_i
+        dk[..., j0:j1, :] = dk_j  # line 18: write dK_j, dV_j
         dv[..., j0:j1, :] = dv_j
     return dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype)

@@ -35,6 +35,8 @@ Without the rescaling in step 2 the result is wrong whenever the chunks have dif
 :func:`course_kernels.serving.split_kv.split_kv_decode_numpy` is the same algorithm in NumPy (importable
 without torch or Triton); :func:`flash_decode` runs the Triton kernels (a CUDA GPU, or Triton's
 CPU interpreter). The decode benchmark is :func:`course_kernels.apps.runs.decode_benchmark`.
+A paged cache (pages + block table, vLLM's layout) is read by
+:func:`course_kernels.serving.paged_decode.flash_decode_paged`, the same kernel pair.
 
 Causal with Nq > 1 is *bottom-right* aligned, as in decoding: the cache already holds the new
 tokens, and query i (of Nq) sees keys j <= L - Nq + i, where L is the sequence's cache length.

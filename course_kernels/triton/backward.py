@@ -13,16 +13,16 @@ same score hook as the forward's; a row with one visible key gets P = 1 exactly.
 
 1. ``_attn_bwd_dq`` (launched first, in :mod:`.triton_backward_dq`): one program per query
    block; it computes D = rowsum(dO * O) for its rows (FA2 Alg. 2 line 4, stored for step 2),
-   then loops over key blocks (FA2 Alg. 2 line 16 turned inside out). The paper adds dQ with
+   then loops over key blocks (FA2 Alg. 2 line 15 turned inside out). The paper adds dQ with
    atomics; a separate pass costs one more recomputation of S and dP but is bit-identical on
    repeat.
 2. ``_attn_bwd_dkdv`` (here): one program per key block of one (batch, K/V head); it loops over
    every query block of every query head in the GQA group, accumulating dK, dV on chip
-   (FA2 Alg. 2 lines 6-20 without line 16), reading the D that step 1 stored. Summing the group
+   (FA2 Alg. 2 lines 5-19 without line 15), reading the D that step 1 stored. Summing the group
    inside one program, in a fixed order, makes GQA gradients deterministic without atomics.
 
 The paper's own variant is a switch, ``ATOMIC_DQ``, off in the package's launch: the dK/dV
-kernel also adds dS K into an fp32 dQ with ``tl.atomic_add`` (line 16 as written), after
+kernel also adds dS K into an fp32 dQ with ``tl.atomic_add`` (line 15 as written), after
 ``_attn_bwd_preprocess`` has computed D alone (FA2's preprocessing pass). It does 5 matmuls per
 block pair instead of 7 but sums dQ in whatever order programs finish; measured on the H200 it
 was slower at d = 64 and at most 9% faster at d = 128 (``experiments/hopper/schedule_levers.py atomic``,
@@ -34,7 +34,7 @@ Q = dO = 0, D = 0 and L = +inf in the dK/dV kernel, so they add exactly nothing 
 alone would suffice: P = exp2(-inf) = 0; the zeros alone too: dO = 0 and dS = P * 0).
 
 The autotuning space (block sizes per GPU, dtype and head dim) is in
-:mod:`.triton_backward_configs`; its names are importable from here.
+:mod:`.configs`; its names are importable from here.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
-from .backward_configs import (  # noqa: E402  (re-exported)
+from .configs import (  # noqa: E402  (re-exported)
     DKDV_D128_CONFIGS,
     DKDV_IEEE_CONFIG,
     DKDV_SM75,
@@ -128,7 +128,7 @@ def _attn_bwd_dkdv_inner(
     DOT_PRECISION: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
 ):
-    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 9-18).
+    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17).
 
     ``MASKED``: apply the window/causal mask (keys past Nk are never stored, rows past Nq have
     L = +inf: neither needs a mask).
@@ -139,11 +139,11 @@ def _attn_bwd_dkdv_inner(
         start_m = tl.multiple_of(start_m, BLOCK_M1)
         offs_m = start_m + tl.arange(0, BLOCK_M1)  # (BLOCK_M1,)
         m_ok = offs_m < n_q
-        # FA2 Alg. 2 line 10: load Q_i, dO_i, L_i, D_i. Rows past Nq: L = +inf gives P = 0.
+        # FA2 Alg. 2 line 9: load Q_i, dO_i, L_i, D_i. Rows past Nq: L = +inf gives P = 0.
         row_ptrs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
         q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
         lse_c = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
-        # FA2 Alg. 2 lines 11-12, transposed: P^T = exp2((r^T - L) * c log2 e).
+        # FA2 Alg. 2 lines 10-11, transposed: P^T = exp2((r^T - L) * c log2 e).
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         rT, tT = _score_mod(
             qkT, offs_m[None, :], offs_n[:, None], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
@@ -152,17 +152,17 @@ def _attn_bwd_dkdv_inner(
         if MASKED:
             pT = tl.where(_visible(offs_m[None, :], offs_n[:, None], diag_lo, diag_hi), pT, 0.0)
         do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-        # FA2 Alg. 2 line 13: dV_j += P^T dO_i.
+        # FA2 Alg. 2 line 12: dV_j += P^T dO_i.
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)  # (BLOCK_M1,)
-        # FA2 Alg. 2 lines 14-15, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
+        # FA2 Alg. 2 lines 13-14, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
         if SOFTCAP:
             dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(x / softcap)) / dx
-        # FA2 Alg. 2 line 17: dK_j += dS^T Q_i (the scale is applied once at the end).
+        # FA2 Alg. 2 line 16: dK_j += dS^T Q_i (the scale is applied once at the end).
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
-        if ATOMIC_DQ:  # FA2 Alg. 2 line 16 as the paper has it: dQ_i += dS K_j, in fp32 atomics
+        if ATOMIC_DQ:  # FA2 Alg. 2 line 15 as the paper has it: dQ_i += dS K_j, in fp32 atomics
             dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION)
             tl.atomic_add(dq_base + row_ptrs, dq, mask=m_ok[:, None] & d_ok, sem="relaxed")
     return dk, dv
@@ -256,7 +256,7 @@ def _attn_bwd_dkdv(
     n_ok = offs_n[:, None] < n_k  # (BLOCK_N1, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     kv_ptrs = kv_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
-    # FA2 Alg. 2 lines 7-8: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
+    # FA2 Alg. 2 lines 6-7: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
     k = _load_tile(K + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
     v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
@@ -314,7 +314,7 @@ def _attn_bwd_dkdv(
                 ATOMIC_DQ,
             )
 
-    # FA2 Alg. 2 line 19: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
+    # FA2 Alg. 2 line 18: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
     mask = n_ok & d_ok
     tl.store(DK + kv_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)

@@ -1,4 +1,4 @@
-"""The dQ pass of the Triton backward (FA2 Algorithm 2, line 16 turned inside out), and D.
+"""The dQ pass of the Triton backward (FA2 Algorithm 2, line 15 turned inside out), and D.
 
 Chapter: "Flash Attention in Triton: the backward kernel"; the whole backward is described in
 :mod:`.triton_backward`, which re-exports these names. ``_attn_bwd_dq`` runs first: one program
@@ -15,7 +15,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
-from .backward_configs import DQ_IEEE_CONFIG, DQ_SM75, DQ_SMALL_CONFIG, dq_configs  # noqa: E402
+from .configs import DQ_IEEE_CONFIG, DQ_SM75, DQ_SMALL_CONFIG, dq_configs  # noqa: E402
 from .forward import _load_tile  # noqa: E402
 from .masks import _key_blocks, _score_mod, _seq, _visible  # noqa: E402
 
@@ -50,7 +50,7 @@ def _attn_bwd_dq_inner(
     ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 11-16 for one query block)."""
+    """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 10-15 for one query block)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_n in range(lo, hi, BLOCK_N2):
@@ -64,17 +64,17 @@ def _attn_bwd_dq_inner(
         r, t = _score_mod(
             qk, offs_m[:, None], offs_n[None, :], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
         )
-        p = tl.math.exp2((r - lse_c[:, None]) * c2)  # FA2 Alg. 2 line 12, in units of c
+        p = tl.math.exp2((r - lse_c[:, None]) * c2)  # FA2 Alg. 2 line 11, in units of c
         if MASKED:
             keep = offs_n[None, :] < n_k  # keys past Nk load as 0 but must get P = 0
             if WINDOWED:
                 keep = keep & _visible(offs_m[:, None], offs_n[None, :], diag_lo, diag_hi)
             p = tl.where(keep, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 14: dP = dO V^T
-        ds = p * (dp - delta[:, None])  # line 15: dS = P * (dP - D)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 13: dP = dO V^T
+        ds = p * (dp - delta[:, None])  # line 14: dS = P * (dP - D)
         if SOFTCAP:
             ds = ds * (1.0 - t * t)  # d(softcap tanh(x / softcap)) / dx
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 16: dQ += dS K
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 15: dQ += dS K
     return dq
 
 
@@ -169,7 +169,7 @@ def _attn_bwd_dq(
     do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
     row = off_z * stride_lz + off_h * stride_lh + q_start + offs_m  # (BLOCK_M2,)
     lse_c = tl.load(LSE + row, mask=offs_m < n_q, other=float("inf"))
-    # FA2 Alg. 2 line 4, fused here: D_i = rowsum(dO_i * O_i) (rows past Nq load as 0), as the
+    # FA2 Alg. 2 line 4, fused here: D = rowsum(dO * O) (rows past Nq load as 0), as the
     # diagonal of the dot dO O^T: the same tensor-core sum as dP = dO V^T, so a row with one
     # visible key (O_i = V_j bitwise) gets D_i = dP_ij bitwise and dS = 0 exactly (issue 22).
     o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)

@@ -37,7 +37,7 @@ require_triton()
 import torch  # noqa: E402
 
 from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
-from .variants import check_alibi, check_variant  # noqa: E402
+from .masks import check_alibi, check_variant  # noqa: E402
 from ..numpy.reference import LN2  # noqa: E402
 from .launch import (  # noqa: E402  (re-exported: ring attention, benchmarks, tests)
     _TUNED as _TUNED,

@@ -41,7 +41,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
-from .forward_configs import (  # noqa: E402,F401  (re-exported)
+from .configs import (  # noqa: E402,F401  (re-exported)
     FWD_CPU_CONFIG,
     FWD_GPU_TILES,
     FWD_IEEE_CONFIG,

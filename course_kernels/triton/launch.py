@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
+import os
 
 from . import _env as _triton_env  # first: decides GPU vs interpreter before any kernel is defined
 from ._env import INTERPRET, require_triton
@@ -20,10 +20,10 @@ require_triton()
 
 import torch  # noqa: E402
 
-from ..numpy.reference import LOG2E  # noqa: E402
+from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .forward import _attn_fwd  # noqa: E402
-from .masks import BIG  # noqa: E402
+from .masks import CAUSAL, PLAIN, Variant, as_variant  # noqa: E402,F401  (re-exported)
 
 
 # Host-side helpers in plain Python: triton.cdiv / triton.next_power_of_2 are Triton
@@ -79,51 +79,40 @@ def _launch(kernel, grid, args, key, **constexprs):
         kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **tuned)
 
 
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """The attention variant a launch computes (checked by ``flash``): every field is hashable,
-    part of the tuned-config key, and turned into kernel arguments by :meth:`kernel_args`.
-
-    causal, bottom_right: the causal mask and where its diagonal sits (also the window's).
-    window: flash-attn's (left, right), -1 unbounded. softcap: 0.0 = off.
-    """
-
-    causal: bool = False
-    bottom_right: bool = False
-    window: tuple[int, int] = (-1, -1)
-    softcap: float = 0.0
-
-    @property
-    def windowed(self) -> bool:
-        return self.causal or self.window != (-1, -1)
-
-    def window_offsets(self) -> tuple[int, int]:
-        """(win_lo, win_hi): row i sees keys [i + diag + win_lo, i + diag + win_hi]."""
-        left, right = self.window
-        if self.causal:
-            right = 0
-        return (-BIG if left < 0 else -left), (BIG if right < 0 else right)
-
-    def units(self, scale: float) -> tuple[float, float, float]:
-        """(qk_mul, c, c2): the score s = c * r with r = qk * qk_mul [tanh], c2 = c log2 e."""
-        if self.softcap > 0:
-            qk_mul, c = scale / self.softcap, self.softcap
-        elif scale == 0:
-            qk_mul, c = 0.0, 1.0
-        else:
-            qk_mul, c = math.copysign(1.0, scale), abs(scale)
-        return qk_mul, c, c * LOG2E
+# Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: a Hopper
+# GPU with the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk; the tl kernel elsewhere),
+# "gluon" (always; an error where it cannot) or "triton" (always the tl kernel).
+FORWARD_ENV = "COURSE_KERNELS_FORWARD"
+FORWARD_CHOICES = ("auto", "gluon", "triton")
 
 
-PLAIN = Variant()
-CAUSAL = Variant(causal=True)
+def _gluon_fits(q, k) -> bool:
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[3] in (64, 128)
+        and q.shape[2] == k.shape[2]
+    )
 
 
-def as_variant(causal) -> Variant:
-    """The old ``causal`` bool (ring attention, benchmarks) or a :class:`Variant`."""
-    if isinstance(causal, Variant):
-        return causal
-    return CAUSAL if causal else PLAIN
+def _use_gluon(q, k) -> bool:
+    """Whether ``_forward`` runs the Gluon forward (``$COURSE_KERNELS_FORWARD``, see above)."""
+    choice = os.environ.get(FORWARD_ENV, "auto")
+    if choice not in FORWARD_CHOICES:
+        raise ValueError(f"${FORWARD_ENV}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
+    if choice == "triton":
+        return False
+    if choice == "gluon":
+        if not gluon_available():
+            raise RuntimeError(f"${FORWARD_ENV}=gluon, but {why_unavailable()}")
+        if not _gluon_fits(q, k):
+            raise ValueError(
+                f"${FORWARD_ENV}=gluon: the Gluon forward takes CUDA fp16/bf16 inputs with "
+                f"d = 64 or 128 and Nq = Nk; got {q.dtype}, d = {q.shape[3]}, "
+                f"Nq = {q.shape[2]}, Nk = {k.shape[2]} on {q.device}"
+            )
+        return True
+    return not INTERPRET and _gluon_fits(q, k) and gluon_available()
 
 
 def lse_to_base2(lse_c, variant: Variant, scale: float):
@@ -138,7 +127,9 @@ def lse_from_base2(lse2, variant: Variant, scale: float):
 
 
 def _forward(q, k, v, causal, scale: float, alibi=None):
-    """Run ``_attn_fwd``. q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
+    """Run the forward: ``_attn_fwd`` (the tl kernel), or on Hopper for the plain and causal
+    variants the Gluon FA3-schedule forward (:mod:`course_kernels.gluon`; see :func:`_use_gluon`).
+    q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
 
     ``causal``: a bool (top-left causal) or a :class:`Variant`; ``alibi``: None or (B or 1, Hq)
     float32 slopes. Returns o (B, Hq, Nq, d) contiguous in q.dtype and lse2 (B, Hq, Nq) float32
@@ -157,6 +148,10 @@ def _forward_c(q, k, v, variant: Variant, scale: float, alibi=None, varlen=None)
     kv_heads, d) packed; the statistic is then (Hq, total_q). Under the interpreter bf16 is
     computed in fp32 and O rounded to bf16 (triton-lang/triton#11584).
     """
+    plain = varlen is None and alibi is None and variant in (PLAIN, CAUSAL)
+    if plain and _use_gluon(q, k):
+        o, lse = gluon_attention_forward(q, k, v, causal=variant.causal, scale=scale)
+        return o, lse / variant.units(scale)[1]  # natural-log lse -> units of c
     if INTERPRET and q.dtype == torch.bfloat16:
         o, lse_c = _forward_c(q.float(), k.float(), v.float(), variant, scale, alibi, varlen)
         return o.to(torch.bfloat16), lse_c
@@ -312,27 +307,13 @@ def _one_key_closed_form(k, variant: Variant, alibi, varlen) -> bool:
     return varlen is None and k.shape[2] == 1 and plain and not variant.bottom_right
 
 
-def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=None, varlen=None):
-    """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
-    if _one_key_closed_form(k, variant, alibi, varlen):
-        return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
-    if INTERPRET and q.dtype == torch.bfloat16:
-        f = (x.float() for x in (do, q, k, v, o))
-        grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
-        return tuple(g.to(torch.bfloat16) for g in grads)
-    q, k, v, o, do, lse_c = (x.contiguous() for x in (q, k, v, o, do, lse_c))
+def bwd_variant_args(q, k, lse_c, variant: Variant, scale: float, alibi=None, varlen=None):
+    """The backward kernels' arguments between their tensors and (heads, group, Nq, Nk) --
+    cu_seqlens, ALiBi, scale, strides, the variant's numbers -- and their constexprs (but
+    ATOMIC_DQ). ``experiments/hopper/schedule_levers.py`` launches the dK/dV kernel with them."""
     lay = _layout(q, k, varlen)
-    dpad = head_dim_padded(lay.d)
     qk_mul, c, c2 = variant.units(scale)
-    win_lo, win_hi = variant.window_offsets()
     alibi_r, stride_az = _alibi_args(alibi, c, lse_c)
-    delta = torch.empty_like(lse_c)  # float32, written by the dQ kernel
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    group = lay.hq // lay.kv_heads
-    key = (q.device, q.dtype, lay.n_q, lay.n_k, lay.d, variant, group, alibi is not None)
-    key = (*key, varlen is not None)
     common = (
         *lay.cu(lse_c),
         alibi_r,
@@ -343,15 +324,35 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
         stride_az,
         qk_mul,
         c2,
-        win_lo,
-        win_hi,
+        *variant.window_offsets(),
     )
     constexprs = dict(
         HEAD_DIM=lay.d,
-        HEAD_DIM_PADDED=dpad,
+        HEAD_DIM_PADDED=head_dim_padded(lay.d),
         **_variant_constexprs(variant, alibi, varlen),
         DOT_PRECISION=_dot_precision(q.dtype),
     )
+    return common, constexprs
+
+
+def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=None, varlen=None):
+    """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
+    if _one_key_closed_form(k, variant, alibi, varlen):
+        return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
+    if INTERPRET and q.dtype == torch.bfloat16:
+        f = (x.float() for x in (do, q, k, v, o))
+        grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
+        return tuple(g.to(torch.bfloat16) for g in grads)
+    q, k, v, o, do, lse_c = (x.contiguous() for x in (q, k, v, o, do, lse_c))
+    lay = _layout(q, k, varlen)
+    delta = torch.empty_like(lse_c)  # float32, written by the dQ kernel
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    group = lay.hq // lay.kv_heads
+    key = (q.device, q.dtype, lay.n_q, lay.n_k, lay.d, variant, group, alibi is not None)
+    key = (*key, varlen is not None)
+    common, constexprs = bwd_variant_args(q, k, lse_c, variant, scale, alibi, varlen)
     # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
     # preprocessing pass folded in: one launch fewer).
     _launch(

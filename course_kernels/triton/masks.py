@@ -26,14 +26,25 @@ The block ranges: a query block [m0, m0 + BLOCK_M) visits only the key blocks th
 visible key (:func:`_key_blocks`), split into masked edges and an unmasked middle; a key block
 visits only the query blocks that see it (:func:`_query_blocks`). A window-limited row costs
 O(window), not O(N). :func:`key_blocks` is the same arithmetic in Python, for tests and books.
+
+On the host: :class:`Variant` (the variant a launch computes, part of the tuned-config key) and
+the checks of the public arguments (:func:`check_variant`, :func:`check_alibi`: SDPA's causal
+bias objects, ``window_size``, ``softcap``, ``alibi_slopes``), which raise the same errors as
+the NumPy reference's (``course_kernels.numpy.reference``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from . import _env as _triton_env  # noqa: F401  (sets TRITON_INTERPRET before any @triton.jit)
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from ..numpy.reference import LOG2E, check_alignment, check_softcap, check_window  # noqa: E402
 
 # An unbounded side of the window: i + BIG is past any key, i - BIG before any (int32-safe).
 BIG = 1 << 30
@@ -135,3 +146,137 @@ def query_blocks(start_n, n_q, diag_lo, diag_hi, block_n, block_m):
     full_lo = min(max(((first + block_m - 1) // block_m) * block_m, lo), hi)
     full_hi = max(min((max(start_n + 1 - diag_lo, 0) // block_m) * block_m, hi), full_lo)
     return lo, full_lo, full_hi, hi
+
+
+# ---- the variant a launch computes, and the checks of the public arguments -------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """The attention variant a launch computes (checked by ``flash``): every field is hashable,
+    part of the tuned-config key, and turned into kernel arguments by :meth:`kernel_args`.
+
+    causal, bottom_right: the causal mask and where its diagonal sits (also the window's).
+    window: flash-attn's (left, right), -1 unbounded. softcap: 0.0 = off.
+    """
+
+    causal: bool = False
+    bottom_right: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+
+    @property
+    def windowed(self) -> bool:
+        return self.causal or self.window != (-1, -1)
+
+    def window_offsets(self) -> tuple[int, int]:
+        """(win_lo, win_hi): row i sees keys [i + diag + win_lo, i + diag + win_hi]."""
+        left, right = self.window
+        if self.causal:
+            right = 0
+        return (-BIG if left < 0 else -left), (BIG if right < 0 else right)
+
+    def units(self, scale: float) -> tuple[float, float, float]:
+        """(qk_mul, c, c2): the score s = c * r with r = qk * qk_mul [tanh], c2 = c log2 e."""
+        if self.softcap > 0:
+            qk_mul, c = scale / self.softcap, self.softcap
+        elif scale == 0:
+            qk_mul, c = 0.0, 1.0
+        else:
+            qk_mul, c = math.copysign(1.0, scale), abs(scale)
+        return qk_mul, c, c * LOG2E
+
+
+PLAIN = Variant()
+CAUSAL = Variant(causal=True)
+
+
+def as_variant(causal) -> Variant:
+    """The old ``causal`` bool (ring attention, benchmarks) or a :class:`Variant`."""
+    if isinstance(causal, Variant):
+        return causal
+    return CAUSAL if causal else PLAIN
+
+
+def _causal_bias_types():
+    """SDPA's causal bias class and its variant enum (torch >= 2.2), or (None, None)."""
+    try:
+        from torch.nn.attention.bias import CausalBias, CausalVariant
+    except ImportError:  # pragma: no cover (older torch)
+        return None, None
+    return CausalBias, CausalVariant
+
+
+def bias_alignment(attn_mask, n_q: int, n_k: int) -> str:
+    """The alignment of SDPA's ``causal_upper_left`` / ``causal_lower_right`` bias object."""
+    CausalBias, CausalVariant = _causal_bias_types()
+    if CausalBias is None or not isinstance(attn_mask, CausalBias):
+        raise TypeError(
+            "attn_mask must be None or one of SDPA's causal bias objects "
+            "(torch.nn.attention.bias.causal_upper_left(Nq, Nk) or causal_lower_right(Nq, Nk)); "
+            f"got {type(attn_mask).__name__}. Tensor masks are not supported: use "
+            "window_size / causal here, or FlexAttention / SDPA for arbitrary masks."
+        )
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (n_q, n_k):
+        raise ValueError(
+            f"attn_mask was built for (Nq, Nk) = ({attn_mask.seq_len_q}, "
+            f"{attn_mask.seq_len_kv}) but q, k have Nq = {n_q}, Nk = {n_k}"
+        )
+    return "top_left" if attn_mask.variant == CausalVariant.UPPER_LEFT else "bottom_right"
+
+
+def check_variant(
+    causal, causal_alignment, window_size, softcap, attn_mask, n_q: int, n_k: int
+) -> Variant:
+    """Validate the variant arguments of ``flash_attention``; return the :class:`Variant`."""
+    alignment = check_alignment(causal_alignment)
+    if attn_mask is not None:
+        if causal:
+            raise ValueError(
+                "pass either causal=True or attn_mask (a causal bias object), not both "
+                "(as in scaled_dot_product_attention)"
+            )
+        bias_align = bias_alignment(attn_mask, n_q, n_k)
+        if alignment == "bottom_right" and bias_align == "top_left":
+            raise ValueError(
+                "causal_alignment='bottom_right' contradicts attn_mask=causal_upper_left(...); "
+                "pass one of them"
+            )
+        causal, alignment = True, bias_align
+    return Variant(
+        causal=causal,
+        bottom_right=alignment == "bottom_right",
+        window=check_window(window_size),
+        softcap=check_softcap(softcap),
+    )
+
+
+def check_alibi(alibi_slopes, q: torch.Tensor, batch: int | None = None, heads: int | None = None):
+    """``None``, or slopes (H,) or (B, H) -> a float32 (1 or B, H) tensor on q's device.
+
+    Dense q is (B, H, Nq, d); for packed varlen q pass ``batch`` (sequences) and ``heads``.
+    """
+    if alibi_slopes is None:
+        return None
+    B = q.shape[0] if batch is None else batch
+    H = q.shape[1] if heads is None else heads
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(
+            f"alibi_slopes must be None or a tensor of shape ({H},) or ({B}, {H}); got "
+            f"{type(alibi_slopes).__name__}"
+        )
+    if not alibi_slopes.is_floating_point():
+        raise TypeError(f"alibi_slopes must be a floating tensor; got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((H,), (B, H)):
+        raise ValueError(
+            f"alibi_slopes must have shape (H,) = ({H},) or (B, H) = ({B}, {H}) (one slope per "
+            f"query head, optionally per batch entry); got {tuple(alibi_slopes.shape)}"
+        )
+    if alibi_slopes.device != q.device:
+        raise ValueError(
+            f"alibi_slopes must be on q's device {q.device}; got {alibi_slopes.device}"
+        )
+    # (a data-dependent check: skipped under torch.compile, where it would break the graph)
+    if not torch.compiler.is_compiling() and not torch.isfinite(alibi_slopes).all():
+        raise ValueError("alibi_slopes must be finite")
+    return alibi_slopes.detach().to(torch.float32).reshape(-1, H)

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from ._torch_validate import check_scale  # noqa: E402
 from .flash import MAX_HEAD_DIM, _NoDoubleBackward, _autocast, user_lse  # noqa: E402
 from .launch import Variant, _backward_c, _forward_c  # noqa: E402
-from .variants import check_alibi, check_variant  # noqa: E402
+from .masks import check_alibi, check_variant  # noqa: E402
 from ..numpy.reference import check_alignment  # noqa: E402
 from ._torch_validate import SUPPORTED_DTYPES  # noqa: E402
 

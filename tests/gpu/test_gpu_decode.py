@@ -48,3 +48,36 @@ def test_flash_decode_is_graph_capturable():
     torch.cuda.synchronize()
     assert torch.allclose(got, decode.flash_decode(q, k, v), atol=0, rtol=0)
     assert not torch.allclose(got, want, atol=1e-3)
+
+
+def test_paged_decode_benchmark_rows():
+    from course_kernels.apps.paged_runs import paged_decode_benchmark
+
+    rows = paged_decode_benchmark(
+        contexts=(1000,), batches=(2,), page_sizes=(16, 64), log=lambda *a: None
+    )
+    impls = {(r["page_size"], r["impl"]) for r in rows}
+    assert (None, "flash_decode_cudagraph") in impls
+    assert {(16, "flash_decode_paged_cudagraph"), (64, "flash_decode_paged")} <= impls
+    for r in rows:
+        assert r["us"] > 0 and r["gb_per_s"] > 0 and r["host_us"] > 0
+        if r["page_size"] is not None:
+            assert r["max_abs_err_vs_flash_decode"] < 1e-2
+
+
+def test_flash_decode_paged_is_graph_capturable():
+    """check_table=False waits for nothing: the step captures in a CUDA graph and replays."""
+    from course_kernels.serving.paged_decode import flash_decode_paged
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 8, 1, 64, device="cuda", dtype=torch.float16)
+    kp, vp = (torch.randn(40, 16, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    table = torch.randperm(40, device="cuda", dtype=torch.int32)[:38].view(2, 19)
+    lens = torch.tensor([300, 17], device="cuda", dtype=torch.int32)
+    want = flash_decode_paged(q, kp, vp, table, lens)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = flash_decode_paged(q, kp, vp, table, lens, check_table=False)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(got, want, atol=0, rtol=0)

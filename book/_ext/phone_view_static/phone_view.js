@@ -38,3 +38,30 @@
     setup();
   }
 })();
+
+/* Wide display equations on a narrow screen: scale an equation that is wider than its box down
+ * (MathJax's CommonHTML output scales with the font size), to no less than 60%, instead of
+ * leaving it clipped behind a scroll bar. Runs once MathJax has typeset the page, and again when
+ * the window is resized (a phone turned sideways). MathJax 3 has no automatic line breaking;
+ * equations too wide even at 60% are rewritten on two lines in the chapters. */
+(function () {
+  "use strict";
+  var MIN_SCALE = 0.6;
+  function fit() {
+    var boxes = document.querySelectorAll('.bd-article mjx-container[display="true"]');
+    boxes.forEach(function (box) {
+      box.style.fontSize = "";
+      var room = box.clientWidth, need = box.scrollWidth;
+      if (room > 0 && need > room + 1) {
+        box.style.fontSize = Math.max(MIN_SCALE, (room - 2) / need) * 100 + "%";
+      }
+    });
+  }
+  function whenTypeset() {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+      MathJax.startup.promise.then(fit);
+    } else { setTimeout(whenTypeset, 100); }
+  }
+  window.addEventListener("load", whenTypeset);
+  window.addEventListener("resize", fit);
+})();

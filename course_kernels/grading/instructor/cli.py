@@ -48,6 +48,7 @@ from course_kernels.grading.exercises import NOTEBOOKS
 from .gradebook import (  # re-exported: tests and scripts import them from here
     _safe_rel,
     _write,
+    csv_row,
     feedback_text,
     gradescope,
     notebook_max as notebook_max,
@@ -193,6 +194,8 @@ def grade(
                 **per_ex,
             }
         )
+        if any("sandbox failed to start" in (v.message or "") for v in res.verdicts):
+            rows[-1]["_grader_problem"] = True
         rel = _safe_rel(sid)
         for folder, suffix, text in (
             ("results", ".json", json.dumps(gradescope(res), indent=1)),
@@ -207,9 +210,9 @@ def grade(
     with open(
         out_dir / "gradebook.csv", "w", newline="", encoding="utf-8", errors="backslashreplace"
     ) as f:
-        w = csv.DictWriter(f, fieldnames=fields, restval="")
+        w = csv.DictWriter(f, fieldnames=fields, restval="", extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(csv_row(r) for r in rows)
     if roster is not None:
         write_roster(roster, subs, results, out_dir / "roster.csv", expect, hidden)
     return rows
@@ -222,15 +225,27 @@ def main(argv=None) -> int:
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("grade", help="grade notebooks or folders of notebooks")
-    g.add_argument("paths", nargs="+")
-    g.add_argument("--out", default="grading-output", help="output folder")
-    g.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    g.add_argument(
+        "paths",
+        nargs="+",
+        help="notebooks, or folders searched recursively for notebooks (with --roster: one "
+        "folder holding one folder per student id)",
+    )
+    g.add_argument("--out", default="grading-output", help="output folder (default: %(default)s)")
+    g.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="notebooks graded at the same time, one sandbox each (default: the number of "
+        "CPUs, %(default)s; each sandbox may use one core and 4 GB)",
+    )
     g.add_argument(
         "--hidden",
         default=None,
-        help="folder of hidden-test JSON files (default: grading/hidden_tests)",
+        help="folder of hidden-test JSON files, <notebook>.json (default: the ones shipped in "
+        "the package, course_kernels/grading/hidden_tests: public; pass secret ones here)",
     )
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument(
         "--exercise",
         default=None,
@@ -261,15 +276,29 @@ def main(argv=None) -> int:
         help="run student code without the bubblewrap sandbox (trusted code only)",
     )
     gs = sub.add_parser("gradescope", help="write a Gradescope autograder zip for one exercise")
-    gs.add_argument("--exercise", required=True, help="e.g. 03 or 03_tiled_forward")
-    gs.add_argument("--out", required=True, help="the .zip to write")
-    gs.add_argument("--hidden", default=None, help="folder of hidden-test JSON files")
+    gs.add_argument(
+        "--exercise", required=True, help="the exercise it grades, e.g. 03 or 03_tiled_forward"
+    )
+    gs.add_argument("--out", required=True, help="the .zip to write (upload it to Gradescope)")
+    gs.add_argument(
+        "--hidden",
+        default=None,
+        help="folder of hidden-test JSON files to put in the bundle (default: the package's)",
+    )
     r = sub.add_parser("release", help="write the student version of the exercises")
     r.add_argument("--out", required=True, help="a folder, or a .zip file with --zip")
-    r.add_argument("--zip", action="store_true")
+    r.add_argument(
+        "--zip", action="store_true", help="write one zip (exercises/NN_*.ipynb) instead"
+    )
+    r.add_argument(
+        "--repo-url",
+        default=None,
+        help="the GitHub address written into the notebooks' setup cell, from which Colab "
+        "installs the package (default: course_kernels.colab.REPOSITORY_URL)",
+    )
     args = ap.parse_args(argv)
     if args.cmd == "release":
-        print(f"wrote {release(args.out, args.zip)}", file=sys.stderr)
+        print(f"wrote {release(args.out, args.zip, args.repo_url)}", file=sys.stderr)
         return 0
     if args.cmd == "gradescope":
         print(f"wrote {gradescope_bundle(args.exercise, args.out, args.hidden)}", file=sys.stderr)
@@ -301,11 +330,19 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     total = sum(r["score"] for r in rows)
+    broken = [r["submission"] for r in rows if r.get("_grader_problem")]
     print(
         f"graded {len(rows)} submission(s) in {time.monotonic() - t0:.1f} s "
         f"(mean score {total / max(len(rows), 1):.2f}); wrote {args.out}/gradebook.csv",
         file=sys.stderr,
     )
+    if broken:
+        print(
+            f"error: the sandbox failed to start for {len(broken)} submission(s) (a grader "
+            f"problem, not the students'; e.g. {broken[0]}): see their feedback",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 

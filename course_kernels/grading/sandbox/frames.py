@@ -37,19 +37,40 @@ def _new_state():
     }
 
 
-def _pump(rfd, state, calls, limits, start):
-    """Read frames until the child says it is done, closes the pipe, or a limit is hit."""
+STARTUP_SECONDS = 30.0  # a fresh child imports numpy (torch, Triton) before its first frame
+
+
+def _plan(cells, calls) -> list:
+    """The frames the grader expects, in order: what the child's protocol sends. Anything else
+    (an unknown type, a frame out of order, a call the grader never made) is malformed."""
+    plan = []
+    for cell in cells:
+        plan += [("cell_start", cell["exercise"]), ("cell", cell["exercise"])]
+    for call in calls:
+        plan += [("start", call["id"]), ("result", call["id"])]
+    return plan + [("done", None)]
+
+
+def _pump(rfd, state, calls, limits, start, cells=()):
+    """Read frames until the child says it is done, closes the pipe, or a limit is hit.
+
+    The grader keeps the clock: from each accepted frame, the next expected one must come within
+    its step's limit (a call's own timeout, a cell's, the start-up allowance), so a frame the
+    child forges cannot give it more time, and an unexpected frame ends the run as malformed."""
     buf = bytearray()
     total = 0
     deadline = start + limits.total_seconds
     timeouts = {c["id"]: c.get("timeout", limits.call_seconds) for c in calls}
-    d = state["deadlines"] = {"call": None, "cell": None, "cell_seconds": limits.call_seconds}
+    state["plan"] = _plan(cells, calls)
+    state["step"] = 0
+    state["step_deadline"] = time.monotonic() + max(STARTUP_SECONDS, limits.call_seconds)
+    state["timeouts"] = timeouts
     try:
         while not state["done"]:
             now = time.monotonic()
-            limit = min(x for x in (deadline, d["call"], d["cell"]) if x is not None)
+            limit = min(deadline, state["step_deadline"])
             if now >= limit:
-                state["problem"] = "timeout"
+                _blame_timeout(state)
                 return
             ready, _, _ = select.select([rfd], [], [], min(0.5, limit - now))
             if not ready:
@@ -62,41 +83,79 @@ def _pump(rfd, state, calls, limits, start):
                 state["problem"] = "too_much_output"
                 return
             buf += chunk
-            _frames(buf, state, timeouts, limits)
+            _frames(buf, state, limits)
     except (ValueError, RecursionError, MemoryError, TypeError, KeyError) as e:
         state["problem"] = f"malformed: {clean_text(e, 200)}"
+        _blame(state)
 
 
-def _frames(buf, state, timeouts, limits):
-    d = state["deadlines"]
+def _blame_timeout(state):
+    state["problem"] = "timeout"
+    _blame(state)
+
+
+def _blame(state):
+    """A step ran out of time, or a frame was not the expected one: the call (or cell) in
+    progress is to blame, or else the last one, whose frames came back but after which the child
+    did not go on as the grader expects (a forged result, then a sleep or more forged frames):
+    its result is dropped."""
+    last = state.get("last")
+    if state["in_call"] is None and state["in_cell"] is None and last is not None:
+        kind, key = last
+        if kind == "result":
+            state["results"].pop(key, None)
+            state["in_call"] = key
+        elif kind == "cell":
+            state["cells"].pop(key, None)
+            state["in_cell"] = key
+
+
+def _frames(buf, state, limits):
+    plan = state["plan"]
     while True:
         frame = _take_frame(buf)
         if frame is None:
             return
         header, payload = frame
-        state["frames"] += 1
         kind = header.get("type")
+        key = header.get("call") if kind in ("start", "result") else header.get("exercise")
+        if kind == "done":
+            key = None
+        step = state["step"]
+        if step >= len(plan) or (kind, key) != plan[step]:
+            want = plan[step] if step < len(plan) else "nothing"
+            raise ValueError(f"unexpected frame {clean_text((kind, key), 80)}; expected {want}")
+        state["step"] += 1
+        state["frames"] += 1
+        now = time.monotonic()
+        nxt = plan[state["step"]] if state["step"] < len(plan) else ("done", None)
+        step_seconds = (
+            state["timeouts"].get(nxt[1], limits.call_seconds)
+            if nxt[0] in ("start", "result")
+            else limits.call_seconds
+        )
+        state["step_deadline"] = now + step_seconds
         if kind == "cell_start":
-            state["in_cell"] = _key(header.get("exercise"))
-            d["cell"] = time.monotonic() + d["cell_seconds"]
+            state["in_cell"] = _key(key)
         elif kind == "cell":
-            ex = _key(header.get("exercise"))
             err = header.get("error")
             err = (
                 {k: clean_text(err.get(k, ""), 1500) for k in ("type", "message", "traceback")}
                 if isinstance(err, dict)
                 else None
             )
-            state["cells"][ex] = {"ok": header.get("ok") is True, "error": err}
-            state["in_cell"], d["cell"] = None, None
+            state["cells"][_key(key)] = {"ok": header.get("ok") is True, "error": err}
+            state["in_cell"] = None
+            state["last"] = ("cell", _key(key))
         elif kind == "start":
-            state["in_call"] = header.get("call")
-            d["call"] = time.monotonic() + timeouts.get(state["in_call"], limits.call_seconds)
+            state["in_call"] = key
+            state["call_started"] = now
         elif kind == "result":
-            cid = header.get("call")
-            if cid in timeouts:
-                state["results"][cid] = _outcome(header, payload)
-            state["in_call"], d["call"] = None, None
+            outcome = _outcome(header, payload)
+            outcome.seconds = now - state.get("call_started", now)  # the grader's clock
+            state["results"][key] = outcome
+            state["in_call"] = None
+            state["last"] = ("result", key)
         elif kind == "done":
             state["done"] = True
             return

@@ -23,13 +23,20 @@ LAUNCHER = r"""
 import ctypes, json, os, resource, signal, sys, time
 cfg, cmd = json.loads(sys.argv[1]), sys.argv[2:]
 libc = ctypes.CDLL(None, use_errno=True)
+for path in cfg["cgroups"]:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+if cfg.get("drop") is not None:  # root: nothing below runs as uid 0 (PDEATHSIG is set after)
+    d = cfg["drop"]
+    os.setgroups([])
+    os.setresgid(d, d, d)
+    os.setresuid(d, d, d)
+    if 0 in os.getresuid() + os.getresgid() + tuple(os.getgroups()):
+        os._exit(126)
 libc.prctl(1, signal.SIGKILL, 0, 0, 0)
 libc.prctl(36, 1, 0, 0, 0)
 if os.getppid() != cfg["parent"]:
     os._exit(125)
-for path in cfg["cgroups"]:
-    with open(path, "w") as f:
-        f.write(str(os.getpid()))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 R = resource
 R.setrlimit(R.RLIMIT_CPU, (cfg["cpu"], cfg["cpu"] + 5))
@@ -37,7 +44,7 @@ R.setrlimit(getattr(R, "RLIMIT_" + cfg["memrl"]), (cfg["memory"], cfg["memory"])
 R.setrlimit(R.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
 R.setrlimit(R.RLIMIT_NOFILE, (256, 256))
 R.setrlimit(R.RLIMIT_CORE, (0, 0))
-if os.geteuid() != 0:
+if cfg["nproc"] is not None:  # no cgroup: per uid (shared by every sandbox of that uid)
     try:
         R.setrlimit(R.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
     except (ValueError, OSError):

@@ -54,7 +54,10 @@ from course_kernels.grading.feedback import CallOutcome, clean_text
 from ._common import Limits, SandboxUnavailable
 from .bwrap import (
     BLOCKED,
+    NOBODY,
     _bwrap_args,
+    _drop_prefix,
+    _nobody_can_run_python,
     _child_env,
     _gpu_mode,
     _python,
@@ -125,17 +128,26 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         rss_r, rss_w = os.pipe()
         fds += [rfd, wfd, rss_r, rss_w]
         cgroup = Cgroup.create(limits)
+        root = os.geteuid() == 0
+        drop = None  # the launcher becomes nobody before it starts anything
         if boxed:
             where = "/req"
             box = None
-            cmd = _bwrap_args(iso["bwrap"], req_dir, limits, triton, iso["userns"], iso["size"])
+            cmd = _bwrap_args(iso["bwrap"], req_dir, limits, triton, iso["mode"], iso["size"])
+            cmd += _drop_prefix(iso["mode"])
             env = _child_env(triton)
+            if root and iso["mode"] == "userns":
+                drop = NOBODY
         else:
             where = req_dir
             box = os.path.join(work, "box")
             os.mkdir(box, 0o700)
             cmd = []
             env = _child_env(triton, home=box)
+            if root and _nobody_can_run_python():
+                os.chmod(work, 0o711)
+                os.chown(box, NOBODY, NOBODY)
+                drop = NOBODY
         cmd += [_python(), "-I", "-S", os.path.join(where, "_child.py"), where, str(wfd)]
         cfg = {
             "parent": os.getpid(),
@@ -144,7 +156,8 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
             "memory": limits.memory_bytes,
             "memrl": "DATA" if _gpu_mode() else "AS",
             "fsize": MAX_PRINT_BYTES,
-            "nproc": limits.nproc,
+            "nproc": limits.nproc if cgroup is None else None,
+            "drop": drop,
             "rss_fd": rss_w,
         }
         proc = subprocess.Popen(
@@ -161,7 +174,7 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         for fd in (wfd, rss_w):
             os.close(fd)
             fds.remove(fd)
-        _pump(rfd, state, calls, limits, start)
+        _pump(rfd, state, calls, limits, start, cells)
         returncode = _wait_for(proc, state)
         maxrss_kb = _read_small(rss_r)
         peak = cgroup.peak() if cgroup else None

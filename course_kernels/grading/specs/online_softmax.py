@@ -26,7 +26,7 @@ INTRO = (
     "row, the running max m and the running sum l = sum exp(s - m). FlashAttention adds an "
     "unnormalised output accumulator acc = sum exp(s - m) v. When a block raises the max from "
     "m_old to m_new, everything accumulated so far is rescaled by alpha = exp(m_old - m_new) "
-    "(FlashAttention-2, Alg. 1 lines 8-10). A row that has seen only masked scores has m = -inf, "
+    "(FlashAttention-2, Alg. 1 lines 9-10). A row that has seen only masked scores has m = -inf, "
     "and exp(-inf - (-inf)) is NaN: guard it."
 )
 
@@ -36,7 +36,7 @@ INTRO = (
 def online_update(
     m: np.ndarray, l: np.ndarray, acc: np.ndarray, s: np.ndarray, v: np.ndarray
 ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One step of the online softmax with an output accumulator (FA2 Alg. 1 lines 8-10).
+    """One step of the online softmax with an output accumulator (FA2 Alg. 1 lines 9-10).
 
     Args:
         m: (Nq,) running row max (-inf: nothing seen yet).

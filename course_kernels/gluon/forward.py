@@ -1,0 +1,384 @@
+"""FlashAttention-3's forward schedule on Hopper, written in Gluon (Triton 3.6).
+
+Roles, named as in the FA3 paper (arXiv 2407.08608):
+
+* ``_producer``   one warpgroup (the default partition) that only issues TMA
+                  loads: a Q tile per output tile, and K/V blocks into a ring of
+                  ``STAGES`` shared-memory slots guarded by mbarriers
+                  (``k_ready``/``v_ready`` filled by TMA, ``k_empty``/``v_empty``
+                  released by the consumers).
+* ``_consumer``   ``NUM_CONSUMERS`` warpgroups (worker partitions), each owning
+                  its own 64-row slice of the Q tile: QK^T and PV on the tensor
+                  cores with asynchronous ``warpgroup_mma``, the online softmax
+                  on the CUDA cores.  With ``OVERLAP`` the softmax of block j runs
+                  while PV of block j-1 is still in flight (FA3's intra-warpgroup
+                  pipelining); K and V have separate barriers so a 2-stage ring
+                  suffices for that.
+* ``_softmax``    one online-softmax step in the exp2 domain (optional mask).
+* ``_epilogue``   O / l, TMA store of O (masked store on a tail tile), and the
+                  natural-log logsumexp.
+
+Register budgets: the producer warpgroup gives its registers away
+(``gl.warp_specialize(..., worker_num_regs=...)`` lowers to ``setmaxnreg``).
+Tile order is causal-aware (heaviest tile of each head first); ``persistent=True``
+runs a grid of #SMs CTAs looping over tiles (measured slower than one CTA per
+tile on the H200, so off by default; ``LPT=True`` orders causal tiles
+heaviest-first across all heads).
+
+Only the forward; the lse returned is the NATURAL logsumexp of the scaled
+scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
+:mod:`.launch`; the roles live in :mod:`.producer` and :mod:`.consumer`.
+"""
+
+from __future__ import annotations
+
+from ._lang import HAVE_GLUON
+
+if HAVE_GLUON:
+    from ._lang import gl, gluon, mbarrier
+    from .consumer import _consumer
+    from .producer import _producer
+
+    # ------------------------------------------------------------------ kernel
+    @gluon.jit
+    def _attn_fwd_kernel(
+        desc_q,
+        desc_k,
+        desc_v,
+        desc_o,
+        o_ptr,
+        lse_ptr,
+        N,
+        H,
+        G,
+        qk_scale,
+        num_pid_m,
+        num_tiles,
+        BM: gl.constexpr,
+        BN: gl.constexpr,
+        HEAD_DIM: gl.constexpr,
+        NUM_CONSUMERS: gl.constexpr,
+        STAGES: gl.constexpr,
+        QSTAGES: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        OVERLAP: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+        LPT: gl.constexpr,
+    ):
+        dtype: gl.constexpr = desc_q.dtype
+        q_bufs = gl.allocate_shared_memory(
+            dtype, [QSTAGES * NUM_CONSUMERS, BM, HEAD_DIM], desc_q.layout
+        )
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, HEAD_DIM], desc_k.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, HEAD_DIM], desc_v.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [QSTAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [QSTAGES, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(QSTAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=NUM_CONSUMERS)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=NUM_CONSUMERS)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
+
+        # (argument tuples are written inline: assigning them to a variable would
+        # turn their constexpr members into runtime integers)
+        if NUM_CONSUMERS == 1:
+            gl.warp_specialize(
+                [
+                    (
+                        _producer,
+                        (
+                            desc_q,
+                            desc_k,
+                            desc_v,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            H,
+                            G,
+                            num_pid_m,
+                            num_tiles,
+                            BM,
+                            BN,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            LPT,
+                        ),
+                    ),
+                    (
+                        _consumer,
+                        (
+                            desc_o,
+                            o_ptr,
+                            lse_ptr,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            qk_scale,
+                            num_pid_m,
+                            num_tiles,
+                            0,
+                            BM,
+                            BN,
+                            HEAD_DIM,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            OVERLAP,
+                            LPT,
+                        ),
+                    ),
+                ],
+                [4],
+                [CONSUMER_REGS],
+            )
+        elif NUM_CONSUMERS == 2:
+            gl.warp_specialize(
+                [
+                    (
+                        _producer,
+                        (
+                            desc_q,
+                            desc_k,
+                            desc_v,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            H,
+                            G,
+                            num_pid_m,
+                            num_tiles,
+                            BM,
+                            BN,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            LPT,
+                        ),
+                    ),
+                    (
+                        _consumer,
+                        (
+                            desc_o,
+                            o_ptr,
+                            lse_ptr,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            qk_scale,
+                            num_pid_m,
+                            num_tiles,
+                            0,
+                            BM,
+                            BN,
+                            HEAD_DIM,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            OVERLAP,
+                            LPT,
+                        ),
+                    ),
+                    (
+                        _consumer,
+                        (
+                            desc_o,
+                            o_ptr,
+                            lse_ptr,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            qk_scale,
+                            num_pid_m,
+                            num_tiles,
+                            1,
+                            BM,
+                            BN,
+                            HEAD_DIM,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            OVERLAP,
+                            LPT,
+                        ),
+                    ),
+                ],
+                [4, 4],
+                [CONSUMER_REGS, CONSUMER_REGS],
+            )
+        else:
+            gl.warp_specialize(
+                [
+                    (
+                        _producer,
+                        (
+                            desc_q,
+                            desc_k,
+                            desc_v,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            H,
+                            G,
+                            num_pid_m,
+                            num_tiles,
+                            BM,
+                            BN,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            LPT,
+                        ),
+                    ),
+                    (
+                        _consumer,
+                        (
+                            desc_o,
+                            o_ptr,
+                            lse_ptr,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            qk_scale,
+                            num_pid_m,
+                            num_tiles,
+                            0,
+                            BM,
+                            BN,
+                            HEAD_DIM,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            OVERLAP,
+                            LPT,
+                        ),
+                    ),
+                    (
+                        _consumer,
+                        (
+                            desc_o,
+                            o_ptr,
+                            lse_ptr,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            qk_scale,
+                            num_pid_m,
+                            num_tiles,
+                            1,
+                            BM,
+                            BN,
+                            HEAD_DIM,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            OVERLAP,
+                            LPT,
+                        ),
+                    ),
+                    (
+                        _consumer,
+                        (
+                            desc_o,
+                            o_ptr,
+                            lse_ptr,
+                            q_bufs,
+                            k_bufs,
+                            v_bufs,
+                            q_ready,
+                            q_empty,
+                            k_ready,
+                            k_empty,
+                            v_ready,
+                            v_empty,
+                            N,
+                            qk_scale,
+                            num_pid_m,
+                            num_tiles,
+                            2,
+                            BM,
+                            BN,
+                            HEAD_DIM,
+                            NUM_CONSUMERS,
+                            STAGES,
+                            QSTAGES,
+                            CAUSAL,
+                            OVERLAP,
+                            LPT,
+                        ),
+                    ),
+                ],
+                [4, 4, 4],
+                [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS],
+            )

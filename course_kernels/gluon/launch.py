@@ -1,0 +1,171 @@
+"""Launching the Gluon forward: where it can run, its per-head-dim schedule, and the call.
+
+:func:`gluon_available` is True only on a CUDA GPU of compute capability 9.x (Hopper) with the
+Triton version the kernel is written for (:data:`GLUON_TRITON_VERSION`; Gluon's API changed
+between Triton 3.5 and 3.6). Everywhere else :func:`gluon_attention_forward` raises a
+RuntimeError saying why, and ``course_kernels.flash_attention`` keeps the ``tl`` kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..numpy.reference import LOG2E
+from ._lang import HAVE_GLUON, IMPORT_ERROR
+
+if HAVE_GLUON:
+    import triton
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .forward import _attn_fwd_kernel
+
+GLUON_TRITON_VERSION = "3.6"
+
+
+def _triton_version_ok() -> bool:
+    try:
+        import triton as _t
+    except Exception:
+        return False
+    return (
+        _t.__version__.startswith(GLUON_TRITON_VERSION + ".")
+        or _t.__version__ == GLUON_TRITON_VERSION
+    )
+
+
+def gluon_available() -> bool:
+    """True only on a CUDA device of capability 9.x with Triton 3.6.x and Gluon importable."""
+    if not HAVE_GLUON or not _triton_version_ok():
+        return False
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        return torch.cuda.get_device_capability()[0] == 9
+    except Exception:
+        return False
+
+
+def why_unavailable() -> str:
+    if not HAVE_GLUON:
+        return f"triton.experimental.gluon did not import ({IMPORT_ERROR!r})"
+    if not _triton_version_ok():
+        import triton as _t
+
+        return f"Triton {_t.__version__} installed; this kernel is written for Triton {GLUON_TRITON_VERSION}.x"
+    return "needs a CUDA GPU of compute capability 9.x (Hopper: H100/H200)"
+
+
+DEFAULT_CONFIG = {
+    # head_dim: BN, NUM_CONSUMERS, STAGES, QSTAGES, OVERLAP
+    # Chosen from the lever runs of 2026-12-01 (results/run1_levers.json, run2_full.json); these
+    # exact configs passed 64/64 float64 checks in run2_full.json.  OVERLAP=False (the serial
+    # consumer) is NOT verified: it failed the check at N=17 and an illegal memory access
+    # followed on the H200 (open bug, notes/gluon.md), so it stays off in every default.
+    64: dict(
+        BN=128, NUM_CONSUMERS=3, STAGES=3, QSTAGES=2, OVERLAP=True, persistent=False, LPT=False
+    ),
+    128: dict(
+        BN=128, NUM_CONSUMERS=2, STAGES=2, QSTAGES=2, OVERLAP=True, persistent=False, LPT=False
+    ),
+}
+# Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
+# lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
+CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
+_NUM_SMS = {}
+
+
+def _check_inputs(q, k, v) -> None:
+    """Shapes and dtypes the kernel supports; a ValueError that says what was given otherwise."""
+    import torch
+
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(
+                f"{name} must be a 4-D torch.Tensor (B, H, N, d), got {type(x).__name__}"
+                + (f" of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else "")
+            )
+    B, H, N, d = q.shape
+    Bk, H_kv, Nk, dk = k.shape
+    if v.shape != k.shape or Bk != B or dk != d or Nk != N:
+        raise ValueError(
+            f"shapes q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}: need same B, N, d"
+        )
+    if H % H_kv:
+        raise ValueError(f"query heads {H} must be a multiple of K/V heads {H_kv}")
+    if d not in DEFAULT_CONFIG:
+        raise ValueError(f"head dim {d} not supported (64 or 128)")
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(
+            f"q, k, v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+
+
+def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, **config):
+    """Attention forward with the FA3 schedule.  q: (B, H, N, d); k, v: (B, H_kv, N, d)
+    with H a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128}; causal is
+    top-left aligned (as SDPA's is_causal).  Returns (o, lse): o like q, lse the
+    natural-log logsumexp of the scaled scores, float32 (B, H, N).
+    Keyword overrides of the schedule (for the lever experiments): BN,
+    NUM_CONSUMERS (1-3), STAGES, QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS."""
+    _check_inputs(q, k, v)
+    if not gluon_available():
+        raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
+    import torch
+
+    if not (q.is_cuda and k.is_cuda and v.is_cuda):
+        raise ValueError(f"q, k, v must be CUDA tensors, got {q.device}, {k.device}, {v.device}")
+    B, H, N, d = q.shape
+    H_kv = k.shape[1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    cfg = dict(DEFAULT_CONFIG[d])
+    cfg.update(config)
+    BM = 64
+    BN, NC = cfg["BN"], cfg["NUM_CONSUMERS"]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+    BM_TILE = BM * NC
+    q_layout = gl.NVMMASharedLayout.get_default_for([BM, d], gdt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BN, d], gdt)
+    q2, k2, v2, o2 = (x.view(-1, d) for x in (q, k, v, o))
+    desc_q = TensorDescriptor.from_tensor(q2, [BM, d], q_layout)
+    desc_k = TensorDescriptor.from_tensor(k2, [BN, d], kv_layout)
+    desc_v = TensorDescriptor.from_tensor(v2, [BN, d], kv_layout)
+    desc_o = TensorDescriptor.from_tensor(o2, [BM, d], q_layout)  # staged in Q's smem: same layout
+    num_pid_m = triton.cdiv(N, BM_TILE)
+    num_tiles = num_pid_m * B * H
+    dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if dev not in _NUM_SMS:
+        _NUM_SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    grid = (min(num_tiles, _NUM_SMS[dev]) if cfg["persistent"] else num_tiles,)
+    _attn_fwd_kernel[grid](
+        desc_q,
+        desc_k,
+        desc_v,
+        desc_o,
+        o,
+        lse,
+        N,
+        H,
+        H // H_kv,
+        scale * LOG2E,
+        num_pid_m,
+        num_tiles,
+        BM=BM,
+        BN=BN,
+        HEAD_DIM=d,
+        NUM_CONSUMERS=NC,
+        STAGES=cfg["STAGES"],
+        QSTAGES=cfg["QSTAGES"],
+        CAUSAL=bool(causal),
+        OVERLAP=bool(cfg["OVERLAP"]),
+        CONSUMER_REGS=cfg.get("CONSUMER_REGS", CONSUMER_REGS[NC]),
+        LPT=bool(cfg["LPT"] and causal),
+        num_warps=4,
+    )
+    return o, lse

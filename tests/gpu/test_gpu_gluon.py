@@ -1,0 +1,188 @@
+"""GPU tests of the Gluon (FA3-schedule) Hopper forward.  Skipped unless
+`gluon_available()` (a capability-9.x GPU with Triton 3.6.x and Gluon).
+
+Reference: float64 attention on the same low-precision inputs; flash-attn's rule:
+max error of the kernel <= 2x the max error of PyTorch's SDPA in the same dtype
+(+ 1e-5), and the natural-log logsumexp within 1e-3 of the float64 one.  Outputs
+are poisoned with NaN (the allocator's free blocks) before every launch.
+"""
+
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from course_kernels.gluon import launch as G  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not G.gluon_available(), reason="needs Hopper + Triton 3.6 Gluon"),
+]
+
+if G.gluon_available():
+    import torch
+    import torch.nn.functional as F
+
+
+def _inputs(B, H, H_kv, N, d, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H, N, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(B, H_kv, N, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, H_kv, N, d, device="cuda", dtype=dtype, generator=g)
+    return q, k, v
+
+
+def _reference(q, k, v, causal, scale):
+    G_ = q.shape[1] // k.shape[1]
+    kd = k.double().repeat_interleave(G_, dim=1)
+    vd = v.double().repeat_interleave(G_, dim=1)
+    s = q.double() @ kd.transpose(-1, -2) * scale
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(
+            ~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf")
+        )
+    return torch.softmax(s, -1) @ vd, torch.logsumexp(s, -1)
+
+
+def _poison(nbytes):
+    torch.empty(nbytes // 4 + 1024, device="cuda", dtype=torch.float32).fill_(float("nan"))
+
+
+def _run_and_compare(B, H, H_kv, N, d, dtype, causal, seed, **cfg):
+    q, k, v = _inputs(B, H, H_kv, N, d, dtype, seed)
+    scale = 1.0 / math.sqrt(d)
+    ref_o, ref_lse = _reference(q, k, v, causal, scale)
+    _poison(8 * q.numel() * q.element_size())
+    o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale, **cfg)
+    sd = F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=scale, enable_gqa=H_kv != H
+    )
+    assert o.shape == q.shape and o.dtype == dtype
+    assert lse.shape == (B, H, N) and lse.dtype == torch.float32
+    assert torch.isfinite(o).all(), "NaN/inf in o (unwritten rows?)"
+    assert torch.isfinite(lse).all(), "NaN/inf in lse (unwritten rows?)"
+    err = (o.double() - ref_o).abs().max().item()
+    err_sdpa = (sd.double() - ref_o).abs().max().item()
+    assert err <= 2 * err_sdpa + 1e-5, f"o error {err:.3e} > 2 x SDPA's {err_sdpa:.3e}"
+    err_lse = (lse.double() - ref_lse).abs().max().item()
+    assert err_lse <= 1e-3, f"lse (natural log) error {err_lse:.3e}"
+    return o, lse, ref_o, ref_lse
+
+
+SHAPES = [  # B, H, H_kv, N: tails of every size, N < one block, GQA
+    (1, 2, 2, 1),
+    (1, 2, 2, 17),
+    (2, 3, 3, 64),
+    (1, 2, 2, 200),
+    (2, 2, 2, 1000),
+    (1, 2, 2, 2053),
+    (1, 4, 2, 1024),
+    (1, 4, 1, 777),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}Hkv{}N{}".format(*s))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_forward_matches_float64(shape, causal, d, dtype):
+    B, H, H_kv, N = shape
+    _run_and_compare(
+        B,
+        H,
+        H_kv,
+        N,
+        d,
+        getattr(torch, dtype),
+        causal,
+        seed=hash((shape, causal, d, dtype)) % 2**31,
+    )
+
+
+_SERIAL_BUG = pytest.mark.xfail(
+    reason="OVERLAP=False consumer path: wrong output at N=17 and an illegal "
+    "memory access seen on the H200 (2026-12-01); open bug, see notes/gluon.md",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        pytest.param(dict(NUM_CONSUMERS=1, OVERLAP=False), marks=_SERIAL_BUG),
+        dict(NUM_CONSUMERS=2, OVERLAP=True),
+        pytest.param(dict(NUM_CONSUMERS=3, OVERLAP=False), marks=_SERIAL_BUG),
+        dict(NUM_CONSUMERS=3, OVERLAP=True),
+        dict(persistent=True),
+        dict(persistent=True, LPT=True),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_lever_variants_are_correct(cfg, causal):
+    _run_and_compare(
+        2,
+        4,
+        2,
+        1000,
+        128 if cfg.get("NUM_CONSUMERS") != 3 else 64,
+        torch.float16,
+        causal,
+        seed=7,
+        **cfg,
+    )
+    _run_and_compare(
+        1,
+        2,
+        2,
+        17,
+        64 if cfg.get("NUM_CONSUMERS") != 2 else 128,
+        torch.float16,
+        causal,
+        seed=8,
+        **cfg,
+    )
+
+
+def test_lse_is_natural_log_not_base2():
+    # a kernel that returned base-2 lse (lse / ln 2) would be off by ~40% here
+    q, k, v = _inputs(1, 2, 2, 300, 64, torch.float16, 1)
+    _, lse = G.gluon_attention_forward(q, k, v, causal=False)
+    _, ref_lse = _reference(q, k, v, False, 1 / 8)
+    assert (lse.double() - ref_lse).abs().max().item() < 1e-3
+    assert (lse.double() / math.log(2) - ref_lse).abs().max().item() > 1.0
+
+
+def test_tail_rows_written_and_other_heads_untouched():
+    # N = 130: the last Q tile of each head has 2 real rows; a TMA store of the
+    # whole tile would overwrite the next head's first rows.
+    o, _, ref_o, _ = _run_and_compare(1, 3, 3, 130, 128, torch.float16, False, seed=3)
+    assert (o[:, :, 128:].double() - ref_o[:, :, 128:]).abs().max().item() < 1e-2
+    assert (o[:, 1:, :2].double() - ref_o[:, 1:, :2]).abs().max().item() < 1e-2
+
+
+def test_causal_is_top_left_and_differs_from_noncausal():
+    q, k, v = _inputs(1, 2, 2, 257, 64, torch.bfloat16, 5)
+    o_c, _ = G.gluon_attention_forward(q, k, v, causal=True)
+    o_n, _ = G.gluon_attention_forward(q, k, v, causal=False)
+    # row 0 attends only key 0: o = v[0]
+    assert torch.allclose(o_c[:, :, 0].float(), v[:, :, 0].float(), atol=1e-2)
+    assert (o_c.float() - o_n.float()).abs().max().item() > 0.1
+    # changing future keys must not change causal outputs of earlier rows
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 200:] = torch.randn_like(k2[:, :, 200:])
+    v2[:, :, 200:] = 100.0
+    o_c2, _ = G.gluon_attention_forward(q, k2, v2, causal=True)
+    assert torch.equal(o_c2[:, :, :200], o_c[:, :, :200])
+
+
+def test_rejects_bad_inputs():
+    q, k, v = _inputs(1, 3, 2, 64, 64, torch.float16, 0)
+    with pytest.raises(ValueError):
+        G.gluon_attention_forward(q, k, v)  # 3 query heads, 2 kv heads
+    q, k, v = _inputs(1, 2, 2, 64, 96, torch.float16, 0)
+    with pytest.raises(ValueError):
+        G.gluon_attention_forward(q, k, v)  # d = 96

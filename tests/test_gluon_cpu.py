@@ -1,0 +1,76 @@
+"""The Gluon rung on a machine without Hopper (CI): it imports anywhere, says why it cannot run,
+and rejects unsupported inputs with a message that says what was given."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from course_kernels.gluon import launch as G  # noqa: E402
+
+
+def test_imports_and_reports_availability():
+    assert G.GLUON_TRITON_VERSION == "3.6"
+    assert isinstance(G.gluon_available(), bool)
+
+
+def test_unavailable_on_another_triton_version(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.5.1")
+    assert G._triton_version_ok() is False
+    assert G.gluon_available() is False
+    if G.HAVE_GLUON:
+        assert "3.5.1" in G.why_unavailable() and "3.6" in G.why_unavailable()
+
+
+def test_the_pinned_version_is_accepted(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert G._triton_version_ok() is True
+
+
+def test_clear_error_when_unavailable():
+    if G.gluon_available():
+        pytest.skip("Gluon is available here")
+    q = torch.randn(1, 2, 16, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="unavailable"):
+        G.gluon_attention_forward(q, q, q)
+
+
+@pytest.mark.parametrize(
+    "shapes, dtype, match",
+    [
+        (((1, 2, 16, 96), (1, 2, 16, 96)), torch.float16, "head dim 96"),
+        (
+            ((1, 2, 16, 64), (1, 2, 16, 64)),
+            torch.float32,
+            "float16 or all bfloat16, got torch.float32",
+        ),
+        (((1, 3, 16, 64), (1, 2, 16, 64)), torch.float16, "multiple of K/V heads"),
+        (((1, 2, 16, 64), (1, 2, 17, 64)), torch.float16, "need same B, N, d"),
+        (((2, 16, 64), (2, 16, 64)), torch.float16, "4-D"),
+    ],
+)
+def test_unsupported_inputs_are_rejected_before_anything_runs(shapes, dtype, match):
+    q = torch.randn(*shapes[0], dtype=dtype)
+    k = torch.randn(*shapes[1], dtype=dtype)
+    with pytest.raises(ValueError, match=match):
+        G.gluon_attention_forward(q, k, k.clone())
+
+
+def test_the_forward_choice_is_read_from_the_environment(monkeypatch):
+    from course_kernels.triton import launch
+
+    q = torch.randn(1, 2, 16, 64, dtype=torch.float16)
+    monkeypatch.setenv(launch.FORWARD_ENV, "triton")
+    assert launch._use_gluon(q, q) is False
+    monkeypatch.setenv(launch.FORWARD_ENV, "cudnn")
+    with pytest.raises(ValueError, match="auto, gluon, triton"):
+        launch._use_gluon(q, q)
+    monkeypatch.delenv(launch.FORWARD_ENV)
+    assert launch._use_gluon(q, q) is False  # auto: CPU tensors never take the Gluon kernel
+    if not G.gluon_available():
+        monkeypatch.setenv(launch.FORWARD_ENV, "gluon")
+        with pytest.raises(RuntimeError, match="gluon"):
+            launch._use_gluon(q, q)
