@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -56,6 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=330.0, help="stop starting rows after this")
     p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up (ms)")
     p.add_argument("--rep", type=int, default=40, help="do_bench repetitions (ms)")
+    p.add_argument("--workers", type=int, default=12, help="pytest-xdist workers for the tests")
     p.add_argument("--verbose-tests", action="store_true", help="pytest -v (one line a test)")
     p.add_argument("--pytest-args", default="", help="extra pytest arguments for --part tests")
     p.add_argument(
@@ -136,6 +138,8 @@ def run_tests(args):
     env = dict(os.environ, COURSE_KERNELS_AUTOTUNE="0")
     cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-rf", "-p", "no:cacheprovider"]
     cmd += ["-v"] if args.verbose_tests else []
+    if args.workers > 1 and importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", str(args.workers)]  # compiling ~300 kernel variants is CPU-bound
     cmd += args.pytest_args.split()
     t0 = time.time()
     try:
@@ -217,18 +221,21 @@ def make_fn(row, args, q, k, v):
     )
     window = (w - 1, 0) if mask == "window" else (-1, 0)
 
-    def packed(x):  # (B, H, N, d) -> (B * N, H, d)
-        return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3])
+    def packed(x):  # (B, H, N, d) -> (B * N, H, d), a leaf of its own: no copy is timed
+        y = x.detach().transpose(1, 2).reshape(-1, x.shape[1], x.shape[3]).contiguous()
+        return y.requires_grad_(x.requires_grad)
 
     if provider == "course" and mask != "document":
         kw = {"window_size": (w - 1, 0)} if mask == "window" else {}
         return lambda: flash_attention(q, k, v, causal=True, **kw)
+    if provider in ("course", "varlen_attn"):
+        qp, kp, vp = packed(q), packed(k), packed(v)
     if provider == "course":
         return lambda: flash_attention_varlen(
-            packed(q), packed(k), packed(v), cu, cu, max(lengths), max(lengths), causal=True
+            qp, kp, vp, cu, cu, max(lengths), max(lengths), causal=True
         )
     if provider == "varlen_attn":
-        return lambda: _varlen_attn(packed(q), packed(k), packed(v), cu, max(lengths), window)
+        return lambda: _varlen_attn(qp, kp, vp, cu, max(lengths), window)
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     doc = torch.repeat_interleave(
@@ -244,7 +251,11 @@ def make_fn(row, args, q, k, v):
         return keep
 
     block_mask = create_block_mask(mask_mod, None, None, n, n, device=DEVICE[0])
-    flex = torch.compile(flex_attention)
+    # one static compile per shape and mask (no fallback to eager after 8 recompiles)
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
+    flex = torch.compile(flex_attention, dynamic=False)
     return lambda: flex(q, k, v, block_mask=block_mask)
 
 
