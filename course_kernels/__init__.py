@@ -56,20 +56,29 @@ from .numpy.online_softmax import (
     online_softmax,
     update,
 )
-from .numpy.reference import attention_naive, attention_reference, causal_mask
+from .numpy.reference import attention_mask, attention_naive, attention_reference, causal_mask
 from .numpy.tiled import flash_attention_numpy
 from .numpy.tiled_backward import attention_reference_backward, flash_attention_numpy_backward
 
 
-def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
+def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, **variants):
     """Flash Attention in Triton, a drop-in for ``scaled_dot_product_attention``.
 
     See :func:`course_kernels.triton.flash.flash_attention` (imported on first call so that the NumPy
-    layers work without torch or Triton installed).
+    layers work without torch or Triton installed); ``variants`` are its keyword-only arguments
+    (``attn_mask``, ``causal_alignment``, ``window_size``, ``softcap``, ``alibi_slopes``).
     """
     from .triton.flash import flash_attention as _impl
 
-    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse)
+    return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse, **variants)
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw):
+    """Variable-length (packed) Flash Attention in Triton, flash-attn's ``flash_attn_varlen_func``
+    layout. See :func:`course_kernels.triton.varlen.flash_attention_varlen`."""
+    from .triton.varlen import flash_attention_varlen as _impl
+
+    return _impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw)
 
 
 __all__ = [
@@ -77,6 +86,7 @@ __all__ = [
     "PartialAttention",
     "SoftmaxState",
     "article_block_size",
+    "attention_mask",
     "attention_naive",
     "attention_reference",
     "attention_reference_backward",
@@ -86,6 +96,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_numpy",
     "flash_attention_numpy_backward",
+    "flash_attention_varlen",
     "iosim",
     "merge",
     "online_softmax",

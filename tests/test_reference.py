@@ -117,3 +117,94 @@ def test_reference_rejects_non_bool_causal():
     x = np.ones((3, 2))
     with pytest.raises(TypeError, match="causal must be True or False"):
         attention_reference(x, x, x, causal="yes")
+
+
+# ---- issue 22: alignment, sliding window, soft cap, ALiBi (the truth the kernels are tested on)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(1, 1), (4, 5), (5, 4), (7, 19), (19, 7)])
+def test_causal_mask_bottom_right_is_sdpas_causal_lower_right(rng, n_q, n_k):
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, k, v = make_qkv(rng, n_q=n_q, n_k=n_k, d=8, dv=8)
+    t = [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)) for x in (q, k, v)]
+    for align, bias in (("bottom_right", causal_lower_right), ("top_left", causal_upper_left)):
+        out, _ = attention_reference(q, k, v, causal=True, alignment=align)
+        want = F.scaled_dot_product_attention(*t, attn_mask=bias(n_q, n_k)).numpy()
+        rows = causal_mask(n_q, n_k, align).any(1)  # SDPA's empty rows are NaN, ours 0
+        np.testing.assert_allclose(out[..., rows, :], want[..., rows, :], rtol=1e-12, atol=1e-12)
+        assert (out[..., ~rows, :] == 0).all()
+    assert causal_mask(4, 5, "bottom_right").tolist()[0] == [1, 1, 0, 0, 0]
+    assert not np.array_equal(causal_mask(4, 5), causal_mask(4, 5, "bottom_right"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("window", [None, (0, 0), (3, -1), (-1, 2), (2, 5)])
+def test_attention_mask_brute_force(causal, align, window):
+    from course_kernels import attention_mask
+
+    n_q, n_k = 6, 11
+    got = attention_mask(n_q, n_k, causal, align, window)
+    left, right = window or (-1, -1)
+    off = 0 if align == "top_left" else n_k - n_q
+    for i in range(n_q):
+        for j in range(n_k):
+            ok = (left < 0 or j >= i + off - left) and (right < 0 or j <= i + off + right)
+            ok = ok and (not causal or j <= i + off)
+            assert got[i, j] == ok, (i, j)
+
+
+def _torch_variant(q, k, v, scale, softcap, slopes, keep):
+    t = [
+        torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).requires_grad_()
+        for x in (q, k, v)
+    ]
+    s = t[0] @ t[1].transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if slopes is not None:
+        n_q, n_k = s.shape[-2:]
+        i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        sl = torch.from_numpy(np.asarray(slopes, dtype=np.float64)).reshape(-1, s.shape[1])
+        s = s - sl[..., None, None] * (i + n_k - n_q - j).abs()
+    s = s.masked_fill(~torch.from_numpy(keep), float("-inf"))
+    out = torch.nan_to_num(torch.softmax(s, -1)) @ t[2]
+    return out, t
+
+
+@pytest.mark.parametrize("softcap", [None, 0.5, 4.0])
+@pytest.mark.parametrize("slopes", [None, "per_head", "per_batch"])
+def test_softcap_alibi_window_forward_and_backward_match_torch_float64(rng, softcap, slopes):
+    from course_kernels import attention_mask, attention_reference_backward
+
+    q, k, v = make_qkv(rng, n_q=9, n_k=13, d=8, dv=8)  # (2, 3, N, d)
+    s = {None: None, "per_head": rng.random(3), "per_batch": rng.random((2, 3))}[slopes]
+    kw = {"softcap": softcap, "alibi_slopes": s, "window_size": (4, 1), "scale": 0.9}
+    kw.update(causal=True, alignment="bottom_right")
+    out, lse = attention_reference(q, k, v, **kw)
+    keep = attention_mask(9, 13, True, "bottom_right", (4, 1))
+    want, t = _torch_variant(q, k, v, 0.9, softcap, s, keep)
+    np.testing.assert_allclose(out, want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    dout = rng.standard_normal(out.shape)
+    grads = attention_reference_backward(q, k, v, dout, **kw)
+    want_grads = torch.autograd.grad(want, t, torch.from_numpy(dout))
+    for g, w in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kw,error,match",
+    [
+        ({"alignment": "bottom-right"}, ValueError, "alignment"),
+        ({"window_size": (1,)}, ValueError, "window_size"),
+        ({"window_size": (0, -3)}, ValueError, "window_size"),
+        ({"softcap": -2.0}, ValueError, "softcap"),
+        ({"softcap": True}, TypeError, "softcap"),
+        ({"alibi_slopes": np.ones(4)}, ValueError, "alibi_slopes"),
+    ],
+)
+def test_variant_arguments_checked(rng, kw, error, match):
+    q, k, v = make_qkv(rng, n_q=3, n_k=3, d=4, dv=4)
+    with pytest.raises(error, match=match):
+        attention_reference(q, k, v, **kw)

@@ -42,7 +42,8 @@ HEAD_DIMS = (64, 128, 256)
 
 # Pointer arguments of the three autotuned kernels; LSE and Delta are float32 whatever the input.
 POINTERS = {"Q", "K", "V", "DO", "Out", "DK", "DV", "DQ"}
-FP32_POINTERS = {"LSE", "Delta"}
+FP32_POINTERS = {"LSE", "Delta", "ALIBI_R"}
+I32_POINTERS = {"CU_Q", "CU_K"}  # cu_seqlens (read only with VARLEN)
 
 
 def _kernels():
@@ -74,14 +75,20 @@ def _source(autotuner, dtype: str, d: int, config, backend):
         "GROUP_SIZE": 1,
         "N_CTX_Q": N,
         "N_CTX_K": N,
+        "qk_mul": 1.0,  # the plain variant: r = q.k, c = scale (masks.py)
+        "c2": d**-0.5 * 1.4426950408889634,
+        "win_lo": -(1 << 30),
+        "win_hi": 1 << 30,
     }
     for name in fn.arg_names:  # contiguous (B, H, N, d) tensors
         if name.startswith("stride_"):
             values[name] = {"z": H * N * d, "h": N * d, "m": d, "n": d, "k": 1}[name[-1]]
+    values.update(stride_lz=H * N, stride_lh=N, stride_az=0)  # LSE (B, H, N); no ALiBi
+    variant_flags = ("WINDOWED", "BOTTOM_RIGHT", "SOFTCAP", "ALIBI", "VARLEN")
     constexprs = dict(
         HEAD_DIM=d,
         HEAD_DIM_PADDED=max(16, 1 << (d - 1).bit_length()),
-        CAUSAL=False,
+        **{flag: False for flag in variant_flags if flag in fn.arg_names},
         DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
         **config.kwargs,
     )
@@ -91,8 +98,9 @@ def _source(autotuner, dtype: str, d: int, config, backend):
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
-        elif name in POINTERS or name in FP32_POINTERS:
-            signature[name] = "*fp32" if name in FP32_POINTERS else f"*{dtype}"
+        elif name in POINTERS or name in FP32_POINTERS or name in I32_POINTERS:
+            kind = "*fp32" if name in FP32_POINTERS else f"*{dtype}"
+            signature[name] = "*i32" if name in I32_POINTERS else kind
             attrs[(i,)] = backend.parse_attr("D")
         elif isinstance(values[name], float):
             signature[name] = "fp32"

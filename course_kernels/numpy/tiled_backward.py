@@ -17,25 +17,43 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import accumulator_dtype, as_float_array, check_bool, check_qkv, resolve_scale
+from .._validate import accumulator_dtype, as_float_array, check_qkv, resolve_scale
 from .online_softmax import safe_max
-from .reference import _scores, _softmax_times_v
+from .reference import _softmax_times_v, variant_scores
 from .tiled import block_mask, check_tiled_args
 
 
-def attention_reference_backward(q, k, v, dout, causal: bool = False, scale=None):
-    """Exact gradients of standard attention in float64 (dense; for checking). Returns (dq, dk, dv)."""
+def attention_reference_backward(
+    q,
+    k,
+    v,
+    dout,
+    causal: bool = False,
+    scale=None,
+    *,
+    alignment: str = "top_left",
+    window_size=None,
+    softcap=None,
+    alibi_slopes=None,
+):
+    """Exact gradients of standard attention in float64 (dense; for checking). Returns (dq, dk, dv).
+
+    The keyword-only variants are :func:`~course_kernels.numpy.reference.attention_reference`'s.
+    With ``softcap`` the score is softcap * tanh(scale q.k / softcap), whose derivative in q.k
+    is scale * (1 - tanh^2): dS is multiplied by (1 - t^2) before it reaches dQ and dK.
+    """
     q, k, v = check_qkv(q, k, v)  # checked once, here: the helpers below trust them
-    causal = check_bool(causal, "causal")
+    s, t = variant_scores(q, k, causal, scale, alignment, window_size, softcap, alibi_slopes)
     scale = resolve_scale(scale, q.shape[-1])
-    s = _scores(q, k, causal, scale)  # (..., Nq, Nk)
     out, lse = _softmax_times_v(s, v)
     dout = _check_like(dout, out.shape, "dout")
-    p = np.exp(s - safe_max(lse)[..., None])  # (..., Nq, Nk)
+    p = np.exp(s - safe_max(lse)[..., None])  # (..., Nq, Nk); exp(-inf) = 0 where masked
     do = dout.astype(np.float64)
     dv = np.swapaxes(p, -1, -2) @ do  # (..., Nk, dv)
     dp = do @ np.swapaxes(v.astype(np.float64), -1, -2)  # (..., Nq, Nk)
     ds = p * (dp - (do * out).sum(axis=-1, keepdims=True))
+    if t is not None:
+        ds = ds * (1.0 - t * t)  # through the soft cap
     dq = scale * ds @ k.astype(np.float64)
     dk = scale * np.swapaxes(ds, -1, -2) @ q.astype(np.float64)
     return dq, dk, dv

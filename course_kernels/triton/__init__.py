@@ -8,7 +8,10 @@ Chapters: "From NumPy to Triton", "The backward pass", "Engineering", "Tuning", 
 - :mod:`.forward`           ``_attn_fwd``: FA2's Algorithm 1, one program per query block
 - :mod:`.backward`          ``_attn_bwd_dkdv``: FA2's Algorithm 2, one program per key block
 - :mod:`.backward_dq`       ``_attn_bwd_dq`` and the D = rowsum(dO * O) preprocess
-- :mod:`.backward_configs`  the backward's autotuning space
+- :mod:`.configs`           the kernels' autotuning spaces (forward and backward)
+- :mod:`.masks`             the score/mask hooks (causal either alignment, sliding window, soft
+                            cap, ALiBi), the block ranges they imply, the variant's checks
+- :mod:`.varlen`            ``flash_attention_varlen``: packed sequences (cu_seqlens)
 - :mod:`.launch`            the launches (grids, tuned-config cache)
 - :mod:`.flash`             ``flash_attention``: validation, autograd, the ``torch.library`` op
 

@@ -7,8 +7,9 @@ Layout (batch, heads, seq, head_dim); all tensors contiguous:
 
     Q, dO, dQ: (B, Hq, Nq, d)    K, V, dK, dV: (B, kv_heads, Nk, d)    LSE, D: (B, Hq, Nq) float32
 
-The forward saved only O and the base-2 logsumexp ``lse2`` (see ``triton_forward``), so P is
-recomputed block by block: P = exp2(S * scale * log2(e) - lse2), exactly the forward's P.
+The forward saved only O and the row statistic L (the logsumexp in units of c, see
+:mod:`.masks`), so P is recomputed block by block: P = exp2((r - L) * c log2 e), with r from the
+same score hook as the forward's; a row with one visible key gets P = 1 exactly.
 
 1. ``_attn_bwd_dq`` (launched first, in :mod:`.triton_backward_dq`): one program per query
    block; it computes D = rowsum(dO * O) for its rows (FA2 Alg. 2 line 4, stored for step 2),
@@ -27,12 +28,13 @@ block pair instead of 7 but sums dQ in whatever order programs finish; measured 
 was slower at d = 64 and at most 9% faster at d = 128 (``experiments/hopper/schedule_levers.py atomic``,
 notes/kernel.md), so the deterministic two-kernel backward stays.
 
-Causal is top-left aligned (query i sees keys j <= i), as in the forward. Rows past Nq load
-as Q = dO = 0, D = 0 and lse2 = +inf in the dK/dV kernel, so they add exactly nothing (the +inf
+Masks (causal either alignment, sliding window), soft cap and ALiBi are the forward's hooks
+(:mod:`.masks`); a key block visits only the query blocks that see it. Rows past Nq load as
+Q = dO = 0, D = 0 and L = +inf in the dK/dV kernel, so they add exactly nothing (the +inf
 alone would suffice: P = exp2(-inf) = 0; the zeros alone too: dO = 0 and dS = P * 0).
 
 The autotuning space (block sizes per GPU, dtype and head dim) is in
-:mod:`.triton_backward_configs`; its names are importable from here.
+:mod:`.configs`; its names are importable from here.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
-from .backward_configs import (  # noqa: E402  (re-exported)
+from .configs import (  # noqa: E402  (re-exported)
     DKDV_D128_CONFIGS,
     DKDV_IEEE_CONFIG,
     DKDV_SM75,
@@ -56,7 +58,8 @@ from .backward_configs import (  # noqa: E402  (re-exported)
     dq_configs,
 )
 from .backward_dq import _attn_bwd_dq, _attn_bwd_dq_inner  # noqa: E402,F401  (re-exported)
-from .forward import LOG2E, _load_tile  # noqa: E402
+from .forward import _load_tile  # noqa: E402
+from .masks import _query_blocks, _score_mod, _seq, _visible  # noqa: E402
 
 __all__ = [
     "DKDV_D128_CONFIGS",
@@ -109,31 +112,45 @@ def _attn_bwd_dkdv_inner(
     offs_n,
     lo,
     hi,
-    qk_scale,
-    N_CTX_Q,
+    n_q,
+    qk_mul,
+    c2,
+    alibi_r,
+    alibi_diag,
+    diag_lo,
+    diag_hi,
     BLOCK_M1: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
 ):
-    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17)."""
+    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17).
+
+    ``MASKED``: apply the window/causal mask (keys past Nk are never stored, rows past Nq have
+    L = +inf: neither needs a mask).
+    """
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_m in range(lo, hi, BLOCK_M1):
         start_m = tl.multiple_of(start_m, BLOCK_M1)
         offs_m = start_m + tl.arange(0, BLOCK_M1)  # (BLOCK_M1,)
-        m_ok = offs_m < N_CTX_Q
-        # FA2 Alg. 2 line 9: load Q_i, dO_i, L_i, D_i. Rows past Nq: lse = +inf gives P = 0.
+        m_ok = offs_m < n_q
+        # FA2 Alg. 2 line 9: load Q_i, dO_i, L_i, D_i. Rows past Nq: L = +inf gives P = 0.
         row_ptrs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
         q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-        lse2 = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
-        # FA2 Alg. 2 lines 10-11, transposed: P^T = exp2(K Q^T * scale log2e - L).
+        lse_c = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
+        # FA2 Alg. 2 lines 10-11, transposed: P^T = exp2((r^T - L) * c log2 e).
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
-        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])  # (BLOCK_N1, BLOCK_M1)
+        rT, tT = _score_mod(
+            qkT, offs_m[None, :], offs_n[:, None], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
+        )
+        pT = tl.math.exp2((rT - lse_c[None, :]) * c2)  # (BLOCK_N1, BLOCK_M1)
         if MASKED:
-            pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)  # causal: key j <= query i
+            pT = tl.where(_visible(offs_m[None, :], offs_n[:, None], diag_lo, diag_hi), pT, 0.0)
         do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
         # FA2 Alg. 2 line 12: dV_j += P^T dO_i.
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
@@ -141,6 +158,8 @@ def _attn_bwd_dkdv_inner(
         # FA2 Alg. 2 lines 13-14, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
+        if SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(x / softcap)) / dx
         # FA2 Alg. 2 line 16: dK_j += dS^T Q_i (the scale is applied once at the end).
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
         if ATOMIC_DQ:  # FA2 Alg. 2 line 15 as the paper has it: dQ_i += dS K_j, in fp32 atomics
@@ -151,7 +170,19 @@ def _attn_bwd_dkdv_inner(
 
 @triton.autotune(
     configs=dkdv_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "GROUP_SIZE", "DOT_PRECISION", "ATOMIC_DQ"],
+    key=[
+        "N_CTX_Q",
+        "N_CTX_K",
+        "HEAD_DIM",
+        "WINDOWED",
+        "BOTTOM_RIGHT",
+        "SOFTCAP",
+        "ALIBI",
+        "VARLEN",
+        "GROUP_SIZE",
+        "DOT_PRECISION",
+        "ATOMIC_DQ",
+    ],
     prune_configs_by={
         "early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, DKDV_SM75)
     },
@@ -168,6 +199,9 @@ def _attn_bwd_dkdv(
     DK,
     DV,
     DQ,
+    CU_Q,
+    CU_K,
+    ALIBI_R,
     scale,
     stride_qz,
     stride_qh,
@@ -177,31 +211,49 @@ def _attn_bwd_dkdv(
     stride_kh,
     stride_kn,
     stride_kk,
+    stride_lz,
+    stride_lh,
+    stride_az,
+    qk_mul,
+    c2,
+    win_lo,
+    win_hi,
     KV_HEADS,
     GROUP_SIZE,
     N_CTX_Q,
     N_CTX_K,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
 ):
-    """dK, dV for one key block of one (batch, K/V head). Grid: (cdiv(Nk, BLOCK_N1), B * kv_heads).
+    """dK, dV for one key block of one (sequence, K/V head).
 
-    Q and dO share strides (stride_q*); K, V, dK, dV share strides (stride_k*).
+    Grid: (cdiv(Nk or max_seqlen_k, BLOCK_N1), B * kv_heads). Q and dO share strides (stride_q*);
+    K, V, dK, dV share strides (stride_k*); LSE and Delta (stride_l*). Dense and ``VARLEN`` as
+    in ``forward._attn_fwd``; a program past its sequence's keys exits at once.
     """
     start_n = tl.program_id(0) * BLOCK_N1
     off_hz = tl.program_id(1)
-    off_z = (off_hz // KV_HEADS).to(tl.int64)
+    off_z = off_hz // KV_HEADS
+    k_start, n_k = _seq(CU_K, off_z, N_CTX_K, VARLEN)
+    if start_n >= n_k:
+        return
+    q_start, n_q = _seq(CU_Q, off_z, N_CTX_Q, VARLEN)
+    off_z = off_z.to(tl.int64)
     off_kvh = (off_hz % KV_HEADS).to(tl.int64)
-    kv_off = off_z * stride_kz + off_kvh * stride_kh
+    kv_off = off_z * stride_kz + off_kvh * stride_kh + k_start * stride_kn
 
     offs_n = start_n + tl.arange(0, BLOCK_N1)  # (BLOCK_N1,)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
-    n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N1, 1)
+    n_ok = offs_n[:, None] < n_k  # (BLOCK_N1, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     kv_ptrs = kv_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     # FA2 Alg. 2 lines 6-7: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
@@ -209,73 +261,58 @@ def _attn_bwd_dkdv(
     v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N1, D)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = scale * LOG2E
-
-    if CAUSAL:
-        # Queries i < start_n see none of these keys. Blocks that straddle the diagonal are
-        # masked; the ones below it are not.
-        lo = (start_n // BLOCK_M1) * BLOCK_M1
-        mid = tl.minimum(((start_n + BLOCK_N1 + BLOCK_M1 - 1) // BLOCK_M1) * BLOCK_M1, N_CTX_Q)
-    else:
-        lo = 0
-        mid = 0
+    diag = 0
+    if BOTTOM_RIGHT:
+        diag = n_k - n_q
+    diag_lo, diag_hi = diag + win_lo, diag + win_hi
+    # The query rows that see these keys: masked edges, unmasked middle (masks.py).
+    lo, full_lo, full_hi, hi = _query_blocks(start_n, n_q, diag_lo, diag_hi, BLOCK_N1, BLOCK_M1)
     # GQA: the GROUP_SIZE query heads that read this K/V head, summed in a fixed order.
     for g in range(0, GROUP_SIZE):
         off_h = off_kvh * GROUP_SIZE + g  # query head
-        off_bh = off_z * (KV_HEADS * GROUP_SIZE) + off_h  # row of the (B * Hq, Nq) LSE and D
-        q_base = Q + off_z * stride_qz + off_h * stride_qh
-        do_base = DO + off_z * stride_qz + off_h * stride_qh
-        lse_base = LSE + off_bh * N_CTX_Q
-        delta_base = Delta + off_bh * N_CTX_Q
-        dq_base = DQ + off_z * stride_qz + off_h * stride_qh  # fp32, only with ATOMIC_DQ
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            dq_base,
-            stride_qm,
-            stride_qk,
-            offs_n,
-            lo,
-            mid,
-            qk_scale,
-            N_CTX_Q,
-            BLOCK_M1,
-            HEAD_DIM,
-            HEAD_DIM_PADDED,
-            True,
-            DOT_PRECISION,
-            ATOMIC_DQ,
-        )
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            dq_base,
-            stride_qm,
-            stride_qk,
-            offs_n,
-            mid,
-            N_CTX_Q,
-            qk_scale,
-            N_CTX_Q,
-            BLOCK_M1,
-            HEAD_DIM,
-            HEAD_DIM_PADDED,
-            False,
-            DOT_PRECISION,
-            ATOMIC_DQ,
-        )
+        q_off = off_z * stride_qz + off_h * stride_qh + q_start * stride_qm
+        l_off = off_z * stride_lz + off_h * stride_lh + q_start  # LSE and D rows
+        alibi_r = 0.0
+        if ALIBI:
+            alibi_r = tl.load(ALIBI_R + off_z * stride_az + off_h)
+        for stage in tl.static_range(3):
+            if stage == 0:
+                s_lo, s_hi = lo, full_lo
+            elif stage == 1:
+                s_lo, s_hi = full_lo, full_hi
+            else:
+                s_lo, s_hi = full_hi, hi
+            dk, dv = _attn_bwd_dkdv_inner(
+                dk,
+                dv,
+                k,
+                v,
+                Q + q_off,
+                DO + q_off,
+                LSE + l_off,
+                Delta + l_off,
+                DQ + q_off,  # fp32, only with ATOMIC_DQ
+                stride_qm,
+                stride_qk,
+                offs_n,
+                s_lo,
+                s_hi,
+                n_q,
+                qk_mul,
+                c2,
+                alibi_r,
+                n_k - n_q,
+                diag_lo,
+                diag_hi,
+                BLOCK_M1,
+                HEAD_DIM,
+                HEAD_DIM_PADDED,
+                WINDOWED & (stage != 1),
+                SOFTCAP,
+                ALIBI,
+                DOT_PRECISION,
+                ATOMIC_DQ,
+            )
 
     # FA2 Alg. 2 line 18: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
     mask = n_ok & d_ok

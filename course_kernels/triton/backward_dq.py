@@ -15,8 +15,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
-from .backward_configs import DQ_IEEE_CONFIG, DQ_SM75, DQ_SMALL_CONFIG, dq_configs  # noqa: E402
-from .forward import LOG2E, _load_tile  # noqa: E402
+from .configs import DQ_IEEE_CONFIG, DQ_SM75, DQ_SMALL_CONFIG, dq_configs  # noqa: E402
+from .forward import _load_tile  # noqa: E402
+from .masks import _key_blocks, _score_mod, _seq, _visible  # noqa: E402
 
 
 @triton.jit
@@ -24,7 +25,7 @@ def _attn_bwd_dq_inner(
     dq,
     q,
     do,
-    lse2,
+    lse_c,
     delta,  # (BLOCK_M2, D) x 3, (BLOCK_M2,) x 2
     k_base,
     v_base,
@@ -33,13 +34,20 @@ def _attn_bwd_dq_inner(
     offs_m,
     lo,
     hi,
-    qk_scale,
-    N_CTX_K,
+    n_k,
+    qk_mul,
+    c2,
+    alibi_r,
+    alibi_diag,
+    diag_lo,
+    diag_hi,
     BLOCK_N2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 10-15 for one query block)."""
@@ -48,26 +56,41 @@ def _attn_bwd_dq_inner(
     for start_n in range(lo, hi, BLOCK_N2):
         start_n = tl.multiple_of(start_n, BLOCK_N2)
         offs_n = start_n + tl.arange(0, BLOCK_N2)  # (BLOCK_N2,)
-        n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N2, 1)
+        n_ok = offs_n[:, None] < n_k  # (BLOCK_N2, 1)
         kv_ptrs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
         k = _load_tile(k_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
         v = _load_tile(v_base + kv_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_N2)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])  # FA2 Alg. 2 line 11
+        r, t = _score_mod(
+            qk, offs_m[:, None], offs_n[None, :], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
+        )
+        p = tl.math.exp2((r - lse_c[:, None]) * c2)  # FA2 Alg. 2 line 11, in units of c
         if MASKED:
-            keep = offs_n[None, :] < N_CTX_K  # keys past Nk load as 0 but must get P = 0
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            keep = offs_n[None, :] < n_k  # keys past Nk load as 0 but must get P = 0
+            if WINDOWED:
+                keep = keep & _visible(offs_m[:, None], offs_n[None, :], diag_lo, diag_hi)
             p = tl.where(keep, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 13: dP = dO V^T
         ds = p * (dp - delta[:, None])  # line 14: dS = P * (dP - D)
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)  # d(softcap tanh(x / softcap)) / dx
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # line 15: dQ += dS K
     return dq
 
 
 @triton.autotune(
     configs=dq_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
+    key=[
+        "N_CTX_Q",
+        "N_CTX_K",
+        "HEAD_DIM",
+        "WINDOWED",
+        "BOTTOM_RIGHT",
+        "SOFTCAP",
+        "ALIBI",
+        "VARLEN",
+        "DOT_PRECISION",
+    ],
     prune_configs_by={
         "early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, DQ_SM75)
     },
@@ -83,6 +106,9 @@ def _attn_bwd_dq(
     LSE,
     Delta,
     DQ,
+    CU_Q,
+    CU_K,
+    ALIBI_R,
     scale,
     stride_qz,
     stride_qh,
@@ -92,95 +118,109 @@ def _attn_bwd_dq(
     stride_kh,
     stride_kn,
     stride_kk,
+    stride_lz,
+    stride_lh,
+    stride_az,
+    qk_mul,
+    c2,
+    win_lo,
+    win_hi,
     H_Q,
     GROUP_SIZE,
     N_CTX_Q,
     N_CTX_K,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_N2: tl.constexpr,
     BLOCK_M2: tl.constexpr,
 ):
-    """dQ (and D) for one query block of one (batch, query head).
+    """dQ (and D) for one query block of one (sequence, query head).
 
-    Grid: (cdiv(Nq, BLOCK_M2), B * Hq). Q, dO, O, dQ share strides (stride_q*); K, V share
-    strides (stride_k*). Writes D = rowsum(dO * O) (B, Hq, Nq) for the dK/dV kernel.
+    Grid: (cdiv(Nq or max_seqlen_q, BLOCK_M2), B * Hq). Q, dO, O, dQ share strides (stride_q*);
+    K, V share strides (stride_k*); LSE and Delta share strides (stride_l*). Writes D =
+    rowsum(dO * O) for the dK/dV kernel. Dense and ``VARLEN`` as in ``forward._attn_fwd``.
     """
     start_m = tl.program_id(0) * BLOCK_M2
     off_hz = tl.program_id(1)
-    off_z = (off_hz // H_Q).to(tl.int64)
+    off_z = off_hz // H_Q
     off_h = (off_hz % H_Q).to(tl.int64)
+    q_start, n_q = _seq(CU_Q, off_z, N_CTX_Q, VARLEN)
+    if start_m >= n_q:
+        return
+    k_start, n_k = _seq(CU_K, off_z, N_CTX_K, VARLEN)
     off_kvh = off_h // GROUP_SIZE
-    q_off = off_z * stride_qz + off_h * stride_qh
-    k_base = K + off_z * stride_kz + off_kvh * stride_kh
-    v_base = V + off_z * stride_kz + off_kvh * stride_kh
+    off_z = off_z.to(tl.int64)
+    q_off = off_z * stride_qz + off_h * stride_qh + q_start * stride_qm
+    k_base = K + off_z * stride_kz + off_kvh * stride_kh + k_start * stride_kn
+    v_base = V + off_z * stride_kz + off_kvh * stride_kh + k_start * stride_kn
 
     offs_m = start_m + tl.arange(0, BLOCK_M2)  # (BLOCK_M2,)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
-    m_ok = offs_m[:, None] < N_CTX_Q  # (BLOCK_M2, 1)
+    m_ok = offs_m[:, None] < n_q  # (BLOCK_M2, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     q_ptrs = q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
     q = _load_tile(Q + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
     do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M2, D)
-    row = off_hz.to(tl.int64) * N_CTX_Q + offs_m  # (BLOCK_M2,)
-    lse2 = tl.load(LSE + row, mask=offs_m < N_CTX_Q, other=0.0)
-    # FA2 Alg. 2 line 4, fused here: D = rowsum(dO * O) (rows past Nq load as 0).
+    row = off_z * stride_lz + off_h * stride_lh + q_start + offs_m  # (BLOCK_M2,)
+    lse_c = tl.load(LSE + row, mask=offs_m < n_q, other=float("inf"))
+    # FA2 Alg. 2 line 4, fused here: D = rowsum(dO * O) (rows past Nq load as 0), as the
+    # diagonal of the dot dO O^T: the same tensor-core sum as dP = dO V^T, so a row with one
+    # visible key (O_i = V_j bitwise) gets D_i = dP_ij bitwise and dS = 0 exactly (issue 22).
     o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M2,)
-    tl.store(Delta + row, delta, mask=offs_m < N_CTX_Q)
+    od = tl.dot(do, tl.trans(o), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_M2)
+    rows = tl.arange(0, BLOCK_M2)
+    delta = tl.sum(tl.where(rows[:, None] == rows[None, :], od, 0.0), axis=1)  # (BLOCK_M2,)
+    tl.store(Delta + row, delta, mask=offs_m < n_q)
     dq = tl.zeros([BLOCK_M2, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = scale * LOG2E
+    alibi_r = 0.0
+    if ALIBI:
+        alibi_r = tl.load(ALIBI_R + off_z * stride_az + off_h)
+    diag = 0
+    if BOTTOM_RIGHT:
+        diag = n_k - n_q
+    diag_lo, diag_hi = diag + win_lo, diag + win_hi
 
-    if CAUSAL:
-        hi = tl.minimum(start_m + BLOCK_M2, N_CTX_K)
-        hi_full = (tl.minimum(start_m, N_CTX_K) // BLOCK_N2) * BLOCK_N2
-    else:
-        hi = N_CTX_K
-        hi_full = (N_CTX_K // BLOCK_N2) * BLOCK_N2
-    dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kk,
-        offs_m,
-        0,
-        hi_full,
-        qk_scale,
-        N_CTX_K,
-        BLOCK_N2,
-        HEAD_DIM,
-        HEAD_DIM_PADDED,
-        False,
-        CAUSAL,
-        DOT_PRECISION,
-    )
-    dq = _attn_bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse2,
-        delta,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kk,
-        offs_m,
-        hi_full,
-        hi,
-        qk_scale,
-        N_CTX_K,
-        BLOCK_N2,
-        HEAD_DIM,
-        HEAD_DIM_PADDED,
-        True,
-        CAUSAL,
-        DOT_PRECISION,
-    )
+    lo, full_lo, full_hi, hi = _key_blocks(start_m, n_k, diag_lo, diag_hi, BLOCK_M2, BLOCK_N2)
+    for stage in tl.static_range(3):
+        if stage == 0:
+            s_lo, s_hi = lo, full_lo
+        elif stage == 1:
+            s_lo, s_hi = full_lo, full_hi
+        else:
+            s_lo, s_hi = full_hi, hi
+        dq = _attn_bwd_dq_inner(
+            dq,
+            q,
+            do,
+            lse_c,
+            delta,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kk,
+            offs_m,
+            s_lo,
+            s_hi,
+            n_k,
+            qk_mul,
+            c2,
+            alibi_r,
+            n_k - n_q,
+            diag_lo,
+            diag_hi,
+            BLOCK_N2,
+            HEAD_DIM,
+            HEAD_DIM_PADDED,
+            stage != 1,
+            WINDOWED,
+            SOFTCAP,
+            ALIBI,
+            DOT_PRECISION,
+        )
     tl.store(DQ + q_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)

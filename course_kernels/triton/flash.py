@@ -37,15 +37,20 @@ require_triton()
 import torch  # noqa: E402
 
 from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
+from .masks import check_alibi, check_variant  # noqa: E402
 from ..numpy.reference import LN2  # noqa: E402
 from .launch import (  # noqa: E402  (re-exported: ring attention, benchmarks, tests)
     _TUNED as _TUNED,
     _backward as _backward,
     _backward_one_key as _backward_one_key,
     _cdiv as _cdiv,
-    _forward,
+    _backward_c,
+    _forward as _forward,
+    _forward_c,
     _launch as _launch,
+    Variant,
     head_dim_padded as head_dim_padded,
+    lse_to_base2,
 )
 
 MAX_HEAD_DIM = 256
@@ -113,44 +118,63 @@ class _NoDoubleBackward(torch.autograd.Function):
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Saves q, k, v, O and the base-2 logsumexp (B, Hq, Nq); nothing N x N.
-
-    The eager path of :func:`flash_attention` (fewer Python layers than the op below).
+    """Saves q, k, v, O and the row statistic (B, Hq, Nq) (the logsumexp in units of c,
+    masks.py); nothing N x N. The eager path of :func:`flash_attention` (fewer Python layers
+    than the op below). ``alibi`` (slopes) is a constant: it gets no gradient.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, return_lse):
-        o, lse2 = _forward(q, k, v, causal, scale)
-        ctx.save_for_backward(q, k, v, o, lse2)
-        ctx.causal, ctx.scale = causal, scale
+    def forward(ctx, q, k, v, variant, scale, return_lse, alibi):
+        o, lse_c = _forward_c(q, k, v, variant, scale, alibi)
+        ctx.save_for_backward(q, k, v, o, lse_c)
+        ctx.variant, ctx.scale, ctx.alibi = variant, scale, alibi
         if not return_lse:
             return o
-        lse = lse2 * LN2  # natural-log logsumexp for the caller
+        lse = user_lse(lse_c, variant, scale)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, *_dlse):
-        q, k, v, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = _backward(do, q, k, v, o, lse2, ctx.causal, ctx.scale)
+        q, k, v, o, lse_c = ctx.saved_tensors
+        dq, dk, dv = _backward_c(do, q, k, v, o, lse_c, ctx.variant, ctx.scale, ctx.alibi)
         if torch.is_grad_enabled():  # create_graph=True: make a second backward fail clearly
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, do)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
+
+
+def user_lse(lse_c, variant: Variant, scale: float):
+    """The kernels' statistic -> the natural-log logsumexp (-inf for a row that sees no key)."""
+    return lse_to_base2(lse_c, variant, scale) * LN2
 
 
 # ---- the torch.library op: what torch.compile sees -------------------------------------------
 
 
+def _op_variant(causal, bottom_right, window_left, window_right, softcap) -> Variant:
+    return Variant(causal, bottom_right, (window_left, window_right), softcap)
+
+
 @torch.library.custom_op("course_kernels::flash_attn_fwd", mutates_args=())
 def flash_attn_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    bottom_right: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, lse2) = the forward kernel on checked inputs; lse2 is the base-2 logsumexp."""
-    return _forward(q, k, v, causal, scale)
+    """(o, L) = the forward kernel on checked inputs; L is the row statistic in units of c."""
+    variant = _op_variant(causal, bottom_right, window_left, window_right, softcap)
+    return _forward_c(q, k, v, variant, scale, alibi_slopes)
 
 
 @flash_attn_fwd.register_fake
-def _flash_attn_fwd_fake(q, k, v, causal, scale):
+def _flash_attn_fwd_fake(q, k, v, causal, scale, *_variant_args):
     B, Hq, Nq, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
@@ -162,33 +186,37 @@ def flash_attn_bwd(
     k: torch.Tensor,
     v: torch.Tensor,
     o: torch.Tensor,
-    lse2: torch.Tensor,
+    lse: torch.Tensor,
     causal: bool,
     scale: float,
+    bottom_right: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) = the backward kernels (``_backward``)."""
-    return _backward(do, q, k, v, o, lse2, causal, scale)
+    """(dq, dk, dv) = the backward kernels (``_backward_c``) on the forward op's (o, L)."""
+    variant = _op_variant(causal, bottom_right, window_left, window_right, softcap)
+    return _backward_c(do, q, k, v, o, lse, variant, scale, alibi_slopes)
 
 
 @flash_attn_bwd.register_fake
-def _flash_attn_bwd_fake(do, q, k, v, o, lse2, causal, scale):
+def _flash_attn_bwd_fake(do, q, k, v, o, lse, causal, scale, *_variant_args):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
-    o, lse2 = output
-    ctx.save_for_backward(q, k, v, o, lse2)
-    ctx.causal, ctx.scale = causal, scale
-    ctx.mark_non_differentiable(lse2)
+    q, k, v, *variant_args = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.variant_args = variant_args
+    ctx.mark_non_differentiable(lse)
 
 
-def _fwd_backward(ctx, do, _dlse2):
-    q, k, v, o, lse2 = ctx.saved_tensors
-    dq, dk, dv = torch.ops.course_kernels.flash_attn_bwd(
-        do, q, k, v, o, lse2, ctx.causal, ctx.scale
-    )
-    return dq, dk, dv, None, None
+def _fwd_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.course_kernels.flash_attn_bwd(do, q, k, v, o, lse, *ctx.variant_args)
+    return dq, dk, dv, *([None] * len(ctx.variant_args))
 
 
 def _bwd_setup_context(ctx, inputs, output):
@@ -217,12 +245,24 @@ def _autocast(q, k, v):
 
 
 def flash_attention(
-    q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False
+    q,
+    k,
+    v,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+    *,
+    attn_mask=None,
+    causal_alignment: str = "top_left",
+    window_size=None,
+    softcap=None,
+    alibi_slopes=None,
 ):
-    """Exact attention, O = softmax(scale * Q K^T [+ causal mask]) V, in Triton.
+    """Exact attention, O = softmax(scale * Q K^T [+ mask, soft cap, ALiBi]) V, in Triton.
 
     The same function as ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
-    is_causal=causal, scale=scale, enable_gqa=True)``, computed FlashAttention-2 style.
+    is_causal=causal, scale=scale, enable_gqa=True)``, computed FlashAttention-2 style, plus
+    flash-attn's variants.
 
     Args:
         q: (B, Hq, Nq, d) queries, layout (batch, heads, seq, head_dim).
@@ -236,16 +276,39 @@ def flash_attention(
                 1 1 0 0
                 1 1 1 0
 
+            With ``causal_alignment="bottom_right"`` query i sees keys j <= i + Nk - Nq
+            (flash-attn's causal; chunked prefill over a KV cache)::
+
+                1 1 0 0
+                1 1 1 0
+                1 1 1 1
+
         scale: multiplies Q K^T; ``None`` means 1 / sqrt(d).
         return_lse: also return the logsumexp.
+        attn_mask: ``None`` or one of SDPA's causal bias objects,
+            ``torch.nn.attention.bias.causal_upper_left(Nq, Nk)`` (= ``causal=True``) or
+            ``causal_lower_right(Nq, Nk)`` (= bottom-right causal), so code written for SDPA
+            runs unchanged. Tensor masks are not supported (FlexAttention or SDPA take them).
+        causal_alignment: ``"top_left"`` or ``"bottom_right"``: where the diagonal of ``causal``
+            and of ``window_size`` sits.
+        window_size: ``(left, right)``, flash-attn's sliding window: query i sees keys
+            i + off - left <= j <= i + off + right (off = 0 top-left, Nk - Nq bottom-right);
+            -1 is unbounded; with ``causal`` the right side is 0. Key blocks outside every
+            row's window are skipped: the cost is O(window), not O(N).
+        softcap: ``None``/0 (off) or > 0: scores become softcap * tanh(score / softcap)
+            (Gemma 2's logit soft-capping), forward and backward.
+        alibi_slopes: ``None`` or a (Hq,) or (B, Hq) tensor: adds -slope * |i + Nk - Nq - j| to
+            the scores (flash-attn's ALiBi). No gradient flows to the slopes.
 
-    Dtypes: float16, bfloat16 (sm_80+), float32 (IEEE fp32 products, not TF32). Head dim: any
-    multiple of 8 up to 256 (non powers of two are padded and masked inside the kernel).
-    Non-contiguous inputs are made contiguous. On CPU (Triton's interpreter) bf16 is computed
-    in fp32 and rounded, because bf16 ``tl.dot`` is wrong there (triton-lang/triton#11584).
-    Inside ``torch.autocast`` q, k, v are first cast to the autocast dtype (as SDPA's are).
-    ``torch.compile`` traces it without a graph break (through the op
-    ``torch.ops.course_kernels.flash_attn_fwd``). Double backward is not supported (raises).
+    The variants are score and mask hooks inside the kernels (``course_kernels.triton.masks``),
+    FlexAttention's idea in Triton functions. Dtypes: float16, bfloat16 (sm_80+), float32 (IEEE
+    fp32 products, not TF32). Head dim: any multiple of 8 up to 256. Non-contiguous inputs are
+    made contiguous. On CPU (Triton's interpreter) bf16 is computed in fp32 and rounded, because
+    bf16 ``tl.dot`` is wrong there (triton-lang/triton#11584). Inside ``torch.autocast`` q, k, v
+    are first cast to the autocast dtype (as SDPA's are). ``torch.compile`` traces it without a
+    graph break (through the op ``torch.ops.course_kernels.flash_attn_fwd``). Double backward
+    is not supported (raises). A row that sees no key (e.g. bottom-right with Nq > Nk) gives
+    output 0, zero gradients and lse = -inf.
 
     Returns:
         out: (B, Hq, Nq, d), q's dtype. Differentiable with respect to q, k, v.
@@ -257,7 +320,17 @@ def flash_attention(
     scale = _check_inputs(q, k, v, causal, scale)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+    variant = check_variant(
+        causal, causal_alignment, window_size, softcap, attn_mask, q.shape[2], k.shape[2]
+    )
+    alibi = check_alibi(alibi_slopes, q)
     if torch.compiler.is_compiling():
-        o, lse2 = torch.ops.course_kernels.flash_attn_fwd(q, k, v, causal, scale)
-        return (o, lse2 * LN2) if return_lse else o
-    return _FlashAttention.apply(q, k, v, causal, scale, return_lse)
+        o, lse_c = torch.ops.course_kernels.flash_attn_fwd(
+            q, k, v, *_op_args(variant, scale), alibi
+        )
+        return (o, user_lse(lse_c, variant, scale)) if return_lse else o
+    return _FlashAttention.apply(q, k, v, variant, scale, return_lse, alibi)
+
+
+def _op_args(variant: Variant, scale: float) -> tuple:
+    return (variant.causal, scale, variant.bottom_right, *variant.window, variant.softcap)

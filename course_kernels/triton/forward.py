@@ -40,65 +40,23 @@ from . import _env as _triton_env  # noqa: F401  (sets TRITON_INTERPRET before a
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ._env import autotune_kwargs, pick_configs, prune_configs  # noqa: E402
+from ._env import autotune_kwargs, prune_configs  # noqa: E402
+from .configs import (  # noqa: E402,F401  (re-exported)
+    FWD_CPU_CONFIG,
+    FWD_GPU_TILES,
+    FWD_IEEE_CONFIG,
+    FWD_SM75,
+    FWD_SMALL_CONFIG,
+    accumulator_registers,
+    fwd_configs,
+    fwd_gpu_configs,
+    smem_estimate,
+)
+from .masks import BIG, _key_blocks, _score_mod, _seq, _visible  # noqa: E402,F401
 from ..numpy.reference import LOG2E as _LOG2E  # noqa: E402
 
 # A kernel reads a module global only as a constexpr: log2(e), for qk_scale = scale * LOG2E.
 LOG2E = tl.constexpr(_LOG2E)
-
-
-# fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
-FWD_IEEE_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)
-# Head dim 256, and a T4's 64 KB of shared memory.
-FWD_SMALL_CONFIG = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
-
-
-# A T4 (sm_75): the largest tiles that fit 64 KiB, measured for sm_75 (notes/t4_sm75.md).
-FWD_SM75 = {
-    (128, False): FWD_SMALL_CONFIG,  # 49,152 bytes at d = 128
-    (256, False): triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1),
-    (128, True): FWD_IEEE_CONFIG,
-    (256, True): triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1),
-}
-
-
-# The GPU autotuning space for fp16/bf16 as data: (BLOCK_M, BLOCK_N, num_warps, num_stages).
-# The last is the best forward config of the H200 sweep (course_kernels/data/bench/sweep.json).
-FWD_GPU_TILES = ((128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3))
-# Under the interpreter, one config: BLOCK_M = 2 * BLOCK_N crosses several diagonal blocks.
-FWD_CPU_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
-
-
-def fwd_configs() -> list[triton.Config]:
-    """The autotuning space: a few configs known to do well on Hopper/Ampere, and a small one.
-
-    Under the interpreter one config (several would each run): BLOCK_M = 2 * BLOCK_N, so that
-    small CPU tests cross several diagonal blocks.
-    """
-    return pick_configs(fwd_gpu_configs(), FWD_CPU_CONFIG, FWD_IEEE_CONFIG)
-
-
-def fwd_gpu_configs() -> list[triton.Config]:
-    """The GPU's fp16/bf16 autotuning list (:data:`FWD_GPU_TILES` and the small config), the same
-    whether or not this process has a GPU: what the chapters tabulate."""
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in FWD_GPU_TILES
-    ] + [FWD_SMALL_CONFIG]
-
-
-def smem_estimate(
-    block_q: int, block_k: int, num_stages: int, head_dim: int, dtype_bytes: int = 2
-) -> int:
-    """Shared memory of one forward program, estimated in bytes: the Q tile (block_q x d) once,
-    a K and a V tile (block_k x d each) per pipeline stage. Triton's compiled kernel reports
-    the exact figure (``metadata.shared``); this is the arithmetic that says what can fit."""
-    return dtype_bytes * (block_q * head_dim + num_stages * 2 * block_k * head_dim)
-
-
-def accumulator_registers(block_q: int, head_dim: int, num_warps: int) -> int:
-    """fp32 values of the (block_q x d) output accumulator each thread holds (32 threads a warp)."""
-    return block_q * head_dim // (32 * num_warps)
 
 
 @triton.jit
@@ -181,9 +139,93 @@ def _attn_fwd_inner(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _attn_fwd_mask_inner(
+    acc,
+    l_i,
+    m_i,
+    q,  # (BLOCK_M, D), (BLOCK_M,), (BLOCK_M,), (BLOCK_M, D); m_i, l_i in units of c (masks.py)
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kk,
+    stride_vn,
+    stride_vk,
+    offs_m,
+    lo,
+    hi,
+    n_k,
+    qk_mul,
+    c2,
+    alibi_r,
+    alibi_diag,
+    diag_lo,
+    diag_hi,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Stream key blocks [lo, hi) through the online softmax (FA2 Alg. 1 lines 7-10), with the
+    score hook (soft cap, ALiBi) and, with ``MASKED``, the bounds and window masks of masks.py.
+
+    Scores are in units of c (s = c * r, ``c2`` = c * log2 e): P~ = exp2((r - m) * c2).
+    """
+    offs_d = tl.arange(0, HEAD_DIM_PADDED)
+    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        n_ok = offs_n[:, None] < n_k  # (BLOCK_N, 1)
+        # FA2 Alg. 1 line 7: load K_j, V_j.
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
+        k = _load_tile(k_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N, D)
+        # FA2 Alg. 1 line 8: S = Q K^T, through the score hook.
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        r, _t = _score_mod(
+            qk, offs_m[:, None], offs_n[None, :], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
+        )
+        if MASKED:
+            keep = offs_n[None, :] < n_k  # (1, BLOCK_N)
+            if WINDOWED:
+                keep = keep & _visible(offs_m[:, None], offs_n[None, :], diag_lo, diag_hi)
+            r = tl.where(keep, r, float("-inf"))
+        # FA2 Alg. 1 line 9: new running max, P~ = exp(S - m), rescaled running sum.
+        m_ij = tl.maximum(m_i, tl.max(r, 1))  # (BLOCK_M,)
+        if MASKED:  # noqa: SIM108 (a constexpr if-statement is pruned at compile time)
+            # A row whose keys so far are all masked has m = -inf; -inf - (-inf) would be NaN.
+            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
+        else:
+            m_sub = m_ij
+        p = tl.math.exp2((r - m_sub[:, None]) * c2)  # (BLOCK_M, BLOCK_N)
+        alpha = tl.math.exp2((m_i - m_sub) * c2)  # (BLOCK_M,) = exp(m_old - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # FA2 Alg. 1 line 10: O = diag(alpha) O + P~ V_j (unnormalized).
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
+        v = _load_tile(v_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N, D)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # (BLOCK_M, D)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
 @triton.autotune(
     configs=fwd_configs(),
-    key=["N_CTX_Q", "N_CTX_K", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
+    key=[
+        "N_CTX_Q",
+        "N_CTX_K",
+        "HEAD_DIM",
+        "WINDOWED",
+        "BOTTOM_RIGHT",
+        "SOFTCAP",
+        "ALIBI",
+        "VARLEN",
+        "DOT_PRECISION",
+    ],
     prune_configs_by={
         "early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)
     },
@@ -194,9 +236,11 @@ def _attn_fwd(
     Q,
     K,
     V,
-    scale,
     LSE,
     Out,
+    CU_Q,
+    CU_K,
+    ALIBI_R,
     stride_qz,
     stride_qh,
     stride_qm,
@@ -213,103 +257,114 @@ def _attn_fwd(
     stride_oh,
     stride_om,
     stride_ok,
+    stride_lz,
+    stride_lh,
+    stride_az,
+    qk_mul,
+    c2,
+    win_lo,
+    win_hi,
     H_Q,
     GROUP_SIZE,
     N_CTX_Q,
     N_CTX_K,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    BOTTOM_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr,
+    VARLEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """O = softmax(scale * Q K^T) V for one query block of one (batch, head).
+    """O = softmax(S) V for one query block of one (sequence, query head), S from the hooks.
 
-    Grid: (cdiv(Nq, BLOCK_M), B * Hq). LSE is written contiguous (B, Hq, Nq) in base 2.
+    Grid: (cdiv(Nq or max_seqlen_q, BLOCK_M), B * Hq). Dense: Q (B, Hq, Nq, d) by strides.
+    ``VARLEN``: Q (total_q, Hq, d) packed, sequence b = tokens [CU_Q[b], CU_Q[b + 1]) (stride_qz
+    = 0); a program past its sequence's end exits at once. LSE gets the row statistic in units
+    of c (masks.py), +inf for a row that sees no key.
     """
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1)
-    off_z = (off_hz // H_Q).to(tl.int64)
+    off_z = off_hz // H_Q
     off_h = (off_hz % H_Q).to(tl.int64)
+    q_start, n_q = _seq(CU_Q, off_z, N_CTX_Q, VARLEN)
+    if start_m >= n_q:
+        return
+    k_start, n_k = _seq(CU_K, off_z, N_CTX_K, VARLEN)
     off_kvh = off_h // GROUP_SIZE  # GQA: GROUP_SIZE query heads share one K/V head
-    q_base = Q + off_z * stride_qz + off_h * stride_qh
-    k_base = K + off_z * stride_kz + off_kvh * stride_kh
-    v_base = V + off_z * stride_vz + off_kvh * stride_vh
-    o_base = Out + off_z * stride_oz + off_h * stride_oh
+    off_z = off_z.to(tl.int64)
+    q_base = Q + off_z * stride_qz + off_h * stride_qh + q_start * stride_qm
+    k_base = K + off_z * stride_kz + off_kvh * stride_kh + k_start * stride_kn
+    v_base = V + off_z * stride_vz + off_kvh * stride_vh + k_start * stride_vn
+    o_base = Out + off_z * stride_oz + off_h * stride_oh + q_start * stride_om
 
     offs_m = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
     offs_d = tl.arange(0, HEAD_DIM_PADDED)  # (D,)
-    m_ok = offs_m[:, None] < N_CTX_Q  # (BLOCK_M, 1)
+    m_ok = offs_m[:, None] < n_q  # (BLOCK_M, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
-
     # FA2 Alg. 1 lines 4-5: load Q_i; m = -inf, l = 0, O = 0 on chip.
     q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
     q = _load_tile(q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_M, D)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = scale * LOG2E  # exp(x) = exp2(x * log2 e)
+    alibi_r = 0.0
+    if ALIBI:
+        alibi_r = tl.load(ALIBI_R + off_z * stride_az + off_h)  # slope / c
+    diag = 0
+    if BOTTOM_RIGHT:
+        diag = n_k - n_q
+    diag_lo, diag_hi = diag + win_lo, diag + win_hi  # row i sees keys [i + diag_lo, i + diag_hi]
 
-    # Stage 1: whole key blocks that no mask touches. Stage 2: the diagonal and the ragged end.
-    if CAUSAL:
-        hi = tl.minimum(start_m + BLOCK_M, N_CTX_K)  # the last key any row of this block sees
-        hi_full = (tl.minimum(start_m, N_CTX_K) // BLOCK_N) * BLOCK_N  # keys < start_m: all visible
-    else:
-        hi = N_CTX_K
-        hi_full = (N_CTX_K // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kk,
-        stride_vn,
-        stride_vk,
-        offs_m,  # last_key: top-left causal, row i sees the keys j <= i
-        0,
-        hi_full,
-        qk_scale,
-        N_CTX_K,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PADDED,
-        False,
-        CAUSAL,
-        DOT_PRECISION,
-    )
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kk,
-        stride_vn,
-        stride_vk,
-        offs_m,
-        hi_full,
-        hi,
-        qk_scale,
-        N_CTX_K,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PADDED,
-        True,
-        CAUSAL,
-        DOT_PRECISION,
-    )
+    # Masked left edge, unmasked middle, masked right edge (ragged end, diagonal, window).
+    lo, full_lo, full_hi, hi = _key_blocks(start_m, n_k, diag_lo, diag_hi, BLOCK_M, BLOCK_N)
+    for stage in tl.static_range(3):
+        if stage == 0:
+            s_lo, s_hi = lo, full_lo
+        elif stage == 1:
+            s_lo, s_hi = full_lo, full_hi
+        else:
+            s_lo, s_hi = full_hi, hi
+        acc, l_i, m_i = _attn_fwd_mask_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            stride_kn,
+            stride_kk,
+            stride_vn,
+            stride_vk,
+            offs_m,
+            s_lo,
+            s_hi,
+            n_k,
+            qk_mul,
+            c2,
+            alibi_r,
+            n_k - n_q,
+            diag_lo,
+            diag_hi,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_PADDED,
+            stage != 1,
+            WINDOWED,
+            SOFTCAP,
+            ALIBI,
+            DOT_PRECISION,
+        )
 
-    # FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O, L = m + log l (base 2 here).
-    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # only rows past Nq (never stored) can have l = 0
+    # FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O, L = m + log l (in units of c here).
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row that sees no key: O = 0
     acc = acc / l_safe[:, None]
-    lse2 = m_i + tl.math.log2(l_safe)  # (BLOCK_M,)
+    lse_c = tl.where(l_i == 0.0, float("inf"), m_i + tl.math.log2(l_safe) / c2)  # (BLOCK_M,)
     # FA2 Alg. 1 lines 14-15: write O_i and L_i.
-    tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, lse2, mask=offs_m < N_CTX_Q)
+    lse_ptrs = LSE + off_z * stride_lz + off_h * stride_lh + q_start + offs_m
+    tl.store(lse_ptrs, lse_c, mask=offs_m < n_q)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=m_ok & d_ok)

@@ -10,6 +10,7 @@ Chapter: "Flash Attention in Triton" (forward, backward). Private to the package
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 from . import _env as _triton_env  # first: decides GPU vs interpreter before any kernel is defined
@@ -20,9 +21,9 @@ require_triton()
 import torch  # noqa: E402
 
 from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
-from ..numpy.reference import LOG2E  # noqa: E402
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from .forward import _attn_fwd  # noqa: E402
+from .masks import CAUSAL, PLAIN, Variant, as_variant  # noqa: E402,F401  (re-exported)
 
 
 # Host-side helpers in plain Python: triton.cdiv / triton.next_power_of_2 are Triton
@@ -114,82 +115,172 @@ def _use_gluon(q, k) -> bool:
     return not INTERPRET and _gluon_fits(q, k) and gluon_available()
 
 
-def _forward(q, k, v, causal: bool, scale: float):
-    """Run the forward: ``_attn_fwd`` (the tl kernel), or on Hopper the Gluon FA3-schedule
-    forward (:mod:`course_kernels.gluon`; see :func:`_use_gluon`). q (B, Hq, Nq, d),
-    k/v (B, kv_heads, Nk, d), already checked.
+def lse_to_base2(lse_c, variant: Variant, scale: float):
+    """The kernels' row statistic (units of c, +inf for an empty row) -> base-2 logsumexp (-inf)."""
+    _, _, c2 = variant.units(scale)
+    return torch.where(torch.isposinf(lse_c), float("-inf"), lse_c * c2)
 
-    Returns o (B, Hq, Nq, d) contiguous in q.dtype and lse2 (B, Hq, Nq) float32 in base 2.
-    Non-contiguous inputs are made contiguous. Under the interpreter bf16 is computed in fp32
-    and O rounded to bf16 (triton-lang/triton#11584).
+
+def lse_from_base2(lse2, variant: Variant, scale: float):
+    _, _, c2 = variant.units(scale)
+    return torch.where(torch.isneginf(lse2), float("inf"), lse2 / c2)
+
+
+def _forward(q, k, v, causal, scale: float, alibi=None):
+    """Run the forward: ``_attn_fwd`` (the tl kernel), or on Hopper for the plain and causal
+    variants the Gluon FA3-schedule forward (:mod:`course_kernels.gluon`; see :func:`_use_gluon`).
+    q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
+
+    ``causal``: a bool (top-left causal) or a :class:`Variant`; ``alibi``: None or (B or 1, Hq)
+    float32 slopes. Returns o (B, Hq, Nq, d) contiguous in q.dtype and lse2 (B, Hq, Nq) float32
+    in base 2 (-inf for a row that sees no key). :func:`_forward_c` returns the kernels' own
+    statistic instead (what :func:`_backward_c` takes).
     """
-    if _use_gluon(q, k):
-        o, lse = gluon_attention_forward(q, k, v, causal=causal, scale=scale)
-        return o, lse * LOG2E  # natural-log lse -> base 2, as the tl backward reads it
+    variant = as_variant(causal)
+    o, lse_c = _forward_c(q, k, v, variant, scale, alibi)
+    return o, lse_to_base2(lse_c, variant, scale)
+
+
+def _forward_c(q, k, v, variant: Variant, scale: float, alibi=None, varlen=None):
+    """As :func:`_forward`, returning the row statistic in units of c (masks.py), +inf if empty.
+
+    ``varlen``: None (dense) or (cu_q, cu_k, max_q, max_k): q (total_q, Hq, d), k/v (total_k,
+    kv_heads, d) packed; the statistic is then (Hq, total_q). Under the interpreter bf16 is
+    computed in fp32 and O rounded to bf16 (triton-lang/triton#11584).
+    """
+    plain = varlen is None and alibi is None and variant in (PLAIN, CAUSAL)
+    if plain and _use_gluon(q, k):
+        o, lse = gluon_attention_forward(q, k, v, causal=variant.causal, scale=scale)
+        return o, lse / variant.units(scale)[1]  # natural-log lse -> units of c
     if INTERPRET and q.dtype == torch.bfloat16:
-        o, lse2 = _forward(q.float(), k.float(), v.float(), causal, scale)
-        return o.to(torch.bfloat16), lse2
+        o, lse_c = _forward_c(q.float(), k.float(), v.float(), variant, scale, alibi, varlen)
+        return o.to(torch.bfloat16), lse_c
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    B, Hq, Nq, d = q.shape
-    kv_heads, Nk = k.shape[1], k.shape[2]
     o = torch.empty_like(q)
-    lse2 = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    lay = _layout(q, k, varlen)
+    lse_c = torch.empty(lay.lse_shape, device=q.device, dtype=torch.float32)
+    qk_mul, c, c2 = variant.units(scale)
+    win_lo, win_hi = variant.window_offsets()
+    alibi_r, stride_az = _alibi_args(alibi, c, lse_c)
+    n_q, n_k = lay.n_q, lay.n_k
 
     def grid(meta):
-        return (_cdiv(Nq, meta["BLOCK_M"]), B * Hq)
+        return (_cdiv(n_q, meta["BLOCK_M"]), lay.batch * lay.hq)
 
     args = (
         q,
         k,
         v,
-        scale,
-        lse2,
+        lse_c,
         o,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *o.stride(),
-        Hq,
-        Hq // kv_heads,
-        Nq,
-        Nk,
+        *lay.cu(lse_c),
+        alibi_r,
+        *lay.strides(q),
+        *lay.strides(k),
+        *lay.strides(v),
+        *lay.strides(o),
+        *lay.lse_strides,
+        stride_az,
+        qk_mul,
+        c2,
+        win_lo,
+        win_hi,
+        lay.hq,
+        lay.hq // lay.kv_heads,
+        n_q,
+        n_k,
     )
     _launch(
         _attn_fwd,
         grid,
         args,
-        (q.device, q.dtype, Nq, Nk, d, causal),
-        HEAD_DIM=d,
-        HEAD_DIM_PADDED=head_dim_padded(d),
-        CAUSAL=causal,
+        (q.device, q.dtype, n_q, n_k, lay.d, variant, alibi is not None, varlen is not None),
+        HEAD_DIM=lay.d,
+        HEAD_DIM_PADDED=head_dim_padded(lay.d),
+        **_variant_constexprs(variant, alibi, varlen),
         DOT_PRECISION=_dot_precision(q.dtype),
     )
-    return o, lse2
+    return o, lse_c
 
 
-def _backward_one_key(do, q, k, v, o, lse2, scale):
-    """The backward when there is one key (Nk = 1), in closed form (PyTorch ops, O(N d)).
+def _variant_constexprs(variant: Variant, alibi, varlen) -> dict:
+    return {
+        "WINDOWED": variant.windowed,
+        "BOTTOM_RIGHT": variant.bottom_right,
+        "SOFTCAP": variant.softcap > 0,
+        "ALIBI": alibi is not None,
+        "VARLEN": varlen is not None,
+    }
 
-    Every query row sees only key 0 (also with the causal mask): P = exp2(s * scale * log2 e -
-    lse2), dP = dO . v, D = rowsum(dO * O), dS = P (dP - D), dQ = dS k scale, dK = sum dS q scale,
-    dV = sum P dO. When o and lse2 are this call's own forward's, O = V exactly, so D and dP are
-    the same sum of the same numbers and dS is exactly 0: dQ = dK = 0 as in exact arithmetic.
-    The kernels compute dP with a tensor-core dot and D with an elementwise sum, in different
-    orders, which left ~1e-5 of rounding noise in dQ and dK there (notes/kernel.md). With another
-    o and lse2 (ring attention passes the global ones per block) this is the general formula.
-    NaN or inf in the inputs still propagate to the gradients they reach.
+
+def _alibi_args(alibi, c: float, dummy):
+    """(slope / c as a contiguous float32 tensor, its batch stride) or (dummy, 0)."""
+    if alibi is None:
+        return dummy, 0
+    alibi_r = (alibi.to(torch.float32) / c).contiguous()  # (B or 1, Hq)
+    return alibi_r, (alibi_r.stride(0) if alibi_r.shape[0] > 1 else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Dense (B, H, N, d) or packed varlen (total, H, d) tensors, as the kernels index them."""
+
+    batch: int
+    hq: int
+    kv_heads: int
+    n_q: int  # Nq, or max_seqlen_q
+    n_k: int
+    d: int
+    lse_shape: tuple
+    lse_strides: tuple  # (per sequence, per head); per token 1
+    cu_q: object = None
+    cu_k: object = None
+
+    def strides(self, x):
+        """(z, h, token, dim) strides; a packed tensor has no batch stride (tokens are offset)."""
+        if self.cu_q is None:
+            return x.stride()
+        return (0, x.stride(1), x.stride(0), x.stride(2))
+
+    def cu(self, dummy):
+        return (dummy, dummy) if self.cu_q is None else (self.cu_q, self.cu_k)
+
+
+def _layout(q, k, varlen) -> _Layout:
+    if varlen is None:
+        B, Hq, Nq, d = q.shape
+        return _Layout(B, Hq, k.shape[1], Nq, k.shape[2], d, (B, Hq, Nq), (Hq * Nq, Nq))
+    cu_q, cu_k, max_q, max_k = varlen
+    total_q, Hq, d = q.shape
+    return _Layout(
+        cu_q.numel() - 1, Hq, k.shape[1], max_q, max_k, d, (Hq, total_q), (0, total_q), cu_q, cu_k
+    )
+
+
+def _backward_one_key(do, q, k, v, o, lse_c, scale, variant: Variant = PLAIN):
+    """The backward when there is one key (Nk = 1) and every row sees it, in closed form
+    (PyTorch ops, O(N d)); ``lse_c`` is the kernels' statistic (units of c, masks.py).
+
+    P = exp2((r - L) * c log2 e), dP = dO . v, D = rowsum(dO * O), dS = P (dP - D), dQ = dS k
+    scale, dK = sum dS q scale, dV = sum P dO. When o and L are this call's own forward's, O = V
+    exactly, so D and dP are the same sum of the same numbers and dS is exactly 0: dQ = dK = 0
+    as in exact arithmetic. The kernels compute dP with a tensor-core dot and D with an
+    elementwise sum, in different orders, which left ~1e-5 of rounding noise in dQ and dK there
+    (notes/kernel.md). With another o and L (ring attention passes the global ones per block)
+    this is the general formula. NaN or inf in the inputs still propagate to the gradients.
     """
     B, Hq, Nq, d = q.shape
     kv_heads = k.shape[1]
     G = Hq // kv_heads
     f = torch.float32
+    qk_mul, _, c2 = variant.units(scale)
     qf = q.to(f).reshape(B, kv_heads, G, Nq, d)
     kf = k.to(f).reshape(B, kv_heads, 1, 1, d)
     vf = v.to(f).reshape(B, kv_heads, 1, 1, d)
     dof = do.to(f).reshape(B, kv_heads, G, Nq, d)
     of = o.to(f).reshape(B, kv_heads, G, Nq, d)
-    s2 = (qf * kf).sum(-1, keepdim=True) * (scale * LOG2E)  # (B, kv_heads, G, Nq, 1), base 2
-    p = torch.exp2(s2 - lse2.reshape(B, kv_heads, G, Nq, 1))
+    r = (qf * kf).sum(-1, keepdim=True) * qk_mul  # (B, kv_heads, G, Nq, 1), units of c
+    p = torch.exp2((r - lse_c.reshape(B, kv_heads, G, Nq, 1)) * c2)
     dp = (dof * vf).sum(-1, keepdim=True)
     delta = (dof * of).sum(-1, keepdim=True)  # bitwise dp when o = v: same shapes, same order
     ds = p * (dp - delta)
@@ -199,82 +290,85 @@ def _backward_one_key(do, q, k, v, o, lse2, scale):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _backward(do, q, k, v, o, lse2, causal: bool, scale: float):
+def _backward(do, q, k, v, o, lse2, causal, scale: float, alibi=None):
     """Run the two backward kernels; returns dq, dk, dv shaped and typed like q, k, v.
 
-    Inputs as returned by / given to :func:`_forward` (any strides; made contiguous here).
+    Inputs as returned by / given to :func:`_forward` (base-2 lse2; any strides). ``causal``:
+    a bool or a :class:`Variant`. :func:`_backward_c` takes the kernels' own statistic.
     """
-    if k.shape[2] == 1:
-        return _backward_one_key(do, q, k, v, o, lse2, scale)
+    variant = as_variant(causal)
+    lse_c = lse_from_base2(lse2, variant, scale)
+    return _backward_c(do, q, k, v, o, lse_c, variant, scale, alibi)
+
+
+def _one_key_closed_form(k, variant: Variant, alibi, varlen) -> bool:
+    """Nk = 1 and every row sees key 0 with the plain score: the closed form applies."""
+    plain = variant.softcap == 0 and alibi is None and variant.window == (-1, -1)
+    return varlen is None and k.shape[2] == 1 and plain and not variant.bottom_right
+
+
+def bwd_variant_args(q, k, lse_c, variant: Variant, scale: float, alibi=None, varlen=None):
+    """The backward kernels' arguments between their tensors and (heads, group, Nq, Nk) --
+    cu_seqlens, ALiBi, scale, strides, the variant's numbers -- and their constexprs (but
+    ATOMIC_DQ). ``experiments/hopper/schedule_levers.py`` launches the dK/dV kernel with them."""
+    lay = _layout(q, k, varlen)
+    qk_mul, c, c2 = variant.units(scale)
+    alibi_r, stride_az = _alibi_args(alibi, c, lse_c)
+    common = (
+        *lay.cu(lse_c),
+        alibi_r,
+        scale,
+        *lay.strides(q),
+        *lay.strides(k),
+        *lay.lse_strides,
+        stride_az,
+        qk_mul,
+        c2,
+        *variant.window_offsets(),
+    )
+    constexprs = dict(
+        HEAD_DIM=lay.d,
+        HEAD_DIM_PADDED=head_dim_padded(lay.d),
+        **_variant_constexprs(variant, alibi, varlen),
+        DOT_PRECISION=_dot_precision(q.dtype),
+    )
+    return common, constexprs
+
+
+def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=None, varlen=None):
+    """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
+    if _one_key_closed_form(k, variant, alibi, varlen):
+        return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
     if INTERPRET and q.dtype == torch.bfloat16:
-        grads = _backward(
-            do.float(), q.float(), k.float(), v.float(), o.float(), lse2, causal, scale
-        )
+        f = (x.float() for x in (do, q, k, v, o))
+        grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
         return tuple(g.to(torch.bfloat16) for g in grads)
-    q, k, v, o, do, lse2 = (x.contiguous() for x in (q, k, v, o, do, lse2))
-    B, Hq, Nq, d = q.shape
-    kv_heads, Nk = k.shape[1], k.shape[2]
-    dpad = head_dim_padded(d)
-    prec = _dot_precision(q.dtype)
-    delta = torch.empty_like(lse2)  # (B, Hq, Nq) float32, written by the dQ kernel
+    q, k, v, o, do, lse_c = (x.contiguous() for x in (q, k, v, o, do, lse_c))
+    lay = _layout(q, k, varlen)
+    delta = torch.empty_like(lse_c)  # float32, written by the dQ kernel
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    key = (q.device, q.dtype, Nq, Nk, d, causal, Hq // kv_heads)
+    group = lay.hq // lay.kv_heads
+    key = (q.device, q.dtype, lay.n_q, lay.n_k, lay.d, variant, group, alibi is not None)
+    key = (*key, varlen is not None)
+    common, constexprs = bwd_variant_args(q, k, lse_c, variant, scale, alibi, varlen)
     # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
     # preprocessing pass folded in: one launch fewer).
     _launch(
         _attn_bwd_dq,
-        lambda meta: (_cdiv(Nq, meta["BLOCK_M2"]), B * Hq),
-        (
-            q,
-            k,
-            v,
-            do,
-            o,
-            lse2,
-            delta,
-            dq,
-            scale,
-            *q.stride(),
-            *k.stride(),
-            Hq,
-            Hq // kv_heads,
-            Nq,
-            Nk,
-        ),
+        lambda meta: (_cdiv(lay.n_q, meta["BLOCK_M2"]), lay.batch * lay.hq),
+        (q, k, v, do, o, lse_c, delta, dq, *common, lay.hq, group, lay.n_q, lay.n_k),
         key,
-        HEAD_DIM=d,
-        HEAD_DIM_PADDED=dpad,
-        CAUSAL=causal,
-        DOT_PRECISION=prec,
+        **constexprs,
     )
     _launch(
         _attn_bwd_dkdv,
-        lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * kv_heads),
-        (
-            q,
-            k,
-            v,
-            do,
-            lse2,
-            delta,
-            dk,
-            dv,
-            dq,  # read only with ATOMIC_DQ (not used here: dQ has its own kernel)
-            scale,
-            *q.stride(),
-            *k.stride(),
-            kv_heads,
-            Hq // kv_heads,
-            Nq,
-            Nk,
-        ),
+        lambda meta: (_cdiv(lay.n_k, meta["BLOCK_N1"]), lay.batch * lay.kv_heads),
+        # dq: read only with ATOMIC_DQ (not used here: dQ has its own kernel)
+        (q, k, v, do, lse_c, delta, dk, dv, dq, *common, lay.kv_heads, group, lay.n_q, lay.n_k),
         key,
-        HEAD_DIM=d,
-        HEAD_DIM_PADDED=dpad,
-        CAUSAL=causal,
-        DOT_PRECISION=prec,
+        **constexprs,
         ATOMIC_DQ=False,
     )
     return dq, dk, dv

@@ -51,7 +51,7 @@ def _meta_worker(job):
     o = torch.empty_like(q)
     lse = torch.empty(1, 2, 256, device="cuda")
     base = {"dtype": "float16", "d": d, "causal": causal}
-    common = dict(HEAD_DIM=d, HEAD_DIM_PADDED=d, CAUSAL=causal, DOT_PRECISION="tf32")
+    common = constexprs(d, causal)
     fwd_cfgs = sorted(set(SWEEP_CONFIGS) | {(64, 128, 8, 3), (128, 128, 8, 4), (64, 64, 4, 4)})
     for bm, bn, w, s in fwd_cfgs:
         row = {
@@ -64,16 +64,12 @@ def _meta_worker(job):
         }
         try:
             kern = triton_forward._attn_fwd.fn.warmup(
-                q,
-                q,
-                q,
-                0.1,
-                lse,
-                o,
+                *(q, q, q, lse, o, lse, lse, lse),  # Q K V LSE O, cu_seqlens and ALiBi unused
                 *q.stride(),
                 *q.stride(),
                 *q.stride(),
                 *o.stride(),
+                *variant_args(causal),
                 2,
                 1,
                 256,
@@ -102,7 +98,7 @@ def _meta_worker(job):
                 "num_stages": c.num_stages,
             }
             try:
-                args_, extra = bwd_args(name, q, o, lse)
+                args_, extra = bwd_args(name, q, o, lse, causal)
                 kern = kernel.fn.warmup(
                     *args_,
                     grid=(1,),
@@ -137,7 +133,20 @@ def cmd_meta(args):
     return 0
 
 
-def bwd_args(name, q, o, lse):
+def constexprs(d, causal):
+    """The constexprs every kernel takes: head dim, the variant (causal: top-left), precision."""
+    flags = dict(WINDOWED=causal, BOTTOM_RIGHT=False, SOFTCAP=False, ALIBI=False, VARLEN=False)
+    return dict(HEAD_DIM=d, HEAD_DIM_PADDED=d, **flags, DOT_PRECISION="tf32")
+
+
+def variant_args(causal):
+    """LSE strides, ALiBi stride, qk_mul, c log2 e, window offsets (course_kernels.triton.masks)."""
+    from course_kernels.triton.masks import BIG
+
+    return (512, 256, 0, 1.0, 0.18, -BIG, 0 if causal else BIG)
+
+
+def bwd_args(name, q, o, lse, causal=False):
     """Positional arguments and extra constexprs of a backward kernel compiled (not launched) for
     (1, 2, 256, d) inputs: every pointer is q, o or lse (only dtypes and alignment matter)."""
     pointers = {
@@ -145,7 +154,8 @@ def bwd_args(name, q, o, lse):
         "_attn_bwd_dq": (q, q, q, q, o, lse, lse, o),  # Q K V dO O LSE D dQ
     }[name]
     extra = {"ATOMIC_DQ": False} if name == "_attn_bwd_dkdv" else {}
-    return (*pointers, 0.1, *q.stride(), *q.stride(), 2, 1, 256, 256), extra
+    tail = (0.1, *q.stride(), *q.stride(), *variant_args(causal), 2, 1, 256, 256)
+    return (*pointers, lse, lse, lse, *tail), extra  # cu_seqlens and ALiBi: unused pointers
 
 
 def kernel_configs(which):

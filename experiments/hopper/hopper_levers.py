@@ -205,7 +205,7 @@ def cmd_bwd_ab(args):
 
     from course_kernels.triton import flash
     from course_kernels.triton import backward as triton_backward
-    from course_kernels.triton import backward_configs as triton_backward_configs
+    from course_kernels.triton import configs as triton_backward_configs
     from course_kernels.bench import attention_flops
     from course_kernels.triton.flash import flash_attention
 

@@ -144,20 +144,20 @@ def backward_atomic_dq(do, q, k, v, o, lse2, causal, scale):
     The autotuner times each config by running the kernel, and each run adds into dQ: call once
     to tune before trusting dQ (``check`` does).
     """
-    B, Hq, Nq, d = q.shape
-    kv_heads, Nk = k.shape[1], k.shape[2]
-    delta = torch.empty_like(lse2)
-    rows = B * Hq * Nq
+    (B, Hq, Nq, d), (kv_heads, Nk) = q.shape, k.shape[1:3]
+    delta, rows = torch.empty_like(lse2), B * Hq * Nq
     dpad = head_dim_padded(d)
     _attn_bwd_preprocess[(_cdiv(rows, 64),)](
         o, do, delta, rows, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, BLOCK_M=64
     )
     dq32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
+    variant = flash_launch.as_variant(causal)  # the kernels read the statistic in units of c
+    lse_c = flash_launch.lse_from_base2(lse2, variant, scale).contiguous()
+    common, consts = flash_launch.bwd_variant_args(q, k, lse_c, variant, scale)
     _attn_bwd_dkdv[lambda meta: (_cdiv(Nk, meta["BLOCK_N1"]), B * kv_heads)](
-        q, k, v, do, lse2, delta, dk, dv, dq32, scale, *q.stride(), *k.stride(), kv_heads,
-        Hq // kv_heads, Nq, Nk, HEAD_DIM=d, HEAD_DIM_PADDED=dpad, CAUSAL=causal,
-        DOT_PRECISION=_dot_precision(q.dtype), ATOMIC_DQ=True,
+        q, k, v, do, lse_c, delta, dk, dv, dq32, *common, kv_heads, Hq // kv_heads, Nq, Nk,
+        **consts, ATOMIC_DQ=True,
     )  # fmt: skip
     return (dq32 * scale).to(q.dtype), dk, dv
 

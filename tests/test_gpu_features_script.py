@@ -1,0 +1,48 @@
+"""scripts/gpu_features.py's pure-Python parts (the GPU run itself is on the H200): the rows it
+would measure, the unmasked work it counts, the documents it packs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_features  # noqa: E402
+
+
+def test_rows_and_flops():
+    args = gpu_features.parse_args([])
+    rows = gpu_features.rows(args)
+    # causal and window: 2 d x 3 N x 3 providers x 2 passes; documents: 2 d x 3 x 2
+    assert len(rows) == 2 * 2 * 3 * 3 * 2 + 2 * 3 * 2
+    assert {r["n"] for r in rows if r["mask"] == "document"} == {16_384}
+    causal = {"mask": "causal", "d": 64, "n": 4096, "pass": "fwd"}
+    want = 4.0 * 64 * 32 * 4 * (4096 * 4097 // 2)  # H = 2048 / 64, B = 4, N (N + 1) / 2 pairs
+    assert gpu_features.flops(causal, args) == want
+    assert gpu_features.flops({**causal, "pass": "bwd"}, args) == 2.5 * want
+
+
+def test_visible_pairs_by_brute_force():
+    import numpy as np
+
+    n, w = 50, 8
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    assert gpu_features.visible_pairs("window", n, w) == int(((j <= i) & (i - j < w)).sum())
+    assert gpu_features.visible_pairs("causal", n, w) == int((j <= i).sum())
+    lengths = gpu_features.doc_lengths()
+    assert len(lengths) == 6 and sum(lengths) == 16_384 and min(lengths) > 1000
+    assert gpu_features.visible_pairs("document", 0, 0, [3, 4]) == 6 + 10
+
+
+def test_dry_run_lists_rows_without_a_gpu():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_features.py"), "--dry-run", "--d", "128"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows and all(r["d"] == 128 and r["gflop"] > 0 for r in rows)

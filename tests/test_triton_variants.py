@@ -1,0 +1,222 @@
+"""The kernels' variants against the float64 NumPy truth (Triton's CPU interpreter without a GPU):
+bottom-right causal and SDPA's causal bias objects, sliding windows (with block skipping), soft
+capping, ALiBi, forward and backward, GQA, odd sizes (the CPU configs use 32 x 16 and 16 x 32
+tiles, so windows and diagonals cut through blocks). Issue 22.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from variant_cases import DEVICE, check, make  # noqa: E402
+
+from course_kernels import flash_attention  # noqa: E402
+from course_kernels.numpy.reference import attention_mask  # noqa: E402
+from course_kernels.triton.masks import BIG, key_blocks, query_blocks  # noqa: E402
+
+BR = {"causal": True, "causal_alignment": "bottom_right"}
+
+
+@pytest.mark.parametrize("lengths", [(17, 67), (67, 17), (1, 33), (35, 35)])
+@pytest.mark.parametrize("heads", [(2, 2), (4, 1)])
+def test_bottom_right_causal(lengths, heads):
+    nq, nk = lengths
+    check(*make(Hq=heads[0], kv_heads=heads[1], Nq=nq, Nk=nk, seed=nq + nk), BR, flash_attention)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bottom_right_causal_half(dtype):
+    check(*make(Nq=23, Nk=50, dtype=dtype, seed=3), BR, flash_attention)
+
+
+def test_sdpa_causal_bias_objects_are_accepted_and_match_sdpa():
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, k, v, _ = make(Nq=21, Nk=45, seed=1)
+    lower = flash_attention(q, k, v, attn_mask=causal_lower_right(21, 45))
+    assert torch.equal(lower, flash_attention(q, k, v, **BR))
+    upper = flash_attention(q, k, v, attn_mask=causal_upper_left(21, 45))
+    assert torch.equal(upper, flash_attention(q, k, v, causal=True))
+    for bias, got in ((causal_lower_right(21, 45), lower), (causal_upper_left(21, 45), upper)):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.cpu().double(), k.cpu().double(), v.cpu().double(), attn_mask=bias
+        )
+        assert (got.cpu().double() - want).abs().max() < 1e-5
+
+
+def test_bottom_right_is_not_top_left():
+    """A kernel that ignored the alignment would pass Nq = Nk; with Nq < Nk it must differ."""
+    q, k, v, _ = make(Nq=9, Nk=40, seed=2)
+    tl_ = flash_attention(q, k, v, causal=True)
+    br = flash_attention(q, k, v, **BR)
+    assert (tl_ - br).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("window", [(0, 0), (5, 3), (8, -1), (-1, 4)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sliding_window(window, causal, align):
+    kw = {"window_size": window, "causal": causal, "causal_alignment": align}
+    # (0, 0): every row sees one key, where the exact dQ is 0 and NumPy's matmul (the
+    # interpreter's dot) sums some rows of dP in another order than D: fp16's floor, not fp32's.
+    dtype = torch.float16 if window == (0, 0) else torch.float32
+    qkvo = make(Hq=4, kv_heads=2, Nq=37, Nk=53, dtype=dtype, seed=sum(window) + 9)
+    check(*qkvo, kw, flash_attention)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_window_changes_exactly_the_rows_that_see_the_key(align):
+    """Changing V at key j changes exactly the rows whose window holds j (catches an
+    off-by-one on either edge and a wrong alignment)."""
+    q, k, v, _ = make(Nq=30, Nk=45, seed=4)
+    kw = {"window_size": (6, 2), "causal_alignment": align}
+    out = flash_attention(q, k, v, **kw)
+    keep = attention_mask(30, 45, False, align, (6, 2))
+    for j in (0, 7, 20, 44):
+        v2 = v.clone()
+        v2[:, :, j] += 1.0
+        changed = (flash_attention(q, k, v2, **kw) - out).abs().amax(dim=(0, 1, 3)) > 0
+        assert changed.tolist() == keep[:, j].tolist(), j
+
+
+def test_window_blocks_outside_are_never_read():
+    """NaN in V (and K) outside every window of a query block leaves that block's output finite:
+    its program never loads them (block skipping), it does not merely mask them."""
+    q, k, v, do = make(Nq=128, Nk=128, seed=5)
+    k, v = k.clone(), v.clone()
+    k[:, :, :48] = float("nan")  # rows 64..95 with window (8, 0) see keys 56..95 only
+    v[:, :, :48] = float("nan")
+    out = flash_attention(q, k, v, causal=True, window_size=(8, 0))
+    assert torch.isfinite(out[:, :, 64:]).all() and torch.isnan(out[:, :, :48]).any()
+    # dK/dV: key block 0..15 is seen by rows 0..23 only; NaN queries from row 64 on
+    q2, do2 = q.clone(), do.clone()
+    q2[:, :, 64:] = float("nan")
+    do2[:, :, 64:] = float("nan")
+    k3, v3 = (x.clone().requires_grad_() for x in make(Nq=128, Nk=128, seed=6)[1:3])
+    flash_attention(q2, k3, v3, causal=True, window_size=(8, 0)).backward(do2)
+    assert torch.isfinite(k3.grad[:, :, :16]).all() and torch.isfinite(v3.grad[:, :, :16]).all()
+
+
+def test_block_ranges_visit_only_window_blocks():
+    """With a 256-key window at N = 4096 a query block visits ~ (256 + BLOCK_M) / BLOCK_N key
+    blocks, not N / BLOCK_N; every visible key is inside the visited ranges (brute force)."""
+    lo, flo, fhi, hi = key_blocks(2048, 4096, -256, 0, 128, 64)
+    assert (lo, hi) == (1792, 2048 + 128) and hi - lo <= 256 + 128 + 64
+    assert (flo, fhi) == (1920, 2048)  # unmasked middle: keys every row of the block sees
+    keep = attention_mask(200, 260, True, "bottom_right", (20, -1))
+    diag = 60
+    for sm in range(0, 200, 32):
+        lo, flo, fhi, hi = key_blocks(sm, 260, diag - 20, diag, 32, 16)
+        cols = keep[sm : sm + 32].any(0).nonzero()[0]
+        assert cols.size == 0 or (lo <= cols.min() and cols.max() < max(hi, fhi))
+        assert keep[sm : sm + 32, flo:fhi].all()
+    for sn in range(0, 260, 16):
+        lo, flo, fhi, hi = query_blocks(sn, 200, diag - 20, diag, 16, 32)
+        rows = keep[:, sn : sn + 16].any(1).nonzero()[0]
+        assert rows.size == 0 or (lo <= rows.min() and rows.max() < max(hi, fhi))
+        assert keep[flo:fhi, sn : sn + 16].all()
+    assert key_blocks(0, 100, -BIG, BIG, 32, 16) == (0, 0, 96, 100)
+
+
+@pytest.mark.parametrize("softcap", [1.0, 5.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap(softcap, causal):
+    kw = {"softcap": softcap, "causal": causal}
+    check(*make(Nq=33, Nk=41, seed=int(softcap) + causal, d=40), kw, flash_attention)
+
+
+def test_softcap_scale_matters():
+    """softcap * tanh(scale qk / softcap): large scores are capped, so the output differs from
+    the uncapped one, and softcap -> infinity gives it back."""
+    q, k, v, _ = make(Nq=20, Nk=20, seed=7)
+    plain = flash_attention(q * 4, k, v)
+    assert (flash_attention(q * 4, k, v, softcap=1.0) - plain).abs().max() > 0.05
+    assert (flash_attention(q * 4, k, v, softcap=1e4) - plain).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_alibi(per_batch, causal):
+    q, k, v, do = make(B=2, Hq=4, kv_heads=2, Nq=29, Nk=43, seed=8 + per_batch)
+    slopes = torch.rand((2, 4) if per_batch else (4,), generator=torch.Generator().manual_seed(1))
+    kw = {"alibi_slopes": slopes.to(DEVICE), "causal": causal, "causal_alignment": "bottom_right"}
+    check(q, k, v, do, kw, flash_attention)
+
+
+def test_everything_together_fp16():
+    kw = {
+        "causal": True,
+        "causal_alignment": "bottom_right",
+        "window_size": (11, -1),
+        "softcap": 3.0,
+        "alibi_slopes": torch.tensor([0.3, 0.1, 0.05, 0.2], device=DEVICE),
+        "scale": 0.2,
+    }
+    check(*make(Hq=4, kv_heads=1, Nq=45, Nk=70, dtype=torch.float16, seed=10), kw, flash_attention)
+
+
+def test_rows_that_see_nothing_give_zero_and_no_nan():
+    """Bottom-right with Nq > Nk: the first Nq - Nk rows see no key: O = 0, lse = -inf, and
+    gradients are finite (the kernel stores +inf internally so that P = 0 in the backward)."""
+    q, k, v, do = make(Nq=40, Nk=11, seed=11)
+    out, *grads = check(q, k, v, do, BR, flash_attention)
+    assert torch.count_nonzero(out[:, :, :29]) == 0
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"window_size": (1, 2, 3)}, ValueError, "window_size"),
+        ({"window_size": (-2, 0)}, ValueError, "window_size"),
+        ({"window_size": (1.5, 0)}, ValueError, "window_size"),
+        ({"softcap": -1.0}, ValueError, "softcap"),
+        ({"softcap": float("inf")}, ValueError, "softcap"),
+        ({"softcap": "big"}, TypeError, "softcap"),
+        ({"causal_alignment": "bottom-right"}, ValueError, "alignment"),
+        ({"attn_mask": "causal"}, TypeError, "causal bias"),
+        ({"alibi_slopes": [0.1, 0.2]}, TypeError, "alibi_slopes"),
+        ({"alibi_slopes": "shape"}, ValueError, r"\(H,\)"),
+        ({"alibi_slopes": "int"}, TypeError, "floating"),
+    ],
+)
+def test_bad_variant_arguments_raise_clearly(kwargs, error, match):
+    q, k, v, _ = make(Nq=8, Nk=8)
+    if kwargs.get("alibi_slopes") == "shape":
+        kwargs = {"alibi_slopes": torch.ones(3, device=DEVICE)}
+    elif kwargs.get("alibi_slopes") == "int":
+        kwargs = {"alibi_slopes": torch.ones(2, dtype=torch.int32, device=DEVICE)}
+    with pytest.raises(error, match=match):
+        flash_attention(q, k, v, **kwargs)
+
+
+def test_causal_bias_object_misuse_raises_clearly():
+    from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+
+    q, k, v, _ = make(Nq=8, Nk=12)
+    with pytest.raises(ValueError, match="built for"):
+        flash_attention(q, k, v, attn_mask=causal_lower_right(8, 13))
+    with pytest.raises(ValueError, match="not both"):
+        flash_attention(q, k, v, causal=True, attn_mask=causal_lower_right(8, 12))
+    with pytest.raises(ValueError, match="contradicts"):
+        flash_attention(
+            q, k, v, attn_mask=causal_upper_left(8, 12), causal_alignment="bottom_right"
+        )
+    with pytest.raises(TypeError, match="Tensor masks"):
+        flash_attention(q, k, v, attn_mask=torch.ones(8, 12, dtype=torch.bool))
+
+
+def test_block_ranges_are_ordered_and_inside_the_sequence():
+    """lo <= full_lo <= full_hi <= hi, all within [0, N]: a negative or past-the-end stage would
+    read garbage (found: Nq > Nk bottom-right once visited key -18)."""
+    for nq, nk in [(67, 17), (17, 67), (1, 50), (50, 1), (64, 64)]:
+        for diag_lo, diag_hi in [(-BIG, BIG), (-BIG, nk - nq), (nk - nq - 5, nk - nq), (-3, 4)]:
+            for sm in range(0, nq, 32):
+                lo, flo, fhi, hi = key_blocks(sm, nk, diag_lo, diag_hi, 32, 16)
+                assert 0 <= lo <= flo <= fhi <= hi <= max(nk, lo), (nq, nk, sm, lo, flo, fhi, hi)
+            for sn in range(0, nk, 16):
+                lo, flo, fhi, hi = query_blocks(sn, nq, diag_lo, diag_hi, 16, 32)
+                assert 0 <= lo <= flo <= fhi <= hi <= max(nq, lo), (nq, nk, sn, lo, flo, fhi, hi)
