@@ -3,22 +3,14 @@
 import numpy as np
 import pytest
 
-from course_kernels import attention_reference
+from course_kernels import attention_reference, causal_mask
 from course_kernels.serving import varlen
 
 
-def test_causal_masks():
-    assert varlen.causal_mask(2, 5).astype(int).tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
-    assert varlen.causal_mask(2, 5, "top-left").astype(int).tolist() == [
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-    ]
-    for n in (1, 4, 7):  # square: the two alignments agree
-        np.testing.assert_array_equal(
-            varlen.causal_mask(n, n), varlen.causal_mask(n, n, "top-left")
-        )
-    with pytest.raises(ValueError, match="align"):
-        varlen.causal_mask(2, 3, "bottom-left")
+def test_chunked_prefill_rejects_an_unknown_alignment(rng):
+    q = rng.standard_normal((1, 4, 8))
+    with pytest.raises(ValueError, match="alignment must be 'top_left'"):
+        varlen.chunked_prefill(q, q, q, 2, alignment="bottom-left")
 
 
 @pytest.mark.parametrize("n,chunk", [(37, 8), (16, 16), (9, 1), (20, 64)])
@@ -27,7 +19,7 @@ def test_chunked_prefill_needs_bottom_right(rng, n, chunk):
     full, _ = attention_reference(q, k, v, causal=True)
     good = varlen.chunked_prefill(q, k, v, chunk)
     np.testing.assert_allclose(good, full, atol=1e-13)
-    bad = varlen.chunked_prefill(q, k, v, chunk, align="top-left")
+    bad = varlen.chunked_prefill(q, k, v, chunk, alignment="top_left")
     if chunk < n:
         assert np.abs(bad - full).max() > 1e-2
         np.testing.assert_allclose(bad[:, :chunk], full[:, :chunk], atol=1e-13)  # chunk 0 is fine
@@ -61,7 +53,7 @@ def test_varlen_attention_equals_per_sequence_reference(rng):
     for b in range(3):
         qs = q[cu_q[b] : cu_q[b + 1]].transpose(1, 0, 2)
         ks, vs = (np.repeat(x[cu_k[b] : cu_k[b + 1]].transpose(1, 0, 2), 2, 0) for x in (k, v))
-        want, want_lse = varlen.masked_attention(qs, ks, vs, varlen.causal_mask(lq[b], lk[b]))
+        want, want_lse = varlen.masked_attention(qs, ks, vs, causal_mask(lq[b], lk[b], "bottom_right"))
         np.testing.assert_allclose(out[cu_q[b] : cu_q[b + 1]], want.transpose(1, 0, 2), atol=1e-13)
         np.testing.assert_allclose(lse[cu_q[b] : cu_q[b + 1]], want_lse.T, atol=1e-13)
     with pytest.raises(ValueError, match="packed lengths"):

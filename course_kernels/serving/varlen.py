@@ -23,23 +23,7 @@ import numpy as np
 
 from .._validate import check_positive_int
 from .._validate import resolve_scale
-from ..numpy.reference import _softmax_times_v
-
-ALIGNMENTS = ("bottom-right", "top-left")
-
-
-def causal_mask(n_q: int, n_k: int, align: str = "bottom-right") -> np.ndarray:
-    """(n_q, n_k) bool, True where query i may see key j: j <= i + (n_k - n_q) bottom-right,
-    j <= i top-left (PyTorch's ``is_causal``). For n_q = 2, n_k = 5, bottom-right::
-
-        1 1 1 1 0
-        1 1 1 1 1
-    """
-    if align not in ALIGNMENTS:
-        raise ValueError(f"align must be one of {ALIGNMENTS}; got {align!r}")
-    offset = n_k - n_q if align == "bottom-right" else 0
-    return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
-
+from ..numpy.reference import _softmax_times_v, causal_mask, check_alignment
 
 def masked_attention(q, k, v, mask=None, scale=None):
     """float64 attention with a boolean mask (..., Nq, Nk) (True = visible); ``(out, lse)``."""
@@ -50,20 +34,22 @@ def masked_attention(q, k, v, mask=None, scale=None):
     return _softmax_times_v(s, v)
 
 
-def chunked_prefill(q, k, v, chunk: int, align: str = "bottom-right", scale=None):
+def chunked_prefill(q, k, v, chunk: int, alignment: str = "bottom_right", scale=None):
     """Causal attention of a prompt (..., N, d) computed ``chunk`` queries at a time.
 
     Chunk c holds queries ``[c * chunk, c * chunk + C)`` and attends to every key written so far,
     ``[0, c * chunk + C)`` (the cache plus its own keys): Nq = C, Nk = c * chunk + C. With
-    ``align="bottom-right"`` the result equals causal attention over the whole prompt; with
-    ``"top-left"`` (``is_causal`` applied to a chunk) every chunk after the first is wrong.
+    ``alignment="bottom_right"`` the result equals causal attention over the whole prompt; with
+    ``"top_left"`` (``is_causal`` applied to a chunk) every chunk after the first is wrong. The
+    mask is :func:`course_kernels.numpy.reference.causal_mask`.
     """
     chunk = check_positive_int(chunk, "chunk")
+    check_alignment(alignment)
     n = q.shape[-2]
     outs = []
     for lo in range(0, n, chunk):
         hi = min(lo + chunk, n)
-        mask = causal_mask(hi - lo, hi, align)  # (C, lo + C): the cache and the chunk itself
+        mask = causal_mask(hi - lo, hi, alignment)  # (C, lo + C): the cache and the chunk itself
         outs.append(
             masked_attention(q[..., lo:hi, :], k[..., :hi, :], v[..., :hi, :], mask, scale)[0]
         )
@@ -118,7 +104,7 @@ def varlen_attention_numpy(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sc
     for b in range(len(cu_q) - 1):
         qs = np.swapaxes(q[cu_q[b] : cu_q[b + 1]], 0, 1)  # (Hq, Lq, d)
         ks, vs = (np.repeat(np.swapaxes(x[cu_k[b] : cu_k[b + 1]], 0, 1), G, 0) for x in (k, v))
-        mask = causal_mask(qs.shape[1], ks.shape[1]) if causal else None
+        mask = causal_mask(qs.shape[1], ks.shape[1], "bottom_right") if causal else None
         o, l = masked_attention(qs, ks, vs, mask, scale)
         out[cu_q[b] : cu_q[b + 1]], lse[cu_q[b] : cu_q[b + 1]] = np.swapaxes(o, 0, 1), l.T
     return out, lse
