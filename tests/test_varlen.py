@@ -53,7 +53,9 @@ def test_varlen_attention_equals_per_sequence_reference(rng):
     for b in range(3):
         qs = q[cu_q[b] : cu_q[b + 1]].transpose(1, 0, 2)
         ks, vs = (np.repeat(x[cu_k[b] : cu_k[b + 1]].transpose(1, 0, 2), 2, 0) for x in (k, v))
-        want, want_lse = varlen.masked_attention(qs, ks, vs, causal_mask(lq[b], lk[b], "bottom_right"))
+        want, want_lse = varlen.masked_attention(
+            qs, ks, vs, causal_mask(lq[b], lk[b], "bottom_right")
+        )
         np.testing.assert_allclose(out[cu_q[b] : cu_q[b + 1]], want.transpose(1, 0, 2), atol=1e-13)
         np.testing.assert_allclose(lse[cu_q[b] : cu_q[b + 1]], want_lse.T, atol=1e-13)
     with pytest.raises(ValueError, match="packed lengths"):

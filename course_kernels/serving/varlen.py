@@ -25,6 +25,7 @@ from .._validate import check_positive_int
 from .._validate import resolve_scale
 from ..numpy.reference import _softmax_times_v, causal_mask, check_alignment
 
+
 def masked_attention(q, k, v, mask=None, scale=None):
     """float64 attention with a boolean mask (..., Nq, Nk) (True = visible); ``(out, lse)``."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
