@@ -369,8 +369,18 @@ def flash_decode(
         BLOCK_N=block_k,
         **launch,
     )
-    out = torch.empty((B, Hq, Nq, d), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, Hq, Nq), **f32)
+    return _combine_splits(
+        m_part, l_part, acc_part, q, dpad, num_splits, out_dtype, return_lse, return_partials
+    )
+
+
+def _combine_splits(
+    m_part, l_part, acc_part, q, dpad, num_splits, out_dtype, return_lse, return_partials
+):
+    """Merge the splits (``_decode_combine``); out, then lse / partials if asked (also paged)."""
+    B, Hq, Nq, d = q.shape
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     _decode_combine[(B * Hq * Nq,)](
         m_part,
         l_part,
@@ -385,9 +395,6 @@ def flash_decode(
         HEAD_DIM_PADDED=dpad,
         BLOCK_S=max(2, next_power_of_2(num_splits)),
     )
-    result = [out.to(out_dtype)]
-    if return_lse:
-        result.append(lse)
-    if return_partials:
-        result.append(PartialAttention(m_part, l_part, acc_part))
+    result = [out.to(out_dtype)] + [lse] * bool(return_lse)
+    result += [PartialAttention(m_part, l_part, acc_part)] * bool(return_partials)
     return result[0] if len(result) == 1 else tuple(result)

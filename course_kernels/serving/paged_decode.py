@@ -22,7 +22,6 @@ from __future__ import annotations
 from ..triton import _env as _triton_env  # noqa: F401  (first: decides GPU vs interpreter)
 from ..triton._env import INTERPRET, next_power_of_2, require_triton
 from .._validate import check_positive_int
-from ..numpy.online_softmax import PartialAttention
 from .pages import check_block_table
 from .split_kv import check_seqlens, check_shapes, split_chunk
 
@@ -34,7 +33,7 @@ import triton.language as tl  # noqa: E402
 
 from ..triton._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
 from ..triton.forward import LOG2E  # noqa: E402
-from .decode import LN2, _block_k, _decode_combine, default_num_splits  # noqa: E402
+from .decode import LN2, _block_k, _combine_splits, default_num_splits  # noqa: E402
 
 
 @triton.jit
@@ -313,25 +312,6 @@ def flash_decode_paged(
         BLOCK_N=block_k,
         **launch,
     )
-    out = torch.empty((B, Hq, Nq, d), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, Hq, Nq), **f32)
-    _decode_combine[(B * Hq * Nq,)](
-        m_part,
-        l_part,
-        acc_part,
-        out,
-        lse,
-        *out.stride(),
-        Hq,
-        Nq,
-        num_splits,
-        HEAD_DIM=d,
-        HEAD_DIM_PADDED=dpad,
-        BLOCK_S=max(2, next_power_of_2(num_splits)),
+    return _combine_splits(
+        m_part, l_part, acc_part, q, dpad, num_splits, out_dtype, return_lse, return_partials
     )
-    result = [out.to(out_dtype)]
-    if return_lse:
-        result.append(lse)
-    if return_partials:
-        result.append(PartialAttention(m_part, l_part, acc_part))
-    return result[0] if len(result) == 1 else tuple(result)
