@@ -205,15 +205,7 @@ if HAVE_GLUON:
         desc_o,
         o_ptr,
         lse_ptr,
-        q_bufs,
-        k_bufs,
-        v_bufs,
-        q_ready,
-        q_empty,
-        k_ready,
-        k_empty,
-        v_ready,
-        v_empty,
+        ring,
         N,
         qk_scale,
         num_pid_m,
@@ -229,6 +221,8 @@ if HAVE_GLUON:
         OVERLAP: gl.constexpr,
         LPT: gl.constexpr,
     ):
+        # the shared-memory ring (Q tiles, K/V stages) and its mbarriers, one tuple
+        q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring
         dtype: gl.constexpr = desc_o.dtype
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
         s_layout: gl.constexpr = _mma_layout(BM, BN, dtype)

@@ -60,15 +60,7 @@ if HAVE_GLUON:
         desc_q,
         desc_k,
         desc_v,
-        q_bufs,
-        k_bufs,
-        v_bufs,
-        q_ready,
-        q_empty,
-        k_ready,
-        k_empty,
-        v_ready,
-        v_empty,
+        ring,
         N,
         H,
         G,
@@ -82,6 +74,8 @@ if HAVE_GLUON:
         CAUSAL: gl.constexpr,
         LPT: gl.constexpr,
     ):
+        # the shared-memory ring (Q tiles, K/V stages) and its mbarriers, one tuple
+        q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
         kc = 0
         qc = 0

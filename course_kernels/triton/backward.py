@@ -46,6 +46,7 @@ import triton.language as tl  # noqa: E402
 
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
 from .configs import (  # noqa: E402  (re-exported)
+    TUNE_KEY,
     DKDV_D128_CONFIGS,
     DKDV_IEEE_CONFIG,
     DKDV_SM75,
@@ -170,19 +171,7 @@ def _attn_bwd_dkdv_inner(
 
 @triton.autotune(
     configs=dkdv_configs(),
-    key=[
-        "N_CTX_Q",
-        "N_CTX_K",
-        "HEAD_DIM",
-        "WINDOWED",
-        "BOTTOM_RIGHT",
-        "SOFTCAP",
-        "ALIBI",
-        "VARLEN",
-        "GROUP_SIZE",
-        "DOT_PRECISION",
-        "ATOMIC_DQ",
-    ],
+    key=[*TUNE_KEY, "GROUP_SIZE", "ATOMIC_DQ"],
     prune_configs_by={
         "early_config_prune": prune_configs(DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, DKDV_SM75)
     },

@@ -15,7 +15,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
-from .configs import DQ_IEEE_CONFIG, DQ_SM75, DQ_SMALL_CONFIG, dq_configs  # noqa: E402
+from .configs import DQ_IEEE_CONFIG, DQ_SM75, DQ_SMALL_CONFIG, TUNE_KEY, dq_configs  # noqa: E402
 from .forward import _load_tile  # noqa: E402
 from .masks import _key_blocks, _score_mod, _seq, _visible  # noqa: E402
 
@@ -80,17 +80,7 @@ def _attn_bwd_dq_inner(
 
 @triton.autotune(
     configs=dq_configs(),
-    key=[
-        "N_CTX_Q",
-        "N_CTX_K",
-        "HEAD_DIM",
-        "WINDOWED",
-        "BOTTOM_RIGHT",
-        "SOFTCAP",
-        "ALIBI",
-        "VARLEN",
-        "DOT_PRECISION",
-    ],
+    key=list(TUNE_KEY),
     prune_configs_by={
         "early_config_prune": prune_configs(DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, DQ_SM75)
     },

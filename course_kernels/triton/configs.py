@@ -147,6 +147,21 @@ FWD_GPU_TILES = ((128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4,
 FWD_CPU_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
 
 
+# What a tuned config is remembered by: the sizes and the variant switches (the dK/dV kernel adds
+# its own GROUP_SIZE and ATOMIC_DQ).
+TUNE_KEY = (
+    "N_CTX_Q",
+    "N_CTX_K",
+    "HEAD_DIM",
+    "WINDOWED",
+    "BOTTOM_RIGHT",
+    "SOFTCAP",
+    "ALIBI",
+    "VARLEN",
+    "DOT_PRECISION",
+)
+
+
 def fwd_configs() -> list[triton.Config]:
     """The autotuning space: a few configs known to do well on Hopper/Ampere, and a small one.
 

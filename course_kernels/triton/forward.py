@@ -47,6 +47,7 @@ from .configs import (  # noqa: E402,F401  (re-exported)
     FWD_IEEE_CONFIG,
     FWD_SM75,
     FWD_SMALL_CONFIG,
+    TUNE_KEY,
     accumulator_registers,
     fwd_configs,
     fwd_gpu_configs,
@@ -215,17 +216,7 @@ def _attn_fwd_mask_inner(
 
 @triton.autotune(
     configs=fwd_configs(),
-    key=[
-        "N_CTX_Q",
-        "N_CTX_K",
-        "HEAD_DIM",
-        "WINDOWED",
-        "BOTTOM_RIGHT",
-        "SOFTCAP",
-        "ALIBI",
-        "VARLEN",
-        "DOT_PRECISION",
-    ],
+    key=list(TUNE_KEY),
     prune_configs_by={
         "early_config_prune": prune_configs(FWD_IEEE_CONFIG, FWD_SMALL_CONFIG, FWD_SM75)
     },

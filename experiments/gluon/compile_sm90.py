@@ -1,0 +1,123 @@
+"""Compile the Gluon forward for sm_90 on a machine without a GPU: registers, spills, shared memory,
+and a hash of each config's PTX instructions (debug line info left out), so that a refactor can be
+shown to leave the kernel unchanged without a GPU run.
+
+    pip install --no-deps --target /tmp/t36 triton==3.6.0     # the version the kernel is written for
+    PYTHONPATH=/tmp/t36 python experiments/gluon/compile_sm90.py
+
+Session 5 used it to show that passing the ring and its barriers as one tuple left the PTX
+instructions of all eight configs below byte-identical (notes/gluon.md).
+"""
+
+import sys
+import os
+import subprocess
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon import language as gl
+from course_kernels.gluon import forward as F
+
+
+def _code(ptx):
+    """The PTX instructions: the debug sections, .loc/.file lines and comments dropped."""
+    ptx = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
+    return "\n".join(
+        ln for ln in ptx.splitlines() if not ln.strip().startswith(("//", ".loc", ".file"))
+    )
+
+
+def sig(dt, BM_TILE, BN, BM, d):
+    lay = gl.NVMMASharedLayout.get_default_for(
+        [BM_TILE, d], gl.float16 if dt == "fp16" else gl.bfloat16
+    )
+    kvl = gl.NVMMASharedLayout.get_default_for([BN, d], gl.float16 if dt == "fp16" else gl.bfloat16)
+    return {
+        "desc_q": f"tensordesc<{dt}[{BM_TILE}, {d}],{lay!r}>",
+        "desc_k": f"tensordesc<{dt}[{BN}, {d}],{kvl!r}>",
+        "desc_v": f"tensordesc<{dt}[{BN}, {d}],{kvl!r}>",
+        "desc_o": f"tensordesc<{dt}[{BM}, {d}],{lay!r}>",
+        "o_ptr": f"*{dt}",
+        "lse_ptr": "*fp32",
+        "N": "i32",
+        "H": "i32",
+        "G": "i32",
+        "qk_scale": "fp32",
+        "num_pid_m": "i32",
+        "num_tiles": "i32",
+    }
+
+
+def build(
+    d=128, dt="fp16", BN=128, NC=2, STAGES=2, QSTAGES=2, CAUSAL=False, OVERLAP=True, REGS=None
+):
+    BM = 64
+    s = sig(dt, BM, BN, BM, d)
+    consts = dict(
+        BM=BM,
+        BN=BN,
+        HEAD_DIM=d,
+        NUM_CONSUMERS=NC,
+        STAGES=STAGES,
+        QSTAGES=QSTAGES,
+        CAUSAL=CAUSAL,
+        OVERLAP=OVERLAP,
+        CONSUMER_REGS=REGS
+        or __import__("course_kernels.gluon.launch", fromlist=["x"]).CONSUMER_REGS[NC],
+        LPT=CAUSAL,
+    )
+    for kk in consts:
+        s[kk] = "constexpr"
+    src = GluonASTSource(
+        F._attn_fwd_kernel, s, constexprs={(list(s).index(k),): v for k, v in consts.items()}
+    )
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return k
+
+
+if __name__ == "__main__":
+    import re
+
+    for args in [
+        dict(d=128),
+        dict(d=128, CAUSAL=True),
+        dict(d=64, STAGES=3),
+        dict(d=128, OVERLAP=False),
+        dict(d=64, NC=3, STAGES=3),
+        dict(d=128, dt="bf16", CAUSAL=True),
+        dict(d=128, NC=1),
+        dict(d=64, NC=3, STAGES=3, CAUSAL=True, OVERLAP=False),
+    ]:
+        try:
+            k = build(**args)
+            ptx = k.asm["ptx"]
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                f.write(ptx)
+            ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+            r = subprocess.run(
+                [ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
+                capture_output=True,
+                text=True,
+            )
+            info = " | ".join(
+                l.strip() for l in r.stderr.splitlines() if "registers" in l or "spill" in l
+            )
+            import hashlib
+
+            print(
+                args,
+                "PTX",
+                hashlib.sha256(_code(ptx).encode()).hexdigest()[:16],
+                "shared",
+                k.metadata.shared,
+                info[:120],
+            )
+            print(
+                "  setmaxnreg:",
+                sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 \d+", ptx))),
+            )
+        except Exception as e:
+            print(args, "FAIL", type(e).__name__, str(e)[:3000])
