@@ -51,7 +51,7 @@ URL_LINE = (
 SETUP_CELL = (
     """\
 #@title Setup: run me first (installs course_kernels on Colab; reports the device)
-import importlib, importlib.util, os, subprocess, sys
+import importlib, importlib.util, os, re, subprocess, sys
 """
     + URL_LINE
     + """
@@ -79,14 +79,23 @@ if importlib.util.find_spec("course_kernels") is None:
             "behind the course site's Colab buttons do). Open it from the site's Colab button, "
             "or set COURSE_REPO_URL above to the course's GitHub address and run this cell again.")
     print("Installing course_kernels from", SOURCE, "(Colab's torch and Triton stay as they are)")
+    PIP_NOISE = ("See above for output", "exit code:", "did not run successfully", "hint:",
+                 "subprocess-exited-with-error", "error originates from a subprocess",
+                 "lines of output]", "[end of output]")
     for args in (["--no-deps", SOURCE],
                  [p for p in ("numpy", "tqdm", "matplotlib") if importlib.util.find_spec(p) is None]):
         if not args:
             continue
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip().splitlines()[-6:]
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-color", *args],
+                              capture_output=True, text=True, env=dict(os.environ, NO_COLOR="1"))
+        if done.returncode != 0:  # keep pip's reason, drop its boxes, hints and colour codes
+            said = []
+            for line in (done.stderr + "\\n" + done.stdout).splitlines():
+                line = re.sub("\\x1b\\\\[[0-9;?]*[A-Za-z]", "", line)  # colour codes
+                line = line.strip(" \\t\\u00d7\\u2502\\u2570\\u2500>")  # pip's error box
+                if line and line not in said and not any(n in line for n in PIP_NOISE):
+                    said.append(line)
+            said = said[-6:] or ["(no message; exit status " + str(done.returncode) + ")"]
             raise CourseSetupError(
                 "Installing " + " ".join(args) + " failed. pip said:\\n    "
                 + "\\n    ".join(said) + "\\nWhat to do: check that the runtime is connected "

@@ -234,7 +234,7 @@ def _exec_on_fake_colab(monkeypatch, source, pip_result):
 def test_setup_cell_on_colab_installs_the_package_without_deps(monkeypatch, capsys):
     source = colab.stamp_setup_cell(colab.SETUP_CELL, URL)
     calls, namespace = _exec_on_fake_colab(monkeypatch, source, (0, "", ""))
-    assert calls[0][-3:] == ["-q", "--no-deps", f"git+{URL}"]
+    assert calls[0][-4:] == ["-q", "--no-color", "--no-deps", f"git+{URL}"]
     assert calls[1][-1] == "tqdm" and len(calls) == 2  # only what is missing
     assert not any(p in ("torch", "triton") for cmd in calls for p in cmd)
     assert os.environ["COURSE_REPO_URL"] == URL
@@ -267,6 +267,7 @@ def test_setup_cell_on_colab_installs_from_course_kernels_pip(monkeypatch):
             "pip",
             "install",
             "-q",
+            "--no-color",
             "--no-deps",
             "/content/course_kernels-0.1.0-py3-none-any.whl",
         ]
@@ -275,7 +276,21 @@ def test_setup_cell_on_colab_installs_from_course_kernels_pip(monkeypatch):
 
 def test_setup_cell_on_colab_when_pip_fails_says_why_and_what_to_do(monkeypatch):
     source = colab.stamp_setup_cell(colab.SETUP_CELL, URL)
-    stderr = "  fatal: could not read Username for 'https://github.com': No such device or address\nerror: subprocess-exited-with-error"
+    # What pip prints when git cannot clone: the reason first, then pip's boxes and hints (the
+    # last lines say only "See above for output"), here with colour codes as a terminal gets them.
+    stderr = (
+        "  error: subprocess-exited-with-error\n\n"
+        "  \u00d7 git clone --filter=blob:none --quiet https://github.com/o/r /tmp/x did not run"
+        " successfully.\n  \u2502 exit code: 128\n  \u2570\u2500> [1 lines of output]\n"
+        "      fatal: could not read Username for 'https://github.com': No such device or address\n"
+        "      [end of output]\n\n"
+        "  \x1b[1;35mnote\x1b[0m: This error originates from a subprocess, and is likely not a"
+        " problem with pip.\n\x1b[1;31merror\x1b[0m: subprocess-exited-with-error\n\n"
+        "\u00d7 git clone did not run successfully.\n\u2502 exit code: 128\n"
+        "\u2570\u2500> See above for output.\n\n"
+        "\x1b[1;35mnote\x1b[0m: This error originates from a subprocess, and is likely not a"
+        " problem with pip.\n"
+    )
     with pytest.raises(Exception) as info:
         _exec_on_fake_colab(monkeypatch, source, (1, "", stderr))
     err = info.value
@@ -284,7 +299,10 @@ def test_setup_cell_on_colab_when_pip_fails_says_why_and_what_to_do(monkeypatch)
     )
     message = err._render_traceback_()
     assert len(message) == 1
-    assert "could not read Username" in message[0] and "subprocess-exited-with-error" in message[0]
+    said = message[0].split("pip said:")[1].split("What to do:")[0]
+    assert said.strip() == (
+        "fatal: could not read Username for 'https://github.com': No such device or address"
+    ), said  # the reason, and none of the boxes, hints or colour codes around it
     assert "internet" in message[0] and URL in message[0] and "COURSE_KERNELS_PIP" in message[0]
 
 
