@@ -250,6 +250,7 @@ LISTINGS = {
     "triton_forward.attn_fwd": ("course_kernels.triton.forward", "_attn_fwd"),
     "triton_forward.attn_fwd_inner": ("course_kernels.triton.forward", "_attn_fwd_inner"),
     "triton_launch.use_gluon": ("course_kernels.triton.launch", "_use_gluon"),
+    "triton_launch.gluon_pays": ("course_kernels.triton.launch", "_gluon_pays"),
     # The Gluon rung (course_kernels.gluon): its kernels exist only where Gluon imports, so
     # their listings are read from the module's file when the function is not defined.
     "gluon.mma_layout": ("course_kernels.gluon.producer", "_mma_layout"),

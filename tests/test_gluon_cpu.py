@@ -1,10 +1,13 @@
 """The Gluon rung on a machine without Hopper (CI): it imports anywhere, says why it cannot run,
 and rejects unsupported inputs with a message that says what was given."""
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from course_kernels.datafiles import data_path  # noqa: E402
 from course_kernels.gluon import launch as G  # noqa: E402
 
 
@@ -74,3 +77,26 @@ def test_the_forward_choice_is_read_from_the_environment(monkeypatch):
         monkeypatch.setenv(launch.FORWARD_ENV, "gluon")
         with pytest.raises(RuntimeError, match="gluon"):
             launch._use_gluon(q, q)
+
+
+def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():
+    """The measured rule (course_kernels/data/gluon/h200_dispatch.json): at B = 4, H x d = 2048
+    the Gluon forward's host path loses up to N = 2K and wins from N = 4K."""
+    from course_kernels.triton import launch
+
+    def pays(b, h, n_q, n_k, d):
+        q = torch.empty(b, h, n_q, d, device="meta")
+        return launch._gluon_pays(q, torch.empty(b, h, n_k, d, device="meta"))
+
+    assert not pays(4, 32, 2048, 2048, 64) and not pays(4, 16, 2048, 2048, 128)
+    assert pays(4, 32, 4096, 4096, 64) and pays(4, 16, 4096, 4096, 128)
+    assert pays(1, 1, 1, 1, launch.GLUON_MIN_WORK) and not pays(
+        1, 1, 1, 1, launch.GLUON_MIN_WORK - 1
+    )
+    assert pays(1, 8, 1 << 13, 1 << 14, 64)  # 2**36 with Nk = 2 Nq (Nq * Nq would be 2**35)
+    rows = json.loads(data_path("gluon/h200_dispatch.json").read_text())["rows"]
+    assert {r["N"] for r in rows} == {512, 1024, 2048, 4096}
+    for r in rows:  # the rule picks the faster path in every row but N = 2K's (a split there)
+        faster = r["gluon_ms"] < r["triton_ms"]
+        if r["N"] != 2048:
+            assert pays(r["batch"], r["heads"], r["N"], r["N"], r["d"]) == faster, r

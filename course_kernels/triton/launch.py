@@ -80,10 +80,24 @@ def _launch(kernel, grid, args, key, **constexprs):
 
 
 # Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: a Hopper
-# GPU with the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk; the tl kernel elsewhere),
-# "gluon" (always; an error where it cannot) or "triton" (always the tl kernel).
+# GPU with the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, and at least GLUON_MIN_WORK;
+# the tl kernel elsewhere), "gluon" (always; an error where it cannot) or "triton" (always tl).
 FORWARD_ENV = "COURSE_KERNELS_FORWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
+
+# The Gluon forward's host path (four TMA descriptors and a warp-specialised launch per call)
+# took up to 0.43 ms on the H200 beyond its CUDA-graph replay, the tl path's at most 0.05 ms
+# (course_kernels/data/gluon/h200_dispatch.json): up to N = 2K that is as long as the kernel,
+# and the Gluon forward lost to the tl one in 20 of 24 rows there. From B * Hq * Nq * Nk * d =
+# 2**36 (between N = 2K and 4K at B = 4, H * d = 2048) its kernel time hides the host path:
+# at N = 4K it won all 8 rows. "auto" takes it from there on.
+GLUON_MIN_WORK = 1 << 36
+
+
+def _gluon_pays(q, k) -> bool:
+    """Enough work per call for the Gluon forward's host cost to hide behind its kernel."""
+    b, hq, n_q, d = q.shape
+    return b * hq * n_q * k.shape[2] * d >= GLUON_MIN_WORK
 
 
 def _gluon_fits(q, k) -> bool:
@@ -112,7 +126,7 @@ def _use_gluon(q, k) -> bool:
                 f"Nq = {q.shape[2]}, Nk = {k.shape[2]} on {q.device}"
             )
         return True
-    return not INTERPRET and _gluon_fits(q, k) and gluon_available()
+    return not INTERPRET and _gluon_fits(q, k) and _gluon_pays(q, k) and gluon_available()
 
 
 def lse_to_base2(lse_c, variant: Variant, scale: float):
