@@ -1,7 +1,12 @@
-"""course_kernels.panels: a multi-panel figure shown one panel per image (phone-width pages)."""
+"""course_kernels.panels: a multi-panel figure shown one panel per image (phone-width pages), and
+the book's chapters showing every multi-panel figure that way."""
 
+import ast
+import re
 import struct
+from pathlib import Path
 
+import nbformat
 import pytest
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -55,3 +60,79 @@ def test_show_panels_displays_title_and_images_and_closes(monkeypatch):
     show_panels(fig)
     assert shown == ["Markdown", "Image", "Image", "Image"]
     assert not plt.fignum_exists(fig.number)
+
+
+# -- the book: every multi-panel figure goes through show_panels --------------------------------
+BOOK = Path(__file__).resolve().parents[1] / "book"
+# plt.subplots(rows, cols, ...) with at least one of the two not the literal 1.
+MULTI_PANEL = re.compile(r"\bsubplots\(\s*(?!1\s*,\s*1\b)[\w.]+\s*,\s*[\w.]+")
+
+
+def _tree(source: str) -> ast.Module:
+    """A cell's code as a syntax tree (IPython magics dropped)."""
+    return ast.parse(
+        "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines())
+    )
+
+
+def _calls(nodes) -> set[str]:
+    """Names of the functions called anywhere in ``nodes``."""
+    return {
+        n.func.id
+        for node in nodes
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+
+
+def panel_problems(cells) -> list[str]:
+    """What is wrong with a notebook's figure cells: a multi-panel figure not shown with
+    show_panels, or panels shown (directly or through a function the notebook defines) in a cell
+    that is not tagged "panels"."""
+    trees = [_tree(cell.source) for cell in cells]
+    helpers = {  # functions of this notebook that call show_panels
+        node.name
+        for tree in trees
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and "show_panels" in _calls([node])
+    }
+    bad = []
+    for cell, tree in zip(cells, trees, strict=True):
+        run = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        if MULTI_PANEL.search(cell.source) and "show_panels(" not in cell.source:
+            bad.append(f"cell {cell.get('id')}: a multi-panel figure without show_panels")
+        shown = _calls(run) & ({"show_panels"} | helpers)
+        if shown and "panels" not in cell.metadata.get("tags", []):
+            bad.append(f"cell {cell.get('id')}: {sorted(shown)} in a cell not tagged 'panels'")
+    return bad
+
+
+def _code_cells(path):
+    return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+def test_the_checks_find_multi_panel_figures():
+    assert MULTI_PANEL.search("fig, axes = plt.subplots(1, world, figsize=(9, 3))")
+    assert MULTI_PANEL.search("fig, axs = plt.subplots(2, 2)")
+    assert not MULTI_PANEL.search("fig, ax = plt.subplots(figsize=(7, 3))")
+    assert not MULTI_PANEL.search("fig, ax = plt.subplots(1, 1)")
+    cell = nbformat.v4.new_code_cell
+    assert panel_problems([cell("fig, axes = plt.subplots(1, 4)\nplt.show()")])
+    helper = "def draw(n):\n    fig, axes = plt.subplots(1, n)\n    show_panels(fig)"
+    assert not panel_problems([cell(helper)])  # defining the helper shows nothing
+    assert len(panel_problems([cell(helper), cell("draw(4)")])) == 1  # calling it does
+    tags = {"tags": ["panels"]}
+    assert not panel_problems([cell(helper), cell("draw(4)", metadata=tags)])
+    assert not panel_problems([cell(helper + "\n\ndraw(3)", metadata=tags)])
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p for p in BOOK.rglob("*.ipynb") if "_build" not in p.parts),
+    ids=lambda p: p.relative_to(BOOK).as_posix(),
+)
+def test_every_multi_panel_figure_of_the_book_is_shown_one_panel_per_image(path):
+    """A figure of several panels side by side is unreadable at a phone's 390 px: the chapters
+    show it with show_panels, in a cell tagged "panels" (the stylesheet stacks its images)."""
+    problems = panel_problems(_code_cells(path))
+    assert not problems, f"{path.relative_to(BOOK)}:\n" + "\n".join(problems)

@@ -525,6 +525,11 @@ PHONE_390_PAGES = [
     "part2/beyond_one_gpu.html",
     "chapters/backward_pass.html",
     "chapters/execution_model.html",
+    # every other page with a multi-panel figure (tests/test_panels.py: cells tagged "panels")
+    "chapters/04_online_softmax.html",
+    "part2/backward_and_recomputation.html",
+    "part2/tuning.html",
+    "part2/applications.html",
 ]
 OVERFLOWING = """
 const out = [];

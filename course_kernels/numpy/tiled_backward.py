@@ -1,6 +1,7 @@
 """The tiled backward pass: gradients from the saved logsumexp, never an N x N matrix.
 
-Chapter: "Backward and recomputation" (book part two).
+Chapter: "The backward pass" (book/chapters/backward_pass.ipynb); the Triton kernels that
+compute the same gradients: "Backward and recomputation" (book part two).
 
 The forward pass saves only O (..., Nq, dv) and lse (..., Nq). The backward pass recomputes
 each tile of P = exp(S - lse) from Q, K and the saved lse (FlashAttention-2, arXiv 2307.08691,
