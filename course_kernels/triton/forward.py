@@ -6,16 +6,20 @@ arXiv 2307.08691), Algorithm 1; line numbers in the comments refer to it.
 Layout: every tensor is (batch, heads, seq, head_dim), like PyTorch's SDPA.
 
     Q: (B, Hq, Nq, d)    K, V: (B, kv_heads, Nk, d)    Hq = GROUP_SIZE * kv_heads (GQA / MQA)
-    O: (B, Hq, Nq, d)    LSE: (B, Hq, Nq) float32, the logsumexp in base 2 (see below)
+    O: (B, Hq, Nq, d)    LSE: (B, Hq, Nq) float32, the row's logsumexp in units of c (below)
 
 Program (pid_m, pid_bh) owns the query rows [pid_m * BLOCK_M, (pid_m + 1) * BLOCK_M) of one
 (batch, query head) and streams K, V of the matching key/value head ``h // GROUP_SIZE`` through
 on-chip memory, keeping the running max ``m_i``, the running sum ``l_i`` and the unnormalized
 output ``acc`` (FA2 Alg. 1 lines 6-11).
 
-The exp2 domain: exp(x) = exp2(x * log2(e)), so the kernel folds ``log2(e)`` into the scale once
-(``qk_scale = scale * log2(e)``) and uses the faster ``exp2``. ``m_i`` and the saved LSE are
-therefore in base 2: ``lse2 = lse * log2(e)``; ``flash.py`` converts to natural log for users.
+The exp2 domain: exp(x) = exp2(x * log2(e)). The plain loop :func:`_attn_fwd_inner` (the
+tutorial's form; the decode kernels run it) folds ``log2(e)`` into the scale once (``qk_scale =
+scale * log2(e)``), so its scores and ``m_i`` are in base 2. The training kernel :func:`_attn_fwd`
+runs :func:`_attn_fwd_mask_inner`, the same loop through the score and mask hooks of masks.py:
+scores r in units of c (s = c * r) and ``P~ = exp2((r - m) * c log2 e)``, the multiplication
+after the subtraction, so that the backward recomputes P exactly; it saves the row statistic in
+units of c (+inf for a row that sees no key), which ``launch.py`` converts for users.
 
 Causal (PyTorch ``is_causal``, top-left aligned; query i sees keys j <= i, also when Nq != Nk).
 For Nq = 4, Nk = 6::
