@@ -1,7 +1,7 @@
 """Measurements on a GPU: speed (TFLOP/s), peak memory and DRAM traffic of attention kernels.
 
-Chapters: "Fast on a real GPU", "Engineering", "Tuning", "Hopper". Run through the CLI
-(``python -m course_kernels bench|sweep|memory|dram``).
+Chapters: "Fast on a real GPU", "Engineering", "Tuning", "Hopper", "Serving". Run through the
+CLI (``python -m course_kernels bench|sweep|memory|dram``).
 
 - :mod:`.speed`      TFLOP/s of each provider, correctness, the environment record
 - :mod:`.providers`  the attention implementations a benchmark times, by name
@@ -9,6 +9,8 @@ Chapters: "Fast on a real GPU", "Engineering", "Tuning", "Hopper". Run through t
 - :mod:`.sweep`      the forward config sweep (tuning chapter)
 - :mod:`.memory`     extra memory vs N
 - :mod:`.dram`       DRAM traffic under Nsight Compute
+- :mod:`.features`   the variants benchmark (vs FlexAttention, ``varlen_attn``) read back, and
+                     the verdict on its speed targets (``scripts/gpu_features.py`` writes it)
 
 Every public name of these modules is reachable as ``course_kernels.bench.<name>``, imported on
 first use (so that importing this package costs nothing and no module imports another in a cycle).
@@ -29,6 +31,8 @@ _WHERE = {
     "_peak_extra_mib": "speed",
     "attention_flops": "speed",
     "check_correctness": "speed",
+    "comparisons": "features",
+    "count_met": "features",
     "dram_cases": "dram",
     "environment": "speed",
     "forced_forward_config": "sweep",
@@ -38,11 +42,14 @@ _WHERE = {
     "naive_attention": "providers",
     "parse_ncu_csv": "dram",
     "plot_bench": "report",
+    "provenance": "features",
     "provider_fn": "providers",
+    "ratio_range": "features",
     "ratio_table": "report",
     "run_bench": "speed",
     "run_memory": "memory",
     "run_sweep": "sweep",
+    "verdict": "features",
     "write_ratios": "report",
 }
 

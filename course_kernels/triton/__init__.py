@@ -11,7 +11,8 @@ Chapters: "From NumPy to Triton", "The backward pass", "Engineering", "Tuning", 
 - :mod:`.configs`           the kernels' autotuning spaces (forward and backward)
 - :mod:`.masks`             the score/mask hooks (causal either alignment, sliding window, soft
                             cap, ALiBi), the block ranges they imply, the variant's checks
-- :mod:`.varlen`            ``flash_attention_varlen``: packed sequences (cu_seqlens)
+- :mod:`.varlen`            ``flash_attention_varlen``: packed sequences (cu_seqlens), its
+                            ``torch.library`` op
 - :mod:`.launch`            the launches (grids, tuned-config cache)
 - :mod:`.flash`             ``flash_attention``: validation, autograd, the ``torch.library`` op
 

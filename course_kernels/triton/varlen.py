@@ -10,6 +10,12 @@ Sequence b owns query tokens [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and key toke
 that costs nothing: no padding is computed). The kernels are the dense ones with ``VARLEN`` on:
 the grid is (cdiv(max_seqlen_q, BLOCK_M), B * Hq), each program reads its sequence's offset and
 length from cu_seqlens and exits at once when its query block is past the sequence's end.
+
+A PyTorch op, as the dense path is (:mod:`.flash`): ``torch.ops.course_kernels.
+flash_attn_varlen_fwd`` and ``flash_attn_varlen_bwd`` wrap the same launches (``_forward_c`` / ``_backward_c`` with
+``varlen``) with fake implementations, an autograd formula and autocast rules, so
+``torch.compile(fullgraph=True)`` traces a model calling ``flash_attention_varlen``. Eagerly the
+function takes the shorter ``autograd.Function`` path to the same launches.
 """
 
 from __future__ import annotations
@@ -24,7 +30,15 @@ import numbers  # noqa: E402
 import torch  # noqa: E402
 
 from ._torch_validate import check_scale  # noqa: E402
-from .flash import MAX_HEAD_DIM, _NoDoubleBackward, _autocast, user_lse  # noqa: E402
+from .flash import (  # noqa: E402
+    DOUBLE_BACKWARD_MESSAGE,
+    MAX_HEAD_DIM,
+    _NoDoubleBackward,
+    _autocast,
+    _op_args,
+    _op_variant,
+    user_lse,
+)
 from .launch import Variant, _backward_c, _forward_c  # noqa: E402
 from .masks import check_alibi, check_variant  # noqa: E402
 from ..numpy.reference import check_alignment  # noqa: E402
@@ -92,8 +106,10 @@ def _check_packed(q, k, v) -> None:
         raise ValueError(f"head dim must be a multiple of 8 and at most {MAX_HEAD_DIM}; got {d}")
 
 
-def _check_cu(cu, name: str, total: int, max_seqlen, max_name: str, device) -> torch.Tensor:
-    """cu_seqlens: 1-D integer tensor [0, ..., total], non-decreasing; max_seqlen >= every length."""
+def _check_cu(cu, name: str, max_seqlen, max_name: str, device) -> torch.Tensor:
+    """cu_seqlens: a 1-D integer tensor on q's device; max_seqlen an int. Shapes and types only
+    (nothing data-dependent: this runs under torch.compile too); :func:`_check_offsets` reads
+    the values."""
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(
             f"{name} must be a 1-D integer tensor of B + 1 >= 2 offsets [0, ..., total_tokens]; "
@@ -103,9 +119,15 @@ def _check_cu(cu, name: str, total: int, max_seqlen, max_name: str, device) -> t
         raise TypeError(
             f"{name} must be int32 (or int64) on {device}; got {cu.dtype} on {cu.device}"
         )
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, numbers.Integral):
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"{max_name} must be an int; got {type(max_seqlen).__name__}")
-    offsets = cu.tolist()  # one small copy (a device sync on a GPU)
+    return cu.to(torch.int32).contiguous()
+
+
+def _check_offsets(cu, name: str, total: int, max_seqlen: int, max_name: str) -> None:
+    """[0, ..., total], non-decreasing, max_seqlen >= every length: else the kernels would read
+    out of bounds. One small copy (a device sync on a GPU); inside the op under torch.compile."""
+    offsets = cu.tolist()
     lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
     if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
         raise ValueError(
@@ -117,7 +139,125 @@ def _check_cu(cu, name: str, total: int, max_seqlen, max_name: str, device) -> t
             f"{max_name} = {max_seqlen} is smaller than the longest sequence in {name} "
             f"({max(lengths)}): the grid would miss its tokens"
         )
-    return cu.to(torch.int32).contiguous()
+
+
+def _check_count(cu_q, cu_k) -> None:
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences; got "
+            f"{cu_q.numel() - 1} and {cu_k.numel() - 1}"
+        )
+
+
+def _varlen_args(q, k, cu_q, cu_k, max_q: int, max_k: int, check: bool = True) -> tuple:
+    """The ``varlen`` tuple the launches take: (cu_q, cu_k, max_q, max_k) as int32 offsets and
+    ints >= 1; ``check``: the offsets first (the data-dependent checks)."""
+    if check:
+        _check_offsets(cu_q, "cu_seqlens_q", q.shape[0], max_q, "max_seqlen_q")
+        _check_offsets(cu_k, "cu_seqlens_k", k.shape[0], max_k, "max_seqlen_k")
+        _check_count(cu_q, cu_k)
+    cu_q, cu_k = (cu.to(torch.int32).contiguous() for cu in (cu_q, cu_k))
+    return cu_q, cu_k, int(max(max_q, 1)), int(max(max_k, 1))
+
+
+# ---- the torch.library op: what torch.compile sees -------------------------------------------
+# The schema follows flash-attn's ``flash_attn::_flash_attn_varlen_forward`` (flash_attn/
+# flash_attn_interface.py) and PyTorch's ``torch_attn::_varlen_attn`` (torch/nn/attention/
+# varlen.py): cu_seqlens are int32 *tensors* (data the kernels read on the device), the
+# max_seqlens plain ``int``s (they size the grid on the host; a SymInt under dynamic shapes),
+# the variant spelled out in scalars. ``bottom_right`` defaults to flash-attn's varlen causal.
+
+
+@torch.library.custom_op("course_kernels::flash_attn_varlen_fwd", mutates_args=())
+def flash_attn_varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+    bottom_right: bool = True,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, L): the forward kernel on packed q (total_q, Hq, d); L (Hq, total_q) in units of c.
+    The offsets are checked here (the caller's checks under torch.compile cannot read them)."""
+    varlen = _varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    variant = _op_variant(causal, bottom_right, window_left, window_right, softcap)
+    return _forward_c(q, k, v, variant, scale, alibi_slopes, varlen)
+
+
+@flash_attn_varlen_fwd.register_fake
+def _flash_attn_varlen_fwd_fake(q, *_args):
+    total_q, Hq, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((Hq, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("course_kernels::flash_attn_varlen_bwd", mutates_args=())
+def flash_attn_varlen_bwd(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+    bottom_right: bool = True,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): the backward kernels on the forward op's (o, L) and its checked offsets."""
+    varlen = _varlen_args(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, False)
+    variant = _op_variant(causal, bottom_right, window_left, window_right, softcap)
+    return _backward_c(do, q, k, v, o, lse, variant, scale, alibi_slopes, varlen)
+
+
+@flash_attn_varlen_bwd.register_fake
+def _flash_attn_varlen_bwd_fake(do, q, k, v, *_args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, *variant_args = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.max_seqlens, ctx.variant_args = (max_q, max_k), variant_args
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, do, _dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.course_kernels.flash_attn_varlen_bwd(
+        do, q, k, v, o, lse, cu_q, cu_k, *ctx.max_seqlens, *ctx.variant_args
+    )
+    # no gradient for cu_seqlens, max_seqlens and the variant's scalars
+    return dq, dk, dv, None, None, None, None, *([None] * len(ctx.variant_args))
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    pass
+
+
+def _bwd_backward(ctx, *_grads):
+    raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+
+flash_attn_varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+flash_attn_varlen_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+for _dev, _dt in (("cuda", torch.float16), ("cpu", torch.bfloat16)):  # as the dense op
+    torch.library.register_autocast("course_kernels::flash_attn_varlen_fwd", _dev, _dt)
 
 
 def flash_attention_varlen(
@@ -151,6 +291,10 @@ def flash_attention_varlen(
         scale, window_size, softcap, alibi_slopes ((Hq,) or (B, Hq)), return_lse: as in
             :func:`course_kernels.flash_attention` (window and ALiBi per sequence).
 
+    Inside ``torch.autocast`` q, k, v are first cast to its dtype (as SDPA's are).
+    ``torch.compile(fullgraph=True)`` traces it without a graph break, through the op
+    ``torch.ops.course_kernels.flash_attn_varlen_fwd`` (which checks the offsets itself).
+
     Returns:
         out: (total_q, Hq, d), differentiable w.r.t. q, k, v; with ``return_lse`` also lse
         (Hq, total_q) float32, natural log, -inf for a row that sees no key.
@@ -158,13 +302,13 @@ def flash_attention_varlen(
     _check_packed(q, k, v)
     q, k, v = _autocast(q, k, v)
     dev = q.device
-    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q", dev)
-    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k", dev)
-    if cu_q.numel() != cu_k.numel():
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences; got "
-            f"{cu_q.numel() - 1} and {cu_k.numel() - 1}"
-        )
+    cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", max_seqlen_q, "max_seqlen_q", dev)
+    cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", max_seqlen_k, "max_seqlen_k", dev)
+    compiling = torch.compiler.is_compiling()
+    if compiling:  # the op checks the offsets (data) itself
+        _check_count(cu_q, cu_k)
+    else:
+        varlen = _varlen_args(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
     if not isinstance(causal, bool) or not isinstance(return_lse, bool):
         raise TypeError("causal and return_lse must be bools")
     check_alignment(causal_alignment)
@@ -172,5 +316,9 @@ def flash_attention_varlen(
     variant: Variant = check_variant(causal, causal_alignment, window_size, softcap, None, 0, 0)
     batch = cu_q.numel() - 1
     alibi = check_alibi(alibi_slopes, q, batch=batch, heads=q.shape[1])
-    varlen = (cu_q, cu_k, int(max(max_seqlen_q, 1)), int(max(max_seqlen_k, 1)))
+    if compiling:  # the op: one node in the graph
+        o, lse_c = torch.ops.course_kernels.flash_attn_varlen_fwd(
+            q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, *_op_args(variant, scale), alibi
+        )
+        return (o, user_lse(lse_c, variant, scale)) if return_lse else o
     return _FlashVarlen.apply(q, k, v, varlen, variant, scale, return_lse, alibi)

@@ -1,6 +1,8 @@
-"""The torch.library op on a GPU: torch.compile with Inductor (fullgraph), autocast, Nk = 1.
+"""The torch.library ops on a GPU: torch.compile with Inductor (fullgraph), autocast, Nk = 1;
+the varlen op (``flash_attention_varlen``) compiled the same way.
 
-CPU versions (interpreter, aot_eager backend) are in tests/test_flash_op.py.
+CPU versions (interpreter, aot_eager backend) are in tests/test_flash_op.py and
+tests/test_varlen_op.py.
 """
 
 from __future__ import annotations
@@ -84,3 +86,37 @@ def test_gpu_double_backward_raises():
     (dq,) = torch.autograd.grad(flash_attention(q, k, v).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="does not support double backward"):
         dq.float().sum().backward()
+
+
+def test_gpu_varlen_inductor_fullgraph_matches_eager():
+    """The varlen op under Inductor: no graph break, outputs and gradients of the eager path."""
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    lq, lk = [300, 17, 513], [300, 140, 513]
+    cq, ck = (
+        torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        for x in (lq, lk)
+    )
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(n, h):
+        return torch.randn(n, h, 64, device="cuda", generator=g, dtype=torch.float16)
+
+    q, k, v, do = rand(sum(lq), 8), rand(sum(lk), 2), rand(sum(lk), 2), rand(sum(lq), 8)
+    slopes = torch.rand(8, device="cuda", generator=g)
+
+    def fn(a, b, c):
+        kw = {"window_size": (128, -1), "softcap": 30.0, "alibi_slopes": slopes}
+        return flash_attention_varlen(a, b, c, cq, ck, max(lq), max(lk), causal=True, **kw)
+
+    explain = torch._dynamo.explain(fn)(q, k, v)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    torch._dynamo.reset()
+    results = []
+    for f in (torch.compile(fn, fullgraph=True), fn):  # Inductor, then eager
+        a, b, c = (x.clone().requires_grad_() for x in (q, k, v))
+        out = f(a, b, c)
+        results.append((out, *torch.autograd.grad(out, (a, b, c), do)))
+    for got, want in zip(*results, strict=True):
+        assert torch.isfinite(got).all()
+        assert (got.float() - want.float()).abs().max() <= 1e-3  # the same kernels ran
