@@ -18,9 +18,9 @@ count only unmasked work: 4 d H (visible pairs) forward, 2.5x that backward. Row
 every row, so an interrupted run keeps what it measured.
 
 The Serving chapter reads the H200 records from the package data,
-``course_kernels/data/bench/h200_features_bench.json`` (autotuning off) and
-``course_kernels/data/bench/h200_features_bench_d128_autotune.json`` (``--autotune``, d = 128,
-N = 16K), through ``course_kernels.bench.features``; a new record replaces them there.
+``course_kernels/data/bench/h200_features_bench_autotune.json`` (``--autotune``, every row) and
+``course_kernels/data/bench/h200_features_bench.json`` (autotuning off), through
+``course_kernels.bench.features``; a new record replaces them there.
 """
 
 from __future__ import annotations
