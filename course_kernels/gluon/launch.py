@@ -34,6 +34,9 @@ def _triton_version_ok() -> bool:
     )
 
 
+_AVAILABLE: dict = {}  # current CUDA device -> bool (asked once per device: 8.5 us per call)
+
+
 def gluon_available() -> bool:
     """True only on a CUDA device of capability 9.x with Triton 3.6.x and Gluon importable."""
     if not HAVE_GLUON or not _triton_version_ok():
@@ -43,7 +46,10 @@ def gluon_available() -> bool:
 
         if not torch.cuda.is_available():
             return False
-        return torch.cuda.get_device_capability()[0] == 9
+        dev = torch.cuda.current_device()
+        if dev not in _AVAILABLE:
+            _AVAILABLE[dev] = torch.cuda.get_device_capability(dev)[0] == 9
+        return _AVAILABLE[dev]
     except Exception:
         return False
 
@@ -75,6 +81,16 @@ DEFAULT_CONFIG = {
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 _NUM_SMS = {}
+# (rows, d, gl dtype) -> NVMMASharedLayout: two fresh layout objects per call cost 17 us of host
+# time on the H200 (experiments/gluon/host_cost.py, notes/gluon.md).
+_LAYOUTS: dict = {}
+
+
+def _smem_layout(rows: int, d: int, gdt):
+    key = (rows, d, str(gdt))
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = gl.NVMMASharedLayout.get_default_for([rows, d], gdt)
+    return _LAYOUTS[key]
 
 
 def _check_inputs(q, k, v) -> None:
@@ -130,8 +146,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     BM_TILE = BM * NC
-    q_layout = gl.NVMMASharedLayout.get_default_for([BM, d], gdt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BN, d], gdt)
+    q_layout, kv_layout = _smem_layout(BM, d, gdt), _smem_layout(BN, d, gdt)
     q2, k2, v2, o2 = (x.view(-1, d) for x in (q, k, v, o))
     desc_q = TensorDescriptor.from_tensor(q2, [BM, d], q_layout)
     desc_k = TensorDescriptor.from_tensor(k2, [BN, d], kv_layout)

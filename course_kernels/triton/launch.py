@@ -86,11 +86,11 @@ FORWARD_ENV = "COURSE_KERNELS_FORWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
 
 # The Gluon forward's host path (four TMA descriptors and a warp-specialised launch per call)
-# took up to 0.43 ms on the H200 beyond its CUDA-graph replay, the tl path's at most 0.05 ms
-# (course_kernels/data/gluon/h200_dispatch.json): up to N = 2K that is as long as the kernel,
-# and the Gluon forward lost to the tl one in 20 of 24 rows there. From B * Hq * Nq * Nk * d =
-# 2**36 (between N = 2K and 4K at B = 4, H * d = 2048) its kernel time hides the host path:
-# at N = 4K it won all 8 rows. "auto" takes it from there on.
+# took up to 0.23 ms on the H200 beyond its CUDA-graph replay (0.43 ms before its layouts were
+# cached), about twice the tl path's (course_kernels/data/gluon/h200_dispatch.json): at N <= 1K
+# as long as the kernel, and the Gluon call beat the tl call in 2 of 16 rows there, 6 of 8 at
+# N = 2K. From B * Hq * Nq * Nk * d = 2**36 (between N = 2K and 4K at B = 4, H * d = 2048) its
+# kernel time hides the host path: at N = 4K it won all 8 rows. "auto" takes it from there on.
 GLUON_MIN_WORK = 1 << 36
 
 
