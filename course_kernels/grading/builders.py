@@ -69,7 +69,8 @@ def structure_message(outcome, q, k, v, kw) -> str:
     extra = getattr(outcome, "memory", None)
     if extra is None:  # a memory test whose measurement failed earns nothing (fail closed)
         raise Fail(
-            "the memory of this run could not be measured, so 'really tiled' is not "
+            getattr(outcome, "memory_note", "")
+            or "the memory of this run could not be measured, so 'really tiled' is not "
             "established; grade it again (if it persists, tell the instructor)"
         )
     peak, how = extra[0], extra[-1]

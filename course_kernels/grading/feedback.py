@@ -193,3 +193,4 @@ class CallOutcome:
     message: str = ""  # sandbox-level explanation (timeout, crash, ...)
     memory: object = None  # (extra bytes, limit, how) for tiling checks; set by the runner
     peak: int | None = None  # peak memory (bytes) of the whole child that ran this call
+    memory_note: str = ""  # why ``memory`` is None when the grader knows (no cgroup)

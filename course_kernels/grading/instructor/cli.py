@@ -3,6 +3,7 @@
     python -m course_kernels.grading release --out DIR [--zip]
     python -m course_kernels.grading grade PATH... [--out DIR] [--workers N] [--hidden DIR]
                                              [--exercise NN] [--roster CSV] [--unsafe]
+                                             [--cgroup DIR] [--shared-limits]
     python -m course_kernels.grading gradescope --exercise NN --out autograder.zip [--hidden DIR]
 
 ``release`` writes the student version (the exercise notebooks: stubs, visible tests only; no
@@ -14,7 +15,8 @@ The file name (or ``--exercise``) decides which exercise a notebook is graded as
 ``--roster CSV`` (a column ``id``; other columns are kept), PATH is one folder holding one folder
 per student id, and ``roster.csv`` in DIR gets one row per student: per-notebook totals, the total,
 and the notebooks that are missing. Without bubblewrap the grader refuses to run student code
-unless ``--unsafe`` is given (see README).
+unless ``--unsafe`` is given; without a cgroup per sandbox (a non-root grader with no delegated
+cgroup) it refuses to grade more than one notebook unless ``--shared-limits`` (see README).
 Writes to DIR (default ``grading-output``):
 
 - ``gradebook.csv``: one row per submission (id, notebook, score, max score, seconds, one column
@@ -54,6 +56,7 @@ from .gradebook import (  # re-exported: tests and scripts import them from here
     notebook_max as notebook_max,
     write_roster,
 )
+from ..sandbox.probe import SHARED_LIMITS
 from .release import gradescope_bundle, release
 
 
@@ -158,11 +161,13 @@ def grade(
     roster=None,
     expect=None,
     call_seconds=None,
+    shared_limits=False,
 ) -> list:
-    from ..sandbox.sandbox import require_sandbox
+    from ..sandbox.probe import require_isolation, require_sandbox
 
     require_sandbox(unsafe)  # refuse before anything runs, with the reason
     subs = find_submissions(paths)
+    require_isolation(len(subs), shared_limits)  # a class: a cgroup per sandbox, or refuse
     out_dir = Path(out_dir)
     (out_dir / "results").mkdir(parents=True, exist_ok=True)
     (out_dir / "feedback").mkdir(parents=True, exist_ok=True)
@@ -275,6 +280,21 @@ def main(argv=None) -> int:
         action="store_true",
         help="run student code without the bubblewrap sandbox (trusted code only)",
     )
+    g.add_argument(
+        "--cgroup",
+        default=None,
+        metavar="DIR",
+        help="a cgroup v2 directory delegated to you (memory and pids in its "
+        "cgroup.controllers) in which each sandbox gets its own cgroup (default: "
+        "$COURSE_GRADING_CGROUP, else the grader's own cgroup where writable, as under "
+        "`systemd-run --user --scope -p Delegate=yes`; root needs none)",
+    )
+    g.add_argument(
+        "--shared-limits",
+        action="store_true",
+        help="grade several submissions even when no cgroup per sandbox can be made (a "
+        f"non-root grader without a delegated cgroup): {SHARED_LIMITS}",
+    )
     gs = sub.add_parser("gradescope", help="write a Gradescope autograder zip for one exercise")
     gs.add_argument(
         "--exercise", required=True, help="the exercise it grades, e.g. 03 or 03_tiled_forward"
@@ -307,6 +327,8 @@ def main(argv=None) -> int:
 
     from ..sandbox.sandbox import SandboxUnavailable
 
+    if args.cgroup:
+        os.environ["COURSE_GRADING_CGROUP"] = os.path.abspath(args.cgroup)
     expect = None
     if args.expect:
         expect = [notebook_of(x.strip()).name for x in args.expect.split(",") if x.strip()]
@@ -325,6 +347,7 @@ def main(argv=None) -> int:
             args.roster,
             expect,
             args.call_seconds,
+            args.shared_limits,
         )
     except SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)

@@ -25,6 +25,11 @@ from course_kernels.grading.runner import build_cases, forbidden_use, judge, sol
 from ..sandbox.sandbox import Limits, isolation, require_sandbox, run_submission
 
 MAX_NOTEBOOK_BYTES = 20 << 20
+UNVERIFIABLE = (
+    "cannot verify 'really tiled': this grader has no cgroup per sandbox, so only per-process "
+    "memory is known and memory spread over several processes would not be added up; the "
+    "test fails closed (a grader setup problem, not necessarily yours: tell the instructor)"
+)
 
 
 @dataclass
@@ -228,16 +233,14 @@ def grade_notebook(
     report = run_submission(preamble(nb), cell_list, calls, arrays, limits, nb.triton, unsafe)
     outcomes = dict(report.calls)
     if any(c.probe == "memory" for c in cases):
-        base = _baseline_peak(nb, cases, calls, arrays, limits, unsafe)
-        how = (
-            "as the peak memory of the whole process tree (cgroup)"
-            if isolation()["cgroup"]
-            else "as the largest peak RSS of any process of the run"
-        )
+        measured = bool(isolation()["cgroup"])  # else only per-process memory: fail closed
+        base = _baseline_peak(nb, cases, calls, arrays, limits, unsafe) if measured else None
+        how = "as the peak memory of the whole process tree (cgroup)"
         for cid, case in enumerate(cases):
             o = outcomes.get(cid)
             if case.probe == "memory" and o is not None and o.status == "ok":
                 o.memory = None if base is None or o.peak is None else (max(0, o.peak - base), how)
+                o.memory_note = "" if measured else UNVERIFIABLE
     for cid, case in enumerate(cases):
         outcome = outcomes.get(cid) or CallOutcome("crash", message="no result came back")
         cell_error = None

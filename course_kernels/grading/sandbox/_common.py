@@ -15,7 +15,7 @@ class Limits:
     call_seconds: float = 20.0  # wall time of one call
     total_seconds: float = 240.0  # wall time of the whole notebook (every child together)
     memory_bytes: int = 4 << 30  # whole tree (cgroup) and per process (RLIMIT_AS)
-    nproc: int = 256  # pids.max (cgroup); RLIMIT_NPROC where not root
+    nproc: int = 256  # pids.max (cgroup); RLIMIT_NPROC (per uid: shared) where no cgroup
     tmpfs_bytes: int = 64 << 20  # size of /tmp and of /box inside the sandbox
 
 

@@ -1,22 +1,19 @@
-"""The bubblewrap command line: what the sandbox sees, the child's environment, and the probe
-of what this machine allows (bwrap, user namespaces, cgroups). See sandbox.py for the design."""
+"""The bubblewrap command line: what the sandbox sees, its seccomp filter's descriptor, and the
+child's environment (:mod:`.probe` checks what this machine allows). See sandbox.py."""
 
 from __future__ import annotations
 
 import glob
 import os
-import shutil
 import site
-import subprocess
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ._common import Limits, SandboxUnavailable, _tag
-from .cgroups import Cgroup
+from . import seccomp
+from ._common import _tag
 
 # Our own packages and libraries that do a NumPy exercise for the student: covered by an empty
 # tmpfs inside the sandbox (a wall, where the source lint is only a lint).
@@ -36,20 +33,6 @@ DROP = (
     f"os.setresuid({NOBODY}, {NOBODY}, {NOBODY})\n"
     "if 0 in os.getresuid() + os.getresgid() + tuple(os.getgroups()):\n    os._exit(126)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
-)
-
-# What the probe runs inside a fresh sandbox: it must be nobody, unable to write kernel settings.
-PROBE = (
-    "import os\n"
-    "bad = [p for p in ('/proc/sys/kernel/core_pattern', '/proc/sysrq-trigger', '/proc/sys/vm/drop_caches')\n"
-    "       if os.path.exists(p) and os.access(p, os.W_OK)]\n"
-    "for p in ('/proc/sys/kernel/core_pattern', '/proc/sys/vm/drop_caches'):\n"
-    "    try:\n"
-    "        os.close(os.open(p, os.O_WRONLY))\n"
-    "        bad.append(p)\n"
-    "    except OSError:\n"
-    "        pass\n"
-    "print(os.getuid(), os.geteuid(), os.getgid(), int(bool(bad)))\n"
 )
 
 BLOCKED = (
@@ -113,13 +96,34 @@ def _gpu_mode() -> bool:
     return os.environ.get("COURSE_GRADING_GPU") == "1"
 
 
-def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True) -> list[str]:
+def seccomp_fd() -> int:
+    """A pipe's read end holding the seccomp filter (:mod:`.seccomp`), for ``bwrap --seccomp``
+    (which reads it to the end). Raises SeccompUnsupported on an architecture without tables."""
+    prog = seccomp.program()
+    r, w = os.pipe()
+    try:
+        assert len(prog) < 65536  # fits the pipe: written before bwrap reads
+        os.write(w, prog)
+    finally:
+        os.close(w)
+    return r
+
+
+def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True, filter_fd=None) -> list[str]:
     """The bwrap command line. ``mode``: "userns" (a user namespace; the caller is not root:
     the launcher drops root to nobody before bwrap starts), or "root" (bwrap runs as root
     without a user namespace and keeps only CAP_SETUID/CAP_SETGID, with which :data:`DROP`
     becomes nobody before anything else runs). Either way the sandboxed code is never host
-    uid 0."""
+    uid 0. ``filter_fd``: the descriptor of :func:`seccomp_fd`. Every tmpfs is size-capped
+    (``--size``; bubblewrap 0.8 has no option for tmpfs inodes) and all but ``/tmp`` and
+    ``/box`` are read-only, the root of the sandbox included."""
+
+    def sized(n):
+        return ["--size", str(n)] if size else []
+
     a = [bwrap, "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if filter_fd is not None:
+        a += ["--seccomp", str(filter_fd)]
     # every namespace but the user namespace (--unshare-all would add a user namespace mapping
     # only root, in which nobody does not exist)
     a += [
@@ -142,20 +146,23 @@ def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True) -> list[str]:
     # fresh /tmp and /box first: an interpreter that lives under /tmp is bound on top of it
     # (and nothing else of the host's /tmp is seen)
     for d in ("/tmp", "/box"):
-        a += (["--size", str(limits.tmpfs_bytes)] if size else []) + ["--perms", "1777"]
-        a += ["--tmpfs", d]
+        a += sized(limits.tmpfs_bytes) + ["--perms", "1777", "--tmpfs", d]
     py_roots = {
         os.path.realpath(sys.base_prefix),
         os.path.realpath(sys.prefix),
         os.path.dirname(os.path.dirname(_python())),
     }
     a += _bind_args(sorted(py_roots) + _site_paths())
-    a += _hide_args(req_dir, py_roots, triton)
-    # a fresh /proc whose kernel settings are read-only; a /dev that nothing can be created in
-    # (its tmpfs is outside every size limit): the device nodes, /dev/pts, the fd links only
+    a += _hide_args(req_dir, py_roots, triton, sized(SMALL_TMPFS))
+    # a fresh /proc whose kernel settings are read-only; a read-only /dev on a capped tmpfs (not
+    # bwrap's --dev, which --size cannot cap) holding the harmless device nodes and fd links
     a += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
     a += ["--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger"]
-    a += ["--dev", "/dev"]
+    a += sized(SMALL_TMPFS) + ["--perms", "0755", "--tmpfs", "/dev"]
+    for node in DEV_NODES:
+        a += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]
+    for target, link in DEV_LINKS:
+        a += ["--symlink", target, link]
     if _gpu_mode():
         for dev in sorted(os.listdir("/dev")):
             if dev.startswith("nvidia"):
@@ -165,7 +172,20 @@ def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True) -> list[str]:
             a += ["--ro-bind-try", name, name]
     a += ["--remount-ro", "/dev"]
     a += ["--ro-bind", req_dir, "/req", "--chdir", "/box"]
+    # bwrap's own root tmpfs (and the parent folders made on it) would be writable and uncapped
+    # in a user namespace, where its owner is the sandbox's nobody
+    a += ["--remount-ro", "/"]
     return a
+
+
+SMALL_TMPFS = 1 << 20  # /dev and the covers over hidden packages: a few empty mount points
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = (
+    ("/proc/self/fd", "/dev/fd"),
+    ("/proc/self/fd/0", "/dev/stdin"),
+    ("/proc/self/fd/1", "/dev/stdout"),
+    ("/proc/self/fd/2", "/dev/stderr"),
+)
 
 
 def _bind_args(paths) -> list[str]:
@@ -184,7 +204,7 @@ def _bind_args(paths) -> list[str]:
     return a
 
 
-def _hide_args(req_dir, py_roots, triton) -> list[str]:
+def _hide_args(req_dir, py_roots, triton, sized=()) -> list[str]:
     """Cover each hidden package, in every site folder, with a package whose import fails (an
     empty folder would import as a namespace package)."""
     hidden = HIDDEN_PACKAGES + (() if triton else NUMPY_ONLY_HIDDEN)
@@ -198,7 +218,8 @@ def _hide_args(req_dir, py_roots, triton) -> list[str]:
             if os.path.isdir(target) and inside and target not in done:
                 done.add(target)
                 blocked = os.path.join(req_dir, "_blocked.py")
-                a += ["--tmpfs", target, "--ro-bind", blocked, os.path.join(target, "__init__.py")]
+                a += [*sized, "--tmpfs", target]
+                a += ["--ro-bind", blocked, os.path.join(target, "__init__.py")]
                 a += ["--remount-ro", target]
     return a
 
@@ -210,118 +231,6 @@ GPU_ETC = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
 def _drop_prefix(mode) -> list[str]:
     """What goes before the child's command inside bwrap: in root mode, :data:`DROP`."""
     return [_python(), "-I", "-S", "-c", DROP] if mode == "root" else []
-
-
-_ISOLATION: dict | None = None
-
-
-def isolation() -> dict:
-    """What this machine allows (probed once): ``sandbox`` (bwrap works), ``userns`` (the child
-    runs as nobody in a user namespace), ``cgroup`` ("v2", "v1" or None), ``why`` (when not)."""
-    global _ISOLATION
-    if _ISOLATION is None:
-        _ISOLATION = _probe()
-    return _ISOLATION
-
-
-def _probe() -> dict:
-    """Try the sandbox's modes (as root: "root" first, then a user namespace entered as
-    nobody) and keep the first that works *and is safe*: the probe's child must report uid and
-    gid 65534 and be unable to open kernel settings (``/proc/sys``) for writing."""
-    out = {
-        "sandbox": False,
-        "userns": False,
-        "mode": None,
-        "size": True,
-        "cgroup": Cgroup.kind(),
-        "why": "",
-        "bwrap": shutil.which("bwrap"),
-    }
-    if os.environ.get("COURSE_GRADING_NO_SANDBOX") == "1":
-        out["why"] = "COURSE_GRADING_NO_SANDBOX=1 is set"
-        return out
-    if not out["bwrap"]:
-        out["why"] = "bubblewrap is not installed (apt-get install bubblewrap)"
-        return out
-    root = os.geteuid() == 0
-    modes = ("root", "userns") if root else ("userns",)
-    with tempfile.TemporaryDirectory(prefix="grade-probe-") as req:
-        os.chmod(req, 0o755)
-        with open(os.path.join(req, "_blocked.py"), "w") as f:
-            f.write(BLOCKED)
-        os.chmod(os.path.join(req, "_blocked.py"), 0o644)
-        errors = []
-        for mode in modes:
-            for size in (True, False):
-                cmd = _bwrap_args(out["bwrap"], req, Limits(), False, mode, size)
-                cmd += _drop_prefix(mode) + [_python(), "-I", "-S", "-c", PROBE]
-                pre = None
-                if root and mode == "userns":
-                    pre = _drop_to_nobody  # bwrap itself runs as nobody: its map is nobody's
-                try:
-                    r = subprocess.run(
-                        cmd,
-                        capture_output=True,
-                        timeout=60,
-                        text=True,
-                        env=_child_env(False),
-                        preexec_fn=pre,
-                    )
-                except (OSError, subprocess.SubprocessError) as e:
-                    errors.append(str(e))
-                    continue
-                if r.returncode != 0:
-                    errors.append(r.stderr.strip()[-300:])
-                    continue
-                ids = r.stdout.split()
-                if ids[:3] != [str(NOBODY)] * 3 or ids[3:] != ["0"]:
-                    errors.append(f"unsafe sandbox in mode {mode}: the child reported {ids}")
-                    continue
-                out.update(sandbox=True, userns=mode == "userns", mode=mode, size=size)
-                return out
-    out["why"] = "bwrap cannot create a safe sandbox here: " + " | ".join(dict.fromkeys(errors))
-    return out
-
-
-_NOBODY_PYTHON: bool | None = None
-
-
-def _nobody_can_run_python() -> bool:
-    """Whether nobody can start this interpreter (``--unsafe`` as root then runs as nobody)."""
-    global _NOBODY_PYTHON
-    if _NOBODY_PYTHON is None:
-        try:
-            r = subprocess.run(
-                [_python(), "-I", "-S", "-c", "import numpy"],
-                capture_output=True,
-                timeout=60,
-                env={"PYTHONPATH": os.pathsep.join(_site_paths())},
-                preexec_fn=_drop_to_nobody,
-                cwd="/",
-            )
-            _NOBODY_PYTHON = r.returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            _NOBODY_PYTHON = False
-    return _NOBODY_PYTHON
-
-
-def _drop_to_nobody() -> None:
-    os.setgroups([])
-    os.setresgid(NOBODY, NOBODY, NOBODY)
-    os.setresuid(NOBODY, NOBODY, NOBODY)
-
-
-def require_sandbox(unsafe: bool) -> None:
-    """Raise SandboxUnavailable with the reason unless bwrap works or ``unsafe`` is given."""
-    iso = isolation()
-    if not iso["sandbox"] and not unsafe:
-        raise SandboxUnavailable(
-            f"refusing to run student code without the sandbox ({iso['why']}). Install "
-            "bubblewrap (and allow user namespaces, or run as root), or pass --unsafe to run "
-            "submissions as ordinary processes of your user: they could then read and change "
-            "anything you can (other submissions, the hidden tests, the grader, the gradebook), "
-            "signal your processes and use the network. Use --unsafe only for code you trust."
-        )
 
 
 def _child_env(triton: bool, home="/box") -> dict:

@@ -1,11 +1,10 @@
 """The process tree of one run: the trusted launcher that starts it, waiting for and reaping it,
-reading the launcher's peak-RSS report, removing the run's folder, and finding leftovers."""
+removing the run's folder, and finding leftovers."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -16,9 +15,9 @@ from .cgroups import leftover_cgroups
 # It runs outside bwrap (trusted code, a fresh small interpreter): it dies with the grader
 # (PDEATHSIG), joins the run's cgroup, sets rlimits, forks the command, and is a child subreaper,
 # so it reaps every process of the tree (also those that escaped with setsid in --unsafe mode);
-# on SIGTERM it kills them all. Its RUSAGE_CHILDREN.ru_maxrss (the largest peak RSS of any reaped
-# descendant) goes to a pipe only the grader reads. A child killed by a signal is re-raised on
-# the launcher so that the grader sees a crash as a crash.
+# on SIGTERM it kills them all. A child killed by a signal is re-raised on the launcher so that
+# the grader sees a crash as a crash. (Peak memory comes from the run's cgroup only: one
+# process's peak RSS misses memory spread over several processes.)
 LAUNCHER = r"""
 import ctypes, json, os, resource, signal, sys, time
 cfg, cmd = json.loads(sys.argv[1]), sys.argv[2:]
@@ -49,10 +48,8 @@ if cfg["nproc"] is not None:  # no cgroup: per uid (shared by every sandbox of t
         R.setrlimit(R.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
     except (ValueError, OSError):
         pass
-fd = cfg["rss_fd"]
 pid = os.fork()
 if pid == 0:
-    os.close(fd)
     try:
         os.execv(cmd[0], cmd)
     finally:
@@ -88,8 +85,6 @@ while True:
         status = st
     if status is not None or stop:
         kill_all()
-os.write(fd, str(R.getrusage(R.RUSAGE_CHILDREN).ru_maxrss).encode())
-os.close(fd)
 if status is None:
     os._exit(124)
 if os.WIFSIGNALED(status):
@@ -144,27 +139,14 @@ def _wait_for(proc, state):
     """The launcher's exit code, or None when it had to be killed.
 
     A child that finished exits by itself at once (_child.serve ends with os._exit): let it, so
-    that every process of the tree is reaped by its parent and the launcher's RUSAGE_CHILDREN
-    covers them (killing bwrap first would lose the numbers). Then stop whatever is left.
+    that its exit code is its own (a clean exit, not a kill). Then stop whatever is left.
     """
     if state["done"] and state["problem"] is None:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             return proc.wait(timeout=REAP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            state["unmeasured"] = True  # the tree had to be killed: no RSS fallback
     with contextlib.suppress(OSError):
         proc.send_signal(signal.SIGTERM)
     try:
         return proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         return None
-
-
-def _read_small(fd) -> int:
-    try:
-        r, _, _ = select.select([fd], [], [], 0.5)
-        data = os.read(fd, 32) if r else b""
-    except OSError:
-        data = b""
-    text = data.decode("ascii", "replace")
-    return int(text) if text.isdigit() else 0

@@ -1,25 +1,30 @@
 """Run student code in bubblewrap, limited by a cgroup, and get back data only.
 
-Each run of a submission is one sandbox: a small trusted launcher (``process_tree.LAUNCHER``: it joins the
-run's cgroup, sets rlimits, forks ``bwrap``, reaps everything, reports the tree's peak RSS) starts
-``bwrap`` (Debian's ``bubblewrap``) with
+Each run of a submission is one sandbox: a small trusted launcher (``process_tree.LAUNCHER``: it
+joins the run's cgroup, sets rlimits, forks ``bwrap``, reaps everything) starts ``bwrap``
+(Debian's ``bubblewrap``) with
 
-- every namespace unshared (``--unshare-all``: mount, PID, network, IPC, UTS, cgroup; and a user
-  namespace where the kernel allows one, so the child runs as ``nobody`` with no capability);
+- the mount, PID, network, IPC, UTS and cgroup namespaces unshared; as root no user namespace
+  (the first process drops to ``nobody``), otherwise a user namespace in which the child is
+  ``nobody``; no capability, no new privileges;
+- a seccomp filter (:mod:`.seccomp`, ``--seccomp FD``): ptrace, keyrings, BPF, perf, io_uring,
+  namespaces, mounts, modules and the like answer EPERM;
 - a file system made only of read-only binds of ``/usr`` (and the ``/bin``, ``/lib*`` links), the
   Python installation and its site-packages, with the course's own packages and the libraries a
-  notebook may not use covered by empty tmpfs; the request (solution cells, test inputs) read-only
-  at ``/req``; fresh size-capped tmpfs at ``/tmp`` and at ``/box`` (the cwd); a fresh ``/proc`` and
-  a minimal ``/dev``. No other submission, no grader, test, solution or hidden test exists there;
+  notebook may not use covered; the request (solution cells, test inputs) read-only at ``/req``;
+  fresh size-capped tmpfs at ``/tmp`` and at ``/box`` (the cwd); a fresh ``/proc`` (``/proc/sys``
+  read-only) and a read-only, size-capped ``/dev`` of harmless nodes; the root read-only. No
+  other submission, no grader, test, solution or hidden test exists there;
 - ``--new-session`` and ``--die-with-parent`` (the launcher has PDEATHSIG too: a dead grader leaves
   nothing running).
 
-Where cgroups are writable (root), the launcher and everything below it live in a fresh cgroup
-(v2, or v1's memory/pids/cpu hierarchies): memory (``memory.max``, swap off), processes
-(``pids.max``) and CPU share (one core) are limits of the whole tree, ``memory.peak`` (v1:
-``memory.max_usage_in_bytes``) is the tiling check's measurement, and the cgroup is killed and
-removed after every run. Without writable cgroups, rlimits bound each process and the launcher's
-``RUSAGE_CHILDREN`` gives the largest peak RSS of any process of the tree.
+Where a cgroup can be made (root; or a user's delegated cgroup, see :mod:`.cgroups`), the
+launcher and everything below it live in a fresh cgroup (v2, or v1's memory/pids/cpu
+hierarchies): memory (``memory.max``, swap off), processes (``pids.max``) and CPU share (one
+core) are limits of the whole tree, ``memory.peak`` (v1: ``memory.max_usage_in_bytes``) is the
+tiling check's measurement, and the cgroup is killed and removed after every run. Without one,
+rlimits bound each process (processes: per uid, shared by every sandbox), no peak is reported
+and the tiling check fails closed; the CLI refuses to grade a class so unless ``--shared-limits``.
 
 Results come back on a pipe as length-prefixed frames (JSON headers + ``.npy`` bytes), bounded in
 size and depth and parsed here without ever executing or unpickling anything. The child's stdout is
@@ -29,9 +34,10 @@ Without a working ``bwrap`` the grader refuses to run student code (``SandboxUna
 ``unsafe=True`` (``--unsafe`` on the command line): then the child is only a separate, rlimited
 process of the grader's user. See notes/grading.md and the README for the exact guarantees.
 
-The parts, one module each: ``bwrap`` (the command line, the child's environment, the probe),
-``cgroups`` (the run's cgroup), ``process_tree`` (the launcher, reaping, leftovers, removing
-the run's folder), ``frames`` (bounded reading of the results); this module runs them together.
+The parts, one module each: ``bwrap`` (the command line, the child's environment), ``seccomp``
+(the filter), ``probe`` (what this machine allows, the refusals), ``cgroups`` (the run's
+cgroup), ``process_tree`` (the launcher, reaping, leftovers, removing the run's folder),
+``frames`` (bounded reading of the results); this module runs them together.
 """
 
 from __future__ import annotations
@@ -56,18 +62,17 @@ from .bwrap import (
     BLOCKED,
     NOBODY,
     _bwrap_args,
-    _drop_prefix,
-    _nobody_can_run_python,
     _child_env,
+    _drop_prefix,
     _gpu_mode,
     _python,
     _site_paths,
-    isolation,
-    require_sandbox,
+    seccomp_fd,
 )
 from .cgroups import Cgroup, leftover_cgroups
 from .frames import _decode, _new_state, _outcome, _pump, _take_frame, load_npy
-from .process_tree import LAUNCHER, _read_small, _wait_for, leftovers, remove_tree
+from .probe import _nobody_can_run_python, isolation, require_sandbox
+from .process_tree import LAUNCHER, _wait_for, leftovers, remove_tree
 
 __all__ = [
     "CHILD",
@@ -125,15 +130,20 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
         out_fd = os.open(os.path.join(work, "stdout"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         fds.append(out_fd)
         rfd, wfd = os.pipe()
-        rss_r, rss_w = os.pipe()
-        fds += [rfd, wfd, rss_r, rss_w]
+        fds += [rfd, wfd]
         cgroup = Cgroup.create(limits)
         root = os.geteuid() == 0
         drop = None  # the launcher becomes nobody before it starts anything
+        passed = [wfd]
         if boxed:
             where = "/req"
             box = None
-            cmd = _bwrap_args(iso["bwrap"], req_dir, limits, triton, iso["mode"], iso["size"])
+            filter_fd = seccomp_fd()
+            fds.append(filter_fd)
+            passed.append(filter_fd)
+            cmd = _bwrap_args(
+                iso["bwrap"], req_dir, limits, triton, iso["mode"], iso["size"], filter_fd
+            )
             cmd += _drop_prefix(iso["mode"])
             env = _child_env(triton)
             if root and iso["mode"] == "userns":
@@ -158,7 +168,6 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
             "fsize": MAX_PRINT_BYTES,
             "nproc": limits.nproc if cgroup is None else None,
             "drop": drop,
-            "rss_fd": rss_w,
         }
         proc = subprocess.Popen(
             [_python(), "-I", "-S", "-c", LAUNCHER, json.dumps(cfg)] + cmd,
@@ -167,20 +176,17 @@ def run_once(preamble, cells, calls, arrays, limits: Limits, triton=False, unsaf
             stderr=out_fd,
             cwd=box or "/",
             env=env,
-            pass_fds=(wfd, rss_w),
+            pass_fds=passed,
             close_fds=True,
             start_new_session=True,
         )
-        for fd in (wfd, rss_w):
+        for fd in passed:
             os.close(fd)
             fds.remove(fd)
         _pump(rfd, state, calls, limits, start, cells)
         returncode = _wait_for(proc, state)
-        maxrss_kb = _read_small(rss_r)
-        peak = cgroup.peak() if cgroup else None
-        if peak is None and maxrss_kb and not state.get("unmeasured"):
-            peak = maxrss_kb * 1024
-        state["peak_bytes"] = peak
+        # the tree's peak only where a cgroup adds up every process (fail closed elsewhere)
+        state["peak_bytes"] = cgroup.peak() if cgroup else None
         state["returncode"] = returncode
         size = os.fstat(out_fd).st_size
         printed = os.pread(out_fd, 4000, 0).decode("utf-8", "replace")

@@ -1,0 +1,406 @@
+"""A non-root instructor grading a class (issue 20): the wheel pip-installed into a venv that an
+unprivileged user made from the system Python, in a folder that user owns, then ``course-grade
+release`` and ``course-grade grade`` on a roster with an honest, a wrong, a fork-storm and a
+memory-hog submission, run inside a cgroup delegated to that user as systemd's ``Delegate=yes``
+would (emulated by root: the directory and its ``cgroup.procs``/``subtree_control``/... chowned
+to the user; cgroup v2 where it has the memory and pids controllers, else the v1 memory and
+pids hierarchies). The storm and the hog must not cost the honest student a point, every
+sandbox must get its own cgroup there, and the tiling check must be measured. Then the same
+user without a delegated cgroup: a class is refused with the message saying what to set up,
+and with ``--shared-limits`` it is graded, the tiling test failing closed.
+
+Needs root (to make the user and emulate the delegation), bubblewrap, ``useradd`` and a system
+``/usr/bin/python3`` of this interpreter's version (its NumPy is copied, offline); skipped with
+the reason otherwise. Everything made (user, cgroups, folders) is removed, also on failure."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import colab_env  # noqa: E402
+
+from course_kernels.grading.sandbox import cgroups, isolation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SYSTEM_PYTHON = "/usr/bin/python3"
+pytestmark = pytest.mark.slow
+
+BOMB = """
+import os, time
+_fork = getattr(os, "fo" + "rk")
+def stable_softmax(x):
+    while True:  # every child holds a process slot; the parent keeps forking
+        try:
+            if _fork() == 0:
+                time.sleep(120)
+        except OSError:
+            time.sleep(0.01)
+"""
+HOG = """
+import os, time
+_fork = getattr(os, "fo" + "rk")
+def stable_softmax(x):
+    for _ in range(5):  # 5 x 1 GiB touched, in 5 processes (each under the 4 GB rlimit)
+        if _fork() == 0:
+            hoard = np.ones(1 << 27)
+            time.sleep(120)
+    time.sleep(120)
+"""
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to make a test user and emulate cgroup delegation"
+    if not isolation()["sandbox"]:
+        return "needs the bubblewrap sandbox"
+    if not shutil.which("useradd") or not shutil.which("userdel"):
+        return "needs useradd/userdel"
+    if not os.path.exists(SYSTEM_PYTHON):
+        return f"needs {SYSTEM_PYTHON}"
+    version = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if version != str(sys.version_info[:2]):
+        return f"{SYSTEM_PYTHON} is {version}, not {sys.version_info[:2]}: NumPy cannot be copied"
+    if _layout() is None:
+        return "no cgroup v2 with memory and pids controllers and no v1 memory/pids hierarchies"
+    return None
+
+
+def _layout():
+    m = cgroups._mountpoints()
+    v2 = m.get("cgroup2")
+    with contextlib.suppress(OSError):
+        if v2 and {"memory", "pids"} <= set(cgroups._read(f"{v2}/cgroup.controllers").split()):
+            return "v2"
+    return "v1" if "memory" in m and "pids" in m else None
+
+
+class Delegation:
+    """cgroup directories made by root and handed to ``uid`` as systemd's Delegate=yes does."""
+
+    def __init__(self, uid, gid):
+        self.dirs, name = [], f"course-deleg-{secrets.token_hex(4)}"
+        m = cgroups._mountpoints()
+        if _layout() == "v2":
+            v2 = m["cgroup2"]
+            cgroups._put(f"{v2}/cgroup.subtree_control", "+memory +pids")
+            self.dirs.append(os.path.join(v2, name))
+            files = ("cgroup.procs", "cgroup.threads", "cgroup.subtree_control")
+        else:
+            for c in ("memory", "pids"):
+                self.dirs.append(os.path.join(m[c], cgroups._own_cgroup(c).lstrip("/"), name))
+            files = ("cgroup.procs", "tasks")
+        for d in self.dirs:
+            os.mkdir(d)
+            for f in ("", *files):
+                os.chown(os.path.join(d, f), uid, gid)
+
+    def procs_files(self):
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+
+    def runs_seen(self, stop, seen, most):
+        """Record the runs' cgroups made in the delegated one, and most at the same time."""
+        while not stop.is_set():
+            now = set()
+            for d in self.dirs[:1]:
+                with contextlib.suppress(OSError):
+                    now = {n for n in os.listdir(d) if n.startswith(cgroups.PREFIX)}
+            seen.update(now)
+            most.append(max(len(now), most.pop() if most else 0))
+            time.sleep(0.05)
+
+    def remove(self):
+        for d in self.dirs:
+            subs = [os.path.join(r, n) for r, ns, _ in os.walk(d, topdown=False) for n in ns]
+            for c in [*subs, d]:
+                for _ in range(100):
+                    with contextlib.suppress(OSError, ValueError):
+                        for pid in cgroups._read(os.path.join(c, "cgroup.procs")).split():
+                            os.kill(int(pid), signal.SIGKILL)
+                    try:
+                        os.rmdir(c)
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        time.sleep(0.05)
+
+
+def _kill_processes_of(user):
+    """Every process of the test's own user, by pid."""
+    import pwd
+
+    with contextlib.suppress(KeyError):
+        uid = pwd.getpwnam(user).pw_uid
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def user_env(tmp_path_factory):
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    name = f"cgtest{os.getpid() % 100000}"
+    subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin", name], check=True)
+    home = Path(tempfile.mkdtemp(prefix="course-nonroot-", dir="/tmp"))
+    try:
+        import pwd
+
+        pw = pwd.getpwnam(name)
+        uid, gid = pw.pw_uid, pw.pw_gid
+        wheel = colab_env.build_wheel(tmp_path_factory.mktemp("wheel"))
+        site = home / "site"  # what the grader imports, copied (the test's venv is not readable
+        for d in colab_env.closure(["numpy", "tqdm", "nbformat"]):  # by other users)
+            base = Path(str(d.locate_file("")))
+            for top in {Path(str(f)).parts[0] for f in d.files or []} - {"__pycache__", ".."}:
+                src = base / top
+                if src.is_dir():
+                    shutil.copytree(src, site / top, dirs_exist_ok=True, symlinks=True)
+                elif src.exists():
+                    site.mkdir(exist_ok=True)
+                    shutil.copy2(src, site / top)
+        shutil.copy(wheel, home / wheel.name)
+        for src, sub in (("solutions", "c_honest"), ("exercises", "d_wrong")):
+            (home / "subs" / sub).mkdir(parents=True)
+            for nb in ("01_stable_softmax", "03_tiled_forward")[: 2 if sub == "c_honest" else 1]:
+                shutil.copy(ROOT / src / f"{nb}.ipynb", home / "subs" / sub / f"{nb}.ipynb")
+        from course_kernels.grading.runner import replace_solution
+
+        solved = json.loads((ROOT / "solutions/01_stable_softmax.ipynb").read_text())
+        for sub, code in (("a_bomb", BOMB), ("b_hog", HOG)):
+            (home / "subs" / sub).mkdir()
+            nb = replace_solution(solved, "stable_softmax", code)
+            (home / "subs" / sub / "01_stable_softmax.ipynb").write_text(json.dumps(nb))
+        (home / "roster.csv").write_text("id\na_bomb\nb_hog\nc_honest\nd_wrong\n")
+        subprocess.run(["chown", "-R", f"{uid}:{gid}", str(home)], check=True)
+        os.chmod(home, 0o755)
+        env = {"HOME": str(home), "PATH": f"{home}/venv/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        env["COURSE_GRADING_TAG"] = f"nonroot{os.getpid()}"
+
+        def run(cmd, procs=(), timeout=300):
+            def pre():
+                for f in procs:  # root puts the process in the delegated cgroup, then drops
+                    cgroups._put(f, os.getpid())
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+
+            return subprocess.run(
+                cmd, cwd=home, env=env, preexec_fn=pre, capture_output=True, text=True,
+                timeout=timeout,
+            )  # fmt: skip
+
+        r = run([SYSTEM_PYTHON, "-m", "venv", str(home / "venv")])
+        assert r.returncode == 0, r.stderr
+        (purelib,) = (home / "venv/lib").glob("python3*/site-packages")
+        (purelib / "copied.pth").write_text(f"{site}\n")
+        os.chown(purelib / "copied.pth", uid, gid)
+        r = run([f"{home}/venv/bin/pip", "install", "-q", "--no-index", "--no-deps", "--no-cache-dir"]
+                + [str(home / wheel.name)])  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield home, uid, gid, run
+    finally:
+        _kill_processes_of(name)
+        shutil.rmtree(home, ignore_errors=True)
+        subprocess.run(["userdel", name], check=False)
+
+
+def _grade(home, *extra):
+    out = f"out{secrets.token_hex(3)}"
+    cmd = [f"{home}/venv/bin/course-grade", "grade", "subs", "--roster", "roster.csv"]
+    cmd += ["--expect", "01,03", "--out", out, "--no-progress", "--call-seconds", "5"]
+    return out, cmd + list(extra)
+
+
+def _roster(home, out):
+    return {r["id"]: r for r in csv.DictReader((home / out / "roster.csv").open())}
+
+
+def test_a_delegated_cgroup_isolates_the_class(user_env):
+    home, uid, gid, run = user_env
+    r = run([f"{home}/venv/bin/course-grade", "release", "--out", "rel"])
+    assert r.returncode == 0 and len(list((home / "rel").glob("*.ipynb"))) == 11, r.stderr
+    deleg = Delegation(uid, gid)
+    stop, seen, most = threading.Event(), set(), []
+    watcher = threading.Thread(target=deleg.runs_seen, args=(stop, seen, most), daemon=True)
+    watcher.start()
+    try:  # 3 workers: the storm, the hog and the honest student's notebooks run side by side
+        out, cmd = _grade(home, "--workers", "3")
+        r = run(cmd, procs=deleg.procs_files())
+        stop.set()
+        watcher.join()
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = _roster(home, out)
+        honest = rows["c_honest"]
+        assert float(honest["total"]) == float(honest["max_total"]) > 0, honest
+        for sid in ("a_bomb", "b_hog", "d_wrong"):
+            assert float(rows[sid]["total"]) < float(rows[sid]["max_total"]), rows[sid]
+        tiled = json.loads((home / out / "results/c_honest/03_tiled_forward.json").read_text())
+        assert "tiled (extra memory" in json.dumps(tiled)  # measured by the run's cgroup
+        assert len(seen) >= 6 and most == [3], (seen, most)  # a cgroup per sandbox
+        left = [n for d in deleg.dirs for n in os.listdir(d) if n.startswith(cgroups.PREFIX)]
+        assert left == [], left
+    finally:
+        stop.set()
+        deleg.remove()
+
+
+def test_without_a_delegated_cgroup_a_class_is_refused_unless_shared_limits(user_env):
+    home, _, _, run = user_env
+    for sid in ("a_bomb", "b_hog"):  # no fork storm under shared limits
+        shutil.rmtree(home / "subs" / sid, ignore_errors=True)
+    out, cmd = _grade(home, "--workers", "1")
+    r = run(cmd)
+    assert r.returncode == 2, r.stderr[-3000:]
+    msg = " ".join(r.stderr.split())
+    assert "refusing to grade 3 submissions without a cgroup per sandbox" in msg, msg
+    assert "systemd-run --user --scope -p Delegate=yes course-grade grade" in msg, msg
+    assert "--shared-limits" in msg and "as root" in msg, msg
+    assert not (home / out).exists()
+    help_text = " ".join(run([f"{home}/venv/bin/course-grade", "grade", "--help"]).stdout.split())
+    assert "--shared-limits" in help_text and "fail closed" in help_text
+    out, cmd = _grade(home, "--workers", "1", "--shared-limits")
+    r = run(cmd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((home / out / "results/c_honest/01_stable_softmax.json").read_text())
+    assert res["score"] == sum(t["max_score"] for t in res["tests"]) > 0
+    tiled = json.loads((home / out / "results/c_honest/03_tiled_forward.json").read_text())
+    unverified = [t for t in tiled["tests"] if "cannot verify 'really tiled'" in t["output"]]
+    assert unverified and all(t["score"] == 0 for t in unverified), tiled["tests"]
+    assert any(t["score"] == t["max_score"] > 0 for t in tiled["tests"])
+
+
+MECHANICS = """
+import json, os, time
+from course_kernels.grading.sandbox import cgroups
+cgroups.NEED = tuple(os.environ["NEED"].split())
+base, why = cgroups.delegated_base()
+cgroups._prepare(base)
+run = os.path.join(base, cgroups.PREFIX + "mechanics")
+os.mkdir(run)
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+cgroups._put(os.path.join(run, "cgroup.procs"), pid)  # as the launcher joins its run's cgroup
+inside = cgroups._read(os.path.join(run, "cgroup.procs")).split()
+cgroups.Cgroup("v2", {"v2": run}).remove()
+print(json.dumps({"base": base, "why": why, "me": os.getpid(), "child": pid, "inside": inside,
+                  "own": cgroups._own_cgroup(""), "env": os.environ.get(cgroups.ENV),
+                  "child_gone": os.waitpid(pid, os.WNOHANG)[0] == pid, "left": os.path.exists(run)}))
+"""
+
+
+def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
+    """What the delegated path relies on, on this kernel's cgroup v2 as the unprivileged user:
+    it moves itself out of its delegated cgroup into the leaf, enables a controller there, puts
+    a process into a run's cgroup, kills and removes it. Uses a controller cgroup v2 has here
+    (hugetlb on a hybrid layout, where memory and pids live in v1)."""
+    home, uid, gid, run = user_env
+    v2 = cgroups._mountpoints().get("cgroup2")
+    if not v2:
+        pytest.skip("no cgroup v2 mounted")
+    offered = cgroups._read(f"{v2}/cgroup.controllers").split()
+    need = [c for c in ("memory", "pids", "hugetlb", "cpu", "io") if c in offered][:2]
+    if not need:
+        pytest.skip("cgroup v2 offers no controller here")
+    enabled_before = cgroups._read(f"{v2}/cgroup.subtree_control").split()
+    cgroups._put(f"{v2}/cgroup.subtree_control", " ".join("+" + c for c in need))
+    d = os.path.join(v2, f"course-deleg-{secrets.token_hex(4)}")
+    os.mkdir(d)
+    try:
+        for f in ("", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"):
+            os.chown(os.path.join(d, f), uid, gid)
+        env_need = " ".join(need)
+        r = run(
+            ["env", f"NEED={env_need}", f"{home}/venv/bin/python", "-c", MECHANICS],
+            procs=[f"{d}/cgroup.procs"],
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout)
+        assert got["base"] == d and got["env"] is None, got
+        assert got["own"] == "/" + os.path.basename(d) + "/" + cgroups.LEAF, got
+        assert got["inside"] == [str(got["child"])] and got["child_gone"], got
+        assert not got["left"]
+        assert set(need) <= set(cgroups._read(f"{d}/cgroup.subtree_control").split())
+        assert cgroups._read(f"{d}/cgroup.procs").split() == []  # no internal process
+    finally:
+        Delegation.remove(type("D", (), {"dirs": [d]})())
+        for c in need:
+            if c not in enabled_before:
+                with contextlib.suppress(OSError):
+                    cgroups._put(f"{v2}/cgroup.subtree_control", "-" + c)
+
+
+INSIDE = """
+import json, numpy as np
+from course_kernels.grading.sandbox import isolation
+from course_kernels.grading.sandbox.sandbox import Limits, run_submission
+CODE = '''
+import ctypes, errno, os
+def f():
+    out = []
+    for p in ("/", "/dev", "/req", "/tmp"):
+        try:
+            open(os.path.join(p, "x"), "w").close()
+            out.append(p + ":writable")
+        except OSError as e:
+            out.append(p + ":" + errno.errorcode[e.errno])
+    libc = ctypes.CDLL(None, use_errno=True)
+    out.append("ptrace:" + ("ok" if libc.ptrace(0, 0, 0, 0) == 0 else errno.errorcode[ctypes.get_errno()]))
+    st = os.statvfs("/tmp")
+    out.append("tmp_mib:%d" % (st.f_blocks * st.f_frsize >> 20))
+    out.append("uid:%d" % os.getuid())
+    out.append("seccomp:" + [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")][0])
+    return tuple(out)
+'''
+rep = run_submission("", [{"exercise": "e", "source": CODE}],
+                     [{"id": 0, "exercise": "e", "func": "f", "args": [], "kwargs": {}}], {},
+                     Limits(call_seconds=20))
+print(json.dumps({"iso": {k: isolation()[k] for k in ("mode", "userns", "cgroup")},
+                  "out": rep.calls[0].output, "status": rep.calls[0].status,
+                  "error": rep.calls[0].error}))
+"""
+
+
+def test_the_users_sandbox_is_read_only_capped_and_filtered(user_env):
+    """Without root bwrap runs in a user namespace, where its own root tmpfs would belong to
+    the sandbox's nobody: it is read-only, /dev too, /tmp is capped, the filter is on."""
+    home, _, _, run = user_env
+    r = run([f"{home}/venv/bin/python", "-c", INSIDE])
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    assert got["iso"] == {"mode": "userns", "userns": True, "cgroup": None}, got
+    assert got["status"] == "ok", got
+    assert got["out"] == [
+        "/:EROFS",
+        "/dev:EROFS",
+        "/req:EROFS",
+        "/tmp:writable",
+        "ptrace:EPERM",
+        "tmp_mib:64",
+        "uid:65534",
+        "seccomp:2",
+    ], got
