@@ -11,9 +11,11 @@ import errno
 import os
 import re
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 
 from course_kernels.grading.sandbox import bwrap, probe, seccomp
@@ -223,3 +225,29 @@ def test_every_tmpfs_is_capped_and_only_tmp_and_box_stay_writable(monkeypatch, t
         ro = {a[i + 1] for i, x in enumerate(a) if x == "--remount-ro"}
         assert {"/", "/dev"} <= ro and a[-2:] == ["--remount-ro", "/"]
         assert {a[i + 1] for i in tmpfs} - ro == {"/tmp", "/box"}
+
+
+def test_gpu_children_get_the_cuda_driver_folder_without_running_ldconfig(monkeypatch, tmp_path):
+    """Triton finds libcuda with `/sbin/ldconfig -p`, which exited 1 inside the sandbox on the
+    H200 (Ubuntu's ldconfig is a shell wrapper): the grader looks it up outside and passes it as
+    TRITON_LIBCUDA_PATH, with the folder bound read-only where /usr does not cover it."""
+    lib = tmp_path / "nvidia" / "lib64"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.1").write_bytes(b"")
+    monkeypatch.delenv("TRITON_LIBCUDA_PATH", raising=False)
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/nonexistent:{lib}")
+
+    def no_ldconfig(*args, **kwargs):
+        raise OSError("no ldconfig here")
+
+    monkeypatch.setattr(subprocess, "run", no_ldconfig)  # the lookup falls back to the path
+    assert bwrap.libcuda_dir() == str(lib)
+    monkeypatch.setenv("COURSE_GRADING_GPU", "1")
+    assert bwrap._child_env(True)["TRITON_LIBCUDA_PATH"] == str(lib)
+    a = bwrap._bwrap_args("bwrap", str(tmp_path), Limits(), True, "root", True, 9)
+    i = a.index(str(lib))
+    assert a[i - 1] == "--ro-bind-try" and a[i + 1] == str(lib)
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", "/usr/lib/wsl/lib")  # the instructor's own wins
+    assert bwrap.libcuda_dir() == "/usr/lib/wsl/lib"
+    monkeypatch.setenv("COURSE_GRADING_GPU", "0")
+    assert "TRITON_LIBCUDA_PATH" not in bwrap._child_env(True)  # CPU mode: the interpreter

@@ -90,9 +90,9 @@ def _python() -> str:
 
 
 def _gpu_mode() -> bool:
-    """COURSE_GRADING_GPU=1: Triton children compile for the grader's GPU (not verified under
-    bwrap; see notes/grading.md). CUDA reserves far more address space than it uses, so memory is
-    then capped with RLIMIT_DATA instead of RLIMIT_AS."""
+    """COURSE_GRADING_GPU=1: Triton children compile for the grader's GPU (run under bwrap on an
+    H200 as root; notes/grading.md). CUDA reserves far more address space than it uses, so
+    memory is then capped with RLIMIT_DATA instead of RLIMIT_AS."""
     return os.environ.get("COURSE_GRADING_GPU") == "1"
 
 
@@ -170,6 +170,9 @@ def _bwrap_args(bwrap, req_dir, limits, triton, mode, size=True, filter_fd=None)
         # what the CUDA driver's loader reads: never all of /etc (/etc/shadow, keys, ...)
         for name in GPU_ETC:
             a += ["--ro-bind-try", name, name]
+        cuda_dir = libcuda_dir()
+        if cuda_dir and not cuda_dir.startswith("/usr/"):  # /usr is bound already
+            a += ["--ro-bind-try", cuda_dir, cuda_dir]
     a += ["--remount-ro", "/dev"]
     a += ["--ro-bind", req_dir, "/req", "--chdir", "/box"]
     # bwrap's own root tmpfs (and the parent folders made on it) would be writable and uncapped
@@ -258,4 +261,31 @@ def _child_env(triton: bool, home="/box") -> dict:
                 if k in ("LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES") or k.startswith("NVIDIA_")
             }
         )
+        cuda_dir = libcuda_dir()
+        if cuda_dir:  # Triton then skips its `ldconfig -p` (which failed inside on the H200)
+            env["TRITON_LIBCUDA_PATH"] = cuda_dir
     return env
+
+
+def libcuda_dir() -> str | None:
+    """The folder of the CUDA driver library (libcuda.so.1) as the grader's loader finds it:
+    ``$TRITON_LIBCUDA_PATH``, else ``ldconfig -p``, else ``$LD_LIBRARY_PATH``. A GPU child gets
+    it as ``TRITON_LIBCUDA_PATH`` (and the folder read-only), because Triton's own lookup runs
+    ``/sbin/ldconfig -p``, which exited 1 inside the sandbox on the H200 (notes/grading.md)."""
+    if os.environ.get("TRITON_LIBCUDA_PATH"):
+        return os.environ["TRITON_LIBCUDA_PATH"]
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["/sbin/ldconfig", "-p"], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        if line.strip().startswith("libcuda.so.1 ") and "=>" in line:
+            return os.path.dirname(line.split("=>", 1)[1].strip())
+    for d in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if d and os.path.exists(os.path.join(d, "libcuda.so.1")):
+            return d
+    return None
