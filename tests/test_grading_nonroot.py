@@ -33,8 +33,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import colab_env  # noqa: E402
+import hostile_set  # noqa: E402
 
+from course_kernels.grading.exercises import NOTEBOOKS  # noqa: E402
 from course_kernels.grading.sandbox import cgroups, isolation  # noqa: E402
+from course_kernels.grading.sandbox.sandbox import leftovers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -404,3 +407,134 @@ def test_the_users_sandbox_is_read_only_capped_and_filtered(user_env):
         "uid:65534",
         "seccomp:2",
     ], got
+
+
+# The hostile set as the user: every attack but those on Triton notebooks (the user's venv has
+# no torch; see the test's docstring), and the honest controls.
+HOSTILE = [
+    f for f in hostile_set.FIXTURES if not NOTEBOOKS[hostile_set.header(f)["notebook"]].triton
+]
+
+
+def _owned_by(uid, folder):
+    """Entries of ``folder`` (not recursive) that belong to ``uid``."""
+    return sorted(n for n in os.listdir(folder) if os.lstat(os.path.join(folder, n)).st_uid == uid)
+
+
+def _processes_of(uid):
+    return [p for p in filter(str.isdigit, os.listdir("/proc")) if _uid_of(p) == uid]
+
+
+def _uid_of(pid):
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _exercise_scores(results):
+    """{exercise: (earned, maximum)} from a results JSON (test names are "exercise: test")."""
+    out: dict = {}
+    for t in results["tests"]:
+        ex = t["name"].split(":", 1)[0]
+        got, most = out.get(ex, (0.0, 0.0))
+        out[ex] = (got + t["score"], most + t["max_score"])
+    return out
+
+
+def test_the_hostile_set_as_the_user_in_a_delegated_cgroup(user_env):
+    """The project's hostile set (tests/adversarial, built as tests/test_grading_adversarial.py
+    builds it: tests/hostile_set.py) graded by the user in one ``course-grade grade`` of a roster,
+    one student per fixture, with the honest controls as students, 2 workers, 5 s per call,
+    inside a delegated cgroup: there the sandbox (user namespace) and a cgroup per sandbox both
+    hold, so the attacks the root test runs only with them (NEEDS_NAMESPACES, a10's fork bomb)
+    run here too, each sandbox in a cgroup of its own (counted: two at a time). Every attack
+    earns less than the maximum of the exercise it attacks and the rest of its notebook keeps
+    every point, the controls get full marks, every student gets feedback, and afterwards
+    nothing of the user runs, no run cgroup is left, and no file outside the user's folders
+    (nor the grader's own installed files in them) changed.
+
+    ``{repo}`` (where a12, a18, a20 and a30 look for the repository) is ``repo`` in the user's
+    folder: a root-owned folder that the user can read, holding a copy of ``solutions/`` and a
+    link ``course_kernels`` to the package installed in the user's venv (what this grader reads
+    its hidden tests and feedback code from, and the user may write): the checkout itself may
+    not be readable by the user, and these are what an unsandboxed submission of this grader
+    could read or rewrite. A root-owned ``/tmp/grade-*`` folder holding a solved notebook is the
+    "other grader's temp dir" a30 looks for.
+
+    Not here: the attacks on Triton notebooks (now a24, a26, a27, a28): the user's venv has NumPy
+    only (torch and Triton are 1.8 GB to copy, past this test's ~90 s budget), so they would
+    score 0 for a missing import; the root test grades them, and their loop, fork-escape and
+    exit attacks are the NumPy ones' (a01, a09, a06), which run here."""
+    home, uid, gid, run = user_env
+    base = home / "hostile"
+    (purelib,) = (home / "venv/lib").glob("python3*/site-packages")
+    repo = base / "repo"
+    students = {f.stem: f for f in HOSTILE + hostile_set.HONEST}
+    for sid, fixture in students.items():
+        sub = base / "subs" / sid
+        sub.mkdir(parents=True)
+        nb = hostile_set.header(fixture)["notebook"]
+        (sub / f"{nb}.ipynb").write_text(json.dumps(hostile_set.injected(fixture, sub, repo)))
+    (base / "roster.csv").write_text("id\n" + "".join(f"{sid}\n" for sid in students))
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(base)], check=True)
+    shutil.copytree(ROOT / "solutions", repo / "solutions")  # root's, readable by the user
+    (repo / "course_kernels").symlink_to(purelib / "course_kernels")
+    probe = Path(tempfile.mkdtemp(prefix="grade-probe-", dir="/tmp"))
+    shutil.copy(ROOT / "solutions/01_stable_softmax.ipynb", probe / "01_stable_softmax.ipynb")
+    for d in (probe, repo, repo / "solutions"):
+        os.chmod(d, 0o755)
+    guarded = [
+        *(str(ROOT / p) for p in hostile_set.PROTECTED),  # the checkout's (a12's targets)
+        *(str(purelib / p) for p in hostile_set.PROTECTED),  # the user's installed grader's
+        str(repo / "solutions/01_stable_softmax.ipynb"),
+        str(probe / "01_stable_softmax.ipynb"),
+    ]
+    before = hostile_set.digest(guarded)
+    in_tmp, in_shm = _owned_by(uid, "/tmp"), _owned_by(uid, "/dev/shm")  # its home is in /tmp
+    deleg = Delegation(uid, gid)
+    stop, seen, most = threading.Event(), set(), []
+    watcher = threading.Thread(target=deleg.runs_seen, args=(stop, seen, most), daemon=True)
+    watcher.start()
+    try:
+        out = "out"
+        cmd = [f"{home}/venv/bin/course-grade", "grade", "hostile/subs", "--roster"]
+        cmd += ["hostile/roster.csv", "--out", out, "--no-progress", "--workers", "2"]
+        t0 = time.monotonic()
+        r = run([*cmd, "--call-seconds", "5"], procs=deleg.procs_files(), timeout=400)
+        took = time.monotonic() - t0
+        stop.set()
+        watcher.join()
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert len(seen) >= len(students) and most == [2], (len(seen), most)  # own cgroups
+        time.sleep(0.2)
+        assert _processes_of(uid) == [] and hostile_set.sleepers() == []
+        left = [n for d in deleg.dirs for n in os.listdir(d) if n.startswith(cgroups.PREFIX)]
+        tag = f"nonroot{os.getpid()}"
+        assert left == [] and leftovers(tag) == {"processes": [], "cgroups": []}, left
+        assert hostile_set.digest(guarded) == before, "a submission changed a file outside it"
+    finally:
+        stop.set()
+        deleg.remove()
+        shutil.rmtree(probe, ignore_errors=True)
+    assert _owned_by(uid, "/tmp") == in_tmp and _owned_by(uid, "/dev/shm") == in_shm
+    assert not os.path.exists("/dev/course-attack-file")
+    book = {r["submission"]: r for r in csv.DictReader((home / out / "gradebook.csv").open())}
+    assert len(book) == len(students), sorted(book)
+    wrong, report = [], {}
+    for sid, fixture in students.items():
+        meta = hostile_set.header(fixture)
+        key = f"{sid}/{meta['notebook']}"
+        feedback = home / out / "feedback" / sid / f"{meta['notebook']}.txt"
+        assert feedback.stat().st_size > 0, sid
+        scores = _exercise_scores(json.loads((home / out / f"results/{key}.json").read_text()))
+        got, most = scores[meta["exercise"]]
+        assert float(book[key][meta["exercise"]]) == pytest.approx(got), (sid, book[key])
+        report[sid] = f"{got:g}/{most:g}"
+        others = {ex: s for ex, s in scores.items() if ex != meta["exercise"] and s[0] < s[1]}
+        if sid in (f.stem for f in hostile_set.HONEST):
+            assert most > 0 and got == most and not others, (sid, scores)
+        elif got >= most or others:
+            wrong.append((sid, scores))
+    assert wrong == [], wrong
+    print(f"{len(students)} students in {took:.0f} s: {report}")

@@ -11,7 +11,9 @@ try:
     src = [c["source"] for c in nb["cells"]
            if c.get("metadata", {}).get("course_kernels", {}).get("exercise") == "stable_softmax"
            and c["metadata"]["course_kernels"].get("role") == "solution"][0]
-    _run(src, globals())
+    _ns = {"np": np}
+    _run("".join(src), _ns)  # a notebook's source is a list of lines
+    stable_softmax = _ns["stable_softmax"]
 except Exception:
     def stable_softmax(x):
         return np.zeros_like(x)
