@@ -31,8 +31,9 @@ import torch  # noqa: E402
 
 from ._torch_validate import check_scale  # noqa: E402
 from .flash import (  # noqa: E402
-    DOUBLE_BACKWARD_MESSAGE,
     MAX_HEAD_DIM,
+    _bwd_backward,  # the backward op's own backward raises (no double backward): shared
+    _bwd_setup_context,
     _NoDoubleBackward,
     _autocast,
     _op_args,
@@ -244,14 +245,6 @@ def _fwd_backward(ctx, do, _dlse):
     )
     # no gradient for cu_seqlens, max_seqlens and the variant's scalars
     return dq, dk, dv, None, None, None, None, *([None] * len(ctx.variant_args))
-
-
-def _bwd_setup_context(ctx, inputs, output):
-    pass
-
-
-def _bwd_backward(ctx, *_grads):
-    raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
 
 
 flash_attn_varlen_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
