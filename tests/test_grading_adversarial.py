@@ -32,6 +32,8 @@ from course_kernels.grading.instructor.cli import _write, feedback_text, gradesc
 from course_kernels.grading.instructor.grade import grade_notebook
 from course_kernels.grading.sandbox.sandbox import Limits, isolation, leftovers
 
+# one worker with the other machine-loading tests (./dev runs pytest with --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("heavy_grading")
 TAG = f"adv{os.getpid()}"
 LIMITS = Limits(call_seconds=5, total_seconds=90, memory_bytes=2 << 30, nproc=256)
 

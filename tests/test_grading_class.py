@@ -18,6 +18,8 @@ import pytest
 from course_kernels.grading.sandbox.sandbox import isolation, leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
+# one worker with the other machine-loading tests (./dev runs pytest with --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("heavy_grading")
 
 
 @pytest.mark.skipif(not isolation()["sandbox"], reason="needs the bubblewrap sandbox")

@@ -41,7 +41,7 @@ from course_kernels.grading.sandbox.sandbox import leftovers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = "/usr/bin/python3"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy_grading")]  # see ./dev
 
 BOMB = """
 import os, time
