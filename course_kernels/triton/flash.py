@@ -118,16 +118,18 @@ class _NoDoubleBackward(torch.autograd.Function):
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Saves q, k, v, O and the row statistic (B, Hq, Nq) (the logsumexp in units of c,
-    masks.py); nothing N x N. The eager path of :func:`flash_attention` (fewer Python layers
-    than the op below). ``alibi`` (slopes) is a constant: it gets no gradient.
+    """Saves q, k, v, O and the row statistic (B, Hq, Nq), or (Hq, total_q) for packed
+    ``varlen`` batches (the logsumexp in units of c, masks.py); nothing N x N. The eager path of
+    :func:`flash_attention` and of ``flash_attention_varlen`` (fewer Python layers than the ops
+    below). ``alibi`` (slopes) is a constant: it gets no gradient. ``varlen``: None (dense) or
+    the checked (cu_q, cu_k, max_q, max_k) of ``launch._forward_c``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, variant, scale, return_lse, alibi):
-        o, lse_c = _forward_c(q, k, v, variant, scale, alibi)
+    def forward(ctx, q, k, v, variant, scale, return_lse, alibi, varlen=None):
+        o, lse_c = _forward_c(q, k, v, variant, scale, alibi, varlen)
         ctx.save_for_backward(q, k, v, o, lse_c)
-        ctx.variant, ctx.scale, ctx.alibi = variant, scale, alibi
+        ctx.variant, ctx.scale, ctx.alibi, ctx.varlen = variant, scale, alibi, varlen
         if not return_lse:
             return o
         lse = user_lse(lse_c, variant, scale)
@@ -137,10 +139,12 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, *_dlse):
         q, k, v, o, lse_c = ctx.saved_tensors
-        dq, dk, dv = _backward_c(do, q, k, v, o, lse_c, ctx.variant, ctx.scale, ctx.alibi)
+        dq, dk, dv = _backward_c(
+            do, q, k, v, o, lse_c, ctx.variant, ctx.scale, ctx.alibi, ctx.varlen
+        )
         if torch.is_grad_enabled():  # create_graph=True: make a second backward fail clearly
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, do)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def user_lse(lse_c, variant: Variant, scale: float):

@@ -34,7 +34,7 @@ from .flash import (  # noqa: E402
     MAX_HEAD_DIM,
     _bwd_backward,  # the backward op's own backward raises (no double backward): shared
     _bwd_setup_context,
-    _NoDoubleBackward,
+    _FlashAttention,
     _autocast,
     _op_args,
     _op_variant,
@@ -44,31 +44,6 @@ from .launch import Variant, _backward_c, _forward_c  # noqa: E402
 from .masks import check_alibi, check_variant  # noqa: E402
 from ..numpy.reference import check_alignment  # noqa: E402
 from ._torch_validate import SUPPORTED_DTYPES  # noqa: E402
-
-
-class _FlashVarlen(torch.autograd.Function):
-    """Saves q, k, v, O and the row statistic (Hq, total_q); nothing N x N."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, varlen, variant, scale, return_lse, alibi):
-        o, lse_c = _forward_c(q, k, v, variant, scale, alibi, varlen)
-        ctx.save_for_backward(q, k, v, o, lse_c)
-        ctx.varlen, ctx.variant, ctx.scale, ctx.alibi = varlen, variant, scale, alibi
-        if not return_lse:
-            return o
-        lse = user_lse(lse_c, variant, scale)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, *_dlse):
-        q, k, v, o, lse_c = ctx.saved_tensors
-        dq, dk, dv = _backward_c(
-            do, q, k, v, o, lse_c, ctx.variant, ctx.scale, ctx.alibi, ctx.varlen
-        )
-        if torch.is_grad_enabled():
-            dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, do)
-        return dq, dk, dv, None, None, None, None, None
 
 
 def _check_packed(q, k, v) -> None:
@@ -314,4 +289,4 @@ def flash_attention_varlen(
             q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, *_op_args(variant, scale), alibi
         )
         return (o, user_lse(lse_c, variant, scale)) if return_lse else o
-    return _FlashVarlen.apply(q, k, v, varlen, variant, scale, return_lse, alibi)
+    return _FlashAttention.apply(q, k, v, variant, scale, return_lse, alibi, varlen)
