@@ -159,3 +159,26 @@ def test_varlen_bad_input_raises_clearly(change, error, match):
         kw["window_size"] = (-5, 1)
     with pytest.raises(error, match=match):
         flash_attention_varlen(*args.values(), **kw)
+
+
+def test_offsets_are_read_once_per_unchanged_tensor():
+    """The offsets are a device-to-host copy (a sync on a GPU): read on the first call, not again
+    for the same unchanged tensor with the same sizes; read again after an in-place change (and
+    its error raised), and after a change of max_seqlen."""
+    lq = lk = [5, 0, 9]
+    q, k, v, _, cq, ck = packed(lq, lk, Hq=2, kvh=2, d=16)
+    flash_attention_varlen(q, k, v, cq, ck, 9, 9)
+
+    def no_read():
+        raise AssertionError("read the offsets again")
+
+    cq.tolist = ck.tolist = no_read  # the instance attribute shadows Tensor.tolist
+    flash_attention_varlen(q, k, v, cq, ck, 9, 9)  # same tensors, unchanged: not read
+    with pytest.raises(AssertionError, match="read the offsets again"):
+        flash_attention_varlen(q, k, v, cq, ck, 10, 10)  # another max_seqlen: read
+    del cq.tolist, ck.tolist
+    with pytest.raises(ValueError, match="max_seqlen_q = 4 is smaller"):
+        flash_attention_varlen(q, k, v, cq, ck, 4, 9)
+    cq[1] = 7  # an in-place write bumps the version counter: read again, and refused
+    with pytest.raises(ValueError, match="must start at 0, never decrease"):
+        flash_attention_varlen(q, k, v, cq, ck, 9, 9)
