@@ -102,6 +102,20 @@ def main(argv=None):
             out = flash_attention(q, k, v, causal=True)
         return lambda: out.backward(do, retain_graph=True)
 
+    # lever 14 (notes/kernel.md): the varlen forward call, now without a sync per call
+    from varlen_diag import bench
+
+    for d in (128, 64):
+        q, k, v = (torch.randn(sum(lengths), 2048 // d, d, device="cuda").half() for _ in range(3))
+        m = max(lengths)
+        with torch.no_grad():
+            ms = bench(
+                lambda q=q, k=k, v=v, m=m: flash_attention_varlen(
+                    q, k, v, cu, cu, m, m, causal=True
+                )
+            )
+        add(case=f"doc{d}", what="varlen_fwd_call", ms=ms)
+
     for case in args.cases:
         bwd = case_fn(case)
         bwd()  # tunes both kernels
