@@ -80,6 +80,14 @@ DKDV_DEEP_TILE = (64, 128, 4, 4)
 DKDV_DEEP_CONFIGS = _d128_configs("BLOCK_M1", "BLOCK_N1", [(32, 128, 4, 5), (64, 128, 4, 4)])
 DQ_DEEP_CONFIGS = _d128_configs("BLOCK_N2", "BLOCK_M2", [(32, 128, 4, 5), (64, 128, 4, 4)])
 
+# The backward's configs forced one at a time on issue 22's masks (experiments/hopper/
+# bwd_configs.py, experiments/data/bench/h200_bwd_configs.json, H200, fp16): the dK/dV tile with
+# two stages at d = 128: -7% on 6 causal documents, -3% on a 1K window, +3% dense causal (the
+# autotuner keeps it only where it wins); the dQ tile (32 keys, 64 rows, 4 warps): -7% on the
+# documents at d = 64, -3% on the window at d = 128. No other candidate won anywhere.
+DKDV_TWO_STAGE_TILE = (64, 128, 8, 2)
+DQ_NARROW_TILE = (32, 64, 4, 3)
+
 # fp32 inputs (IEEE products on FMA units): small tiles, see _triton_env.pick_configs.
 DKDV_IEEE_CONFIG = triton.Config({"BLOCK_M1": 32, "BLOCK_N1": 32}, num_warps=4, num_stages=1)
 DQ_IEEE_CONFIG = triton.Config({"BLOCK_N2": 32, "BLOCK_M2": 32}, num_warps=4, num_stages=1)
@@ -113,14 +121,14 @@ DQ_SM75 = {
 
 def dkdv_configs() -> list[triton.Config]:
     """(BLOCK_M1 query rows per step, BLOCK_N1 keys per program)."""
-    return _configs(
-        "BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, (DKDV_DEEP_TILE,)
-    )
+    extra = (DKDV_DEEP_TILE, DKDV_TWO_STAGE_TILE)
+    return _configs("BLOCK_M1", "BLOCK_N1", (16, 32), DKDV_IEEE_CONFIG, DKDV_SMALL_CONFIG, extra)
 
 
 def dq_configs() -> list[triton.Config]:
     """(BLOCK_N2 keys per step, BLOCK_M2 query rows per program)."""
-    return _configs("BLOCK_N2", "BLOCK_M2", (16, 32), DQ_IEEE_CONFIG, DQ_SMALL_CONFIG)
+    extra = (DQ_NARROW_TILE,)
+    return _configs("BLOCK_N2", "BLOCK_M2", (16, 32), DQ_IEEE_CONFIG, DQ_SMALL_CONFIG, extra)
 
 
 # ---- the forward kernel ------------------------------------------------------------------
