@@ -255,15 +255,17 @@ LISTINGS = {
     # their listings are read from the module's file when the function is not defined.
     "gluon.mma_layout": ("course_kernels.gluon.producer", "_mma_layout"),
     "gluon.a_operand_layout": ("course_kernels.gluon.producer", "_a_operand_layout"),
-    "gluon.tile_coords": ("course_kernels.gluon.producer", "_tile_coords"),
+    "gluon.tile_coords": ("course_kernels.gluon.scheduler", "_tile_coords"),
     "gluon.producer": ("course_kernels.gluon.producer", "_producer"),
-    "gluon.softmax": ("course_kernels.gluon.consumer", "_softmax"),
-    "gluon.qk": ("course_kernels.gluon.consumer", "_qk"),
-    "gluon.pv": ("course_kernels.gluon.consumer", "_pv"),
-    "gluon.step_serial": ("course_kernels.gluon.consumer", "_step_serial"),
-    "gluon.step_overlap": ("course_kernels.gluon.consumer", "_step_overlap"),
+    "gluon.load_tile": ("course_kernels.gluon.producer", "_load_tile"),
+    "gluon.softmax": ("course_kernels.gluon.steps", "_softmax"),
+    "gluon.qk": ("course_kernels.gluon.steps", "_qk"),
+    "gluon.pv": ("course_kernels.gluon.steps", "_pv"),
+    "gluon.step_serial": ("course_kernels.gluon.steps", "_step_serial"),
+    "gluon.step_overlap": ("course_kernels.gluon.steps", "_step_overlap"),
     "gluon.epilogue": ("course_kernels.gluon.consumer", "_epilogue"),
     "gluon.consumer": ("course_kernels.gluon.consumer", "_consumer"),
+    "gluon.consumer_tile": ("course_kernels.gluon.consumer", "_consumer_tile"),
     "gluon.attn_fwd_kernel": ("course_kernels.gluon.forward", "_attn_fwd_kernel"),
 }
 

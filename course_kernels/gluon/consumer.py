@@ -1,166 +1,17 @@
-"""The consumers' side of FA3's forward schedule: QK^T and PV on the tensor cores with
-asynchronous ``warpgroup_mma``, the online softmax, the overlapped step (softmax of block j while
-PV of block j-1 runs), the epilogue (O / l, TMA store, the logsumexp). See :mod:`.forward`."""
+"""The consumers' side of FA3's forward schedule: one tile's main loop over its K/V blocks
+(the steps are in :mod:`.steps`), the epilogue (O / l, TMA store, the logsumexp), and the loop over
+tiles (a static stride, or the tiles the producer draws from the dynamic scheduler of
+:mod:`.scheduler`). See :mod:`.forward`."""
 
 from __future__ import annotations
 
 from ._lang import HAVE_GLUON
 
 if HAVE_GLUON:
-    from ._lang import (
-        fence_async_shared,
-        gl,
-        gluon,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from .producer import _mma_layout, _a_operand_layout, _tile_coords, _kv_range
-
-    # ----------------------------------------------------------------- softmax
-    @gluon.jit
-    def _softmax(
-        qk,
-        m_i,
-        l_i,
-        qk_scale,
-        start_n,
-        off_m,
-        N,
-        MASK: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        s_layout: gl.constexpr,
-    ):
-        """One online-softmax step in the exp2 domain; returns (p, alpha, m, l)."""
-        if MASK:
-            cols = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-            keep = (cols < N)[None, :]
-            if CAUSAL:
-                rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-                keep = keep & (cols[None, :] <= rows[:, None])
-            qk = gl.where(keep, qk, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
-        p = gl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        l_new = l_i * alpha + gl.sum(p, axis=1)
-        return p, alpha, m_new, l_new
-
-    # ------------------------------------------------------------ consumer steps
-    @gluon.jit
-    def _qk(
-        q_smem,
-        k_bufs,
-        k_ready,
-        kc,
-        STAGES: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        s_layout: gl.constexpr,
-    ):
-        """Issue S = Q K^T for ring slot kc (asynchronous)."""
-        s = kc % STAGES
-        mbarrier.wait(k_ready.index(s), (kc // STAGES) & 1)
-        zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
-        return warpgroup_mma(
-            q_smem, k_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True
-        )
-
-    @gluon.jit
-    def _pv(p, acc, v_bufs, v_ready, kc, STAGES: gl.constexpr):
-        """Issue O += P V for ring slot kc (asynchronous, P from registers)."""
-        s = kc % STAGES
-        mbarrier.wait(v_ready.index(s), (kc // STAGES) & 1)
-        return warpgroup_mma(p, v_bufs.index(s), acc, is_async=True)
-
-    @gluon.jit
-    def _step_serial(
-        q_smem,
-        k_bufs,
-        v_bufs,
-        k_ready,
-        k_empty,
-        v_ready,
-        v_empty,
-        kc,
-        acc,
-        m_i,
-        l_i,
-        qk_scale,
-        start_n,
-        off_m,
-        N,
-        MASK: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        STAGES: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        dtype: gl.constexpr,
-        s_layout: gl.constexpr,
-        o_layout: gl.constexpr,
-    ):
-        """QK^T -> softmax -> correction -> PV, each waited for (no overlap)."""
-        s = kc % STAGES
-        qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
-        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-        mbarrier.arrive(k_empty.index(s), count=1)
-        p, alpha, m_i, l_i = _softmax(
-            qk, m_i, l_i, qk_scale, start_n, off_m, N, MASK, CAUSAL, BM, BN, s_layout
-        )
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
-        p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
-        acc = _pv(p, acc, v_bufs, v_ready, kc, STAGES)
-        acc, p = warpgroup_mma_wait(
-            num_outstanding=0, deps=(acc, p)
-        )  # P (registers) read until here
-        mbarrier.arrive(v_empty.index(s), count=1)
-        return acc, m_i, l_i
-
-    @gluon.jit
-    def _step_overlap(
-        q_smem,
-        k_bufs,
-        v_bufs,
-        k_ready,
-        k_empty,
-        v_ready,
-        v_empty,
-        kc,
-        acc,
-        p,
-        m_i,
-        l_i,
-        qk_scale,
-        start_n,
-        off_m,
-        N,
-        MASK: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        STAGES: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        dtype: gl.constexpr,
-        s_layout: gl.constexpr,
-        o_layout: gl.constexpr,
-    ):
-        """FA3's intra-warpgroup overlap: issue QK^T(j) and PV(j-1), then run the
-        softmax of block j while PV(j-1) is still on the tensor cores."""
-        s = kc % STAGES
-        sp = (kc + STAGES - 1) % STAGES
-        qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
-        acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
-        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))
-        mbarrier.arrive(k_empty.index(s), count=1)
-        p_new, alpha, m_i, l_i = _softmax(
-            qk, m_i, l_i, qk_scale, start_n, off_m, N, MASK, CAUSAL, BM, BN, s_layout
-        )
-        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-        mbarrier.arrive(v_empty.index(sp), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
-        p = gl.convert_layout(p_new.to(dtype), _a_operand_layout(o_layout, dtype))
-        return acc, p, m_i, l_i
+    from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma_wait
+    from .producer import _a_operand_layout, _mma_layout
+    from .scheduler import _kv_range, _read_tile, _tile_coords
+    from .steps import _pv, _qk, _softmax, _step_overlap, _step_serial
 
     # ---------------------------------------------------------------- epilogue
     @gluon.jit
@@ -201,6 +52,200 @@ if HAVE_GLUON:
 
     # ---------------------------------------------------------------- consumer
     @gluon.jit
+    def _consumer_tile(
+        desc_o,
+        o_ptr,
+        lse_ptr,
+        ring,
+        t,
+        qc,
+        kc,
+        N,
+        qk_scale,
+        num_pid_m,
+        num_tiles,
+        CID: gl.constexpr,
+        BM: gl.constexpr,
+        BN: gl.constexpr,
+        HEAD_DIM: gl.constexpr,
+        NUM_CONSUMERS: gl.constexpr,
+        STAGES: gl.constexpr,
+        QSTAGES: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        OVERLAP: gl.constexpr,
+        LPT: gl.constexpr,
+    ):
+        """Tile t for this warpgroup (its 64-row slice CID): the main loop over the K/V ring
+        from slot kc, the epilogue, and the release of Q stage qc.  Returns the next ring slot."""
+        q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
+        dtype: gl.constexpr = desc_o.dtype
+        BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
+        s_layout: gl.constexpr = _mma_layout(BM, BN, dtype)
+        o_layout: gl.constexpr = _mma_layout(BM, HEAD_DIM, dtype)
+        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT)
+        off_m_tile = pid_m * BM_TILE
+        off_m = off_m_tile + CID * BM  # this warpgroup's rows
+        n_blocks = _kv_range(off_m_tile, N, BM_TILE, BN, CAUSAL)
+        # blocks [0, n_free) need no mask for this warpgroup's rows
+        n_free = N // BN
+        if CAUSAL:
+            n_free = gl.minimum(n_free, off_m // BN)
+        n_free = gl.minimum(n_free, n_blocks)
+
+        qs = qc % QSTAGES
+        mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
+        q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
+
+        m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.full([BM], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
+        if OVERLAP:
+            # prologue: block 0 (always masked: cheap, and covers N < BN)
+            qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
+            qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+            mbarrier.arrive(k_empty.index(kc % STAGES), count=1)
+            p, alpha, m_i, l_i = _softmax(
+                qk, m_i, l_i, qk_scale, 0, off_m, N, True, CAUSAL, BM, BN, s_layout
+            )
+            p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
+            kc += 1
+            for j in range(1, gl.maximum(n_free, 1)):
+                acc, p, m_i, l_i = _step_overlap(
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    k_ready,
+                    k_empty,
+                    v_ready,
+                    v_empty,
+                    kc,
+                    acc,
+                    p,
+                    m_i,
+                    l_i,
+                    qk_scale,
+                    j * BN,
+                    off_m,
+                    N,
+                    False,
+                    CAUSAL,
+                    STAGES,
+                    BM,
+                    BN,
+                    dtype,
+                    s_layout,
+                    o_layout,
+                )
+                kc += 1
+            for j in range(gl.maximum(n_free, 1), n_blocks):
+                acc, p, m_i, l_i = _step_overlap(
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    k_ready,
+                    k_empty,
+                    v_ready,
+                    v_empty,
+                    kc,
+                    acc,
+                    p,
+                    m_i,
+                    l_i,
+                    qk_scale,
+                    j * BN,
+                    off_m,
+                    N,
+                    True,
+                    CAUSAL,
+                    STAGES,
+                    BM,
+                    BN,
+                    dtype,
+                    s_layout,
+                    o_layout,
+                )
+                kc += 1
+            # drain: PV of the last block
+            acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
+            acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+            mbarrier.arrive(v_empty.index((kc - 1) % STAGES), count=1)
+        else:
+            for j in range(0, n_free):
+                acc, m_i, l_i = _step_serial(
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    k_ready,
+                    k_empty,
+                    v_ready,
+                    v_empty,
+                    kc,
+                    acc,
+                    m_i,
+                    l_i,
+                    qk_scale,
+                    j * BN,
+                    off_m,
+                    N,
+                    False,
+                    CAUSAL,
+                    STAGES,
+                    BM,
+                    BN,
+                    dtype,
+                    s_layout,
+                    o_layout,
+                )
+                kc += 1
+            for j in range(n_free, n_blocks):
+                acc, m_i, l_i = _step_serial(
+                    q_smem,
+                    k_bufs,
+                    v_bufs,
+                    k_ready,
+                    k_empty,
+                    v_ready,
+                    v_empty,
+                    kc,
+                    acc,
+                    m_i,
+                    l_i,
+                    qk_scale,
+                    j * BN,
+                    off_m,
+                    N,
+                    True,
+                    CAUSAL,
+                    STAGES,
+                    BM,
+                    BN,
+                    dtype,
+                    s_layout,
+                    o_layout,
+                )
+                kc += 1
+        # O is staged in this warpgroup's (now dead) slice of the Q buffer
+        _epilogue(
+            acc,
+            m_i,
+            l_i,
+            q_smem,
+            desc_o,
+            o_ptr,
+            lse_ptr,
+            off_hz,
+            off_m,
+            N,
+            BM,
+            HEAD_DIM,
+            dtype,
+            s_layout,
+            o_layout,
+        )
+        mbarrier.arrive(q_empty.index(qs), count=1)
+        return kc
+
+    @gluon.jit
     def _consumer(
         desc_o,
         o_ptr,
@@ -220,175 +265,25 @@ if HAVE_GLUON:
         CAUSAL: gl.constexpr,
         OVERLAP: gl.constexpr,
         LPT: gl.constexpr,
+        DYNAMIC: gl.constexpr,
     ):
-        # the shared-memory ring (Q tiles, K/V stages) and its mbarriers, one tuple
-        q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring
-        dtype: gl.constexpr = desc_o.dtype
-        BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
-        s_layout: gl.constexpr = _mma_layout(BM, BN, dtype)
-        o_layout: gl.constexpr = _mma_layout(BM, HEAD_DIM, dtype)
+        # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
+        # the tile id of each Q stage), one tuple
         kc = 0
         qc = 0
-        for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-            pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT)
-            off_m_tile = pid_m * BM_TILE
-            off_m = off_m_tile + CID * BM  # this warpgroup's rows
-            n_blocks = _kv_range(off_m_tile, N, BM_TILE, BN, CAUSAL)
-            # blocks [0, n_free) need no mask for this warpgroup's rows
-            n_free = N // BN
-            if CAUSAL:
-                n_free = gl.minimum(n_free, off_m // BN)
-            n_free = gl.minimum(n_free, n_blocks)
-
-            qs = qc % QSTAGES
-            mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
-            q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
-
-            m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-            l_i = gl.full([BM], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
-            if OVERLAP:
-                # prologue: block 0 (always masked: cheap, and covers N < BN)
-                qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
-                qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-                mbarrier.arrive(k_empty.index(kc % STAGES), count=1)
-                p, alpha, m_i, l_i = _softmax(
-                    qk, m_i, l_i, qk_scale, 0, off_m, N, True, CAUSAL, BM, BN, s_layout
-                )
-                p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
-                kc += 1
-                for j in range(1, gl.maximum(n_free, 1)):
-                    acc, p, m_i, l_i = _step_overlap(
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        k_ready,
-                        k_empty,
-                        v_ready,
-                        v_empty,
-                        kc,
-                        acc,
-                        p,
-                        m_i,
-                        l_i,
-                        qk_scale,
-                        j * BN,
-                        off_m,
-                        N,
-                        False,
-                        CAUSAL,
-                        STAGES,
-                        BM,
-                        BN,
-                        dtype,
-                        s_layout,
-                        o_layout,
-                    )
-                    kc += 1
-                for j in range(gl.maximum(n_free, 1), n_blocks):
-                    acc, p, m_i, l_i = _step_overlap(
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        k_ready,
-                        k_empty,
-                        v_ready,
-                        v_empty,
-                        kc,
-                        acc,
-                        p,
-                        m_i,
-                        l_i,
-                        qk_scale,
-                        j * BN,
-                        off_m,
-                        N,
-                        True,
-                        CAUSAL,
-                        STAGES,
-                        BM,
-                        BN,
-                        dtype,
-                        s_layout,
-                        o_layout,
-                    )
-                    kc += 1
-                # drain: PV of the last block
-                acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
-                acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
-                mbarrier.arrive(v_empty.index((kc - 1) % STAGES), count=1)
-            else:
-                for j in range(0, n_free):
-                    acc, m_i, l_i = _step_serial(
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        k_ready,
-                        k_empty,
-                        v_ready,
-                        v_empty,
-                        kc,
-                        acc,
-                        m_i,
-                        l_i,
-                        qk_scale,
-                        j * BN,
-                        off_m,
-                        N,
-                        False,
-                        CAUSAL,
-                        STAGES,
-                        BM,
-                        BN,
-                        dtype,
-                        s_layout,
-                        o_layout,
-                    )
-                    kc += 1
-                for j in range(n_free, n_blocks):
-                    acc, m_i, l_i = _step_serial(
-                        q_smem,
-                        k_bufs,
-                        v_bufs,
-                        k_ready,
-                        k_empty,
-                        v_ready,
-                        v_empty,
-                        kc,
-                        acc,
-                        m_i,
-                        l_i,
-                        qk_scale,
-                        j * BN,
-                        off_m,
-                        N,
-                        True,
-                        CAUSAL,
-                        STAGES,
-                        BM,
-                        BN,
-                        dtype,
-                        s_layout,
-                        o_layout,
-                    )
-                    kc += 1
-            # O is staged in this warpgroup's (now dead) slice of the Q buffer
-            _epilogue(
-                acc,
-                m_i,
-                l_i,
-                q_smem,
-                desc_o,
-                o_ptr,
-                lse_ptr,
-                off_hz,
-                off_m,
-                N,
-                BM,
-                HEAD_DIM,
-                dtype,
-                s_layout,
-                o_layout,
-            )
-            mbarrier.arrive(q_empty.index(qs), count=1)
-            qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)
+        if DYNAMIC:  # the tiles the producer drew, until it publishes num_tiles
+            t = _read_tile(ring[9], ring[3], qc, QSTAGES)
+            while t < num_tiles:
+                kc = _consumer_tile(
+                    desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
+                    CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
+                )  # fmt: skip
+                qc += 1
+                t = _read_tile(ring[9], ring[3], qc, QSTAGES)
+        else:
+            for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+                kc = _consumer_tile(
+                    desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
+                    CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
+                )  # fmt: skip
+                qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)

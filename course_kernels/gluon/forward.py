@@ -21,13 +21,16 @@ Roles, named as in the FA3 paper (arXiv 2407.08608):
 Register budgets: the producer warpgroup gives its registers away
 (``gl.warp_specialize(..., worker_num_regs=...)`` lowers to ``setmaxnreg``).
 Tile order is causal-aware (heaviest tile of each head first); ``persistent=True``
-runs a grid of #SMs CTAs looping over tiles (measured slower than one CTA per
-tile on the H200, so off by default; ``LPT=True`` orders causal tiles
-heaviest-first across all heads).
+runs a grid of #SMs CTAs looping over tiles with a static stride (measured slower
+than one CTA per tile on the H200, so off by default; ``LPT=True`` orders causal
+tiles heaviest-first across all heads, in either grid); ``DYNAMIC=True`` is FA3's
+dynamic persistent scheduler (:mod:`.scheduler`: tiles drawn from an atomic counter,
+the tile id handed to the consumers through shared memory).
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
-:mod:`.launch`; the roles live in :mod:`.producer` and :mod:`.consumer`.
+:mod:`.launch`; the roles live in :mod:`.producer`, :mod:`.consumer` (one tile, the
+epilogue) and :mod:`.steps` (one K/V block), the tile order in :mod:`.scheduler`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ if HAVE_GLUON:
     from ._lang import gl, gluon, mbarrier
     from .consumer import _consumer
     from .producer import _producer
+    from .scheduler import _alloc_tile_ids
 
     # ------------------------------------------------------------------ kernel
     @gluon.jit
@@ -48,6 +52,7 @@ if HAVE_GLUON:
         desc_o,
         o_ptr,
         lse_ptr,
+        sched_ptr,
         N,
         H,
         G,
@@ -64,6 +69,7 @@ if HAVE_GLUON:
         OVERLAP: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         LPT: gl.constexpr,
+        DYNAMIC: gl.constexpr,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -89,7 +95,13 @@ if HAVE_GLUON:
         # The ring and its barriers travel as one tuple (runtime values only). The partitions'
         # argument tuples are written inline: assigning one to a variable would turn its
         # constexpr members into runtime integers.
-        ring = (q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
+        if DYNAMIC:  # + the tile id of each Q stage, published by the producer
+            ring = (
+                q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                _alloc_tile_ids(QSTAGES),
+            )  # fmt: skip
+        else:
+            ring = (q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
                 [
@@ -100,6 +112,7 @@ if HAVE_GLUON:
                             desc_k,
                             desc_v,
                             ring,
+                            sched_ptr,
                             N,
                             H,
                             G,
@@ -112,6 +125,7 @@ if HAVE_GLUON:
                             QSTAGES,
                             CAUSAL,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                     (
@@ -135,6 +149,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             OVERLAP,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                 ],
@@ -151,6 +166,7 @@ if HAVE_GLUON:
                             desc_k,
                             desc_v,
                             ring,
+                            sched_ptr,
                             N,
                             H,
                             G,
@@ -163,6 +179,7 @@ if HAVE_GLUON:
                             QSTAGES,
                             CAUSAL,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                     (
@@ -186,6 +203,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             OVERLAP,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                     (
@@ -209,6 +227,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             OVERLAP,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                 ],
@@ -225,6 +244,7 @@ if HAVE_GLUON:
                             desc_k,
                             desc_v,
                             ring,
+                            sched_ptr,
                             N,
                             H,
                             G,
@@ -237,6 +257,7 @@ if HAVE_GLUON:
                             QSTAGES,
                             CAUSAL,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                     (
@@ -260,6 +281,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             OVERLAP,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                     (
@@ -283,6 +305,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             OVERLAP,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                     (
@@ -306,6 +329,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             OVERLAP,
                             LPT,
+                            DYNAMIC,
                         ),
                     ),
                 ],

@@ -71,16 +71,33 @@ DEFAULT_CONFIG = {
     # consumer) is NOT verified: it failed the check at N=17 and an illegal memory access
     # followed on the H200 (open bug, notes/gluon.md), so it stays off in every default.
     64: dict(
-        BN=128, NUM_CONSUMERS=3, STAGES=3, QSTAGES=2, OVERLAP=True, persistent=False, LPT=False
+        BN=128,
+        NUM_CONSUMERS=3,
+        STAGES=3,
+        QSTAGES=2,
+        OVERLAP=True,
+        persistent=False,
+        LPT=False,
+        DYNAMIC=False,
     ),
     128: dict(
-        BN=128, NUM_CONSUMERS=2, STAGES=2, QSTAGES=2, OVERLAP=True, persistent=False, LPT=False
+        BN=128,
+        NUM_CONSUMERS=2,
+        STAGES=2,
+        QSTAGES=2,
+        OVERLAP=True,
+        persistent=False,
+        LPT=False,
+        DYNAMIC=False,
     ),
 }
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 _NUM_SMS = {}
+# device -> int32[2]: the dynamic scheduler's tile counter and its count of retired CTAs. Zeroed
+# once; the kernel's last CTA sets both back to 0 (course_kernels/gluon/scheduler.py).
+_SCHED: dict = {}
 # (rows, d, gl dtype) -> NVMMASharedLayout: two fresh layout objects per call cost 17 us of host
 # time on the H200 (experiments/gluon/host_cost.py, notes/gluon.md).
 _LAYOUTS: dict = {}
@@ -125,7 +142,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     top-left aligned (as SDPA's is_causal).  Returns (o, lse): o like q, lse the
     natural-log logsumexp of the scaled scores, float32 (B, H, N).
     Keyword overrides of the schedule (for the lever experiments): BN,
-    NUM_CONSUMERS (1-3), STAGES, QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS."""
+    NUM_CONSUMERS (1-3), STAGES, QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC
+    (dynamic persistent scheduling: a grid of #SMs, tiles drawn from an atomic counter)."""
     _check_inputs(q, k, v)
     if not gluon_available():
         raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
@@ -157,7 +175,11 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if dev not in _NUM_SMS:
         _NUM_SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    grid = (min(num_tiles, _NUM_SMS[dev]) if cfg["persistent"] else num_tiles,)
+    dynamic = bool(cfg.get("DYNAMIC", False))
+    if dev not in _SCHED:
+        _SCHED[dev] = torch.zeros(2, device=q.device, dtype=torch.int32)
+    persistent = cfg["persistent"] or dynamic
+    grid = (min(num_tiles, _NUM_SMS[dev]) if persistent else num_tiles,)
     _attn_fwd_kernel[grid](
         desc_q,
         desc_k,
@@ -165,6 +187,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         desc_o,
         o,
         lse,
+        _SCHED[dev],
         N,
         H,
         H // H_kv,
@@ -181,6 +204,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         OVERLAP=bool(cfg["OVERLAP"]),
         CONSUMER_REGS=cfg.get("CONSUMER_REGS", CONSUMER_REGS[NC]),
         LPT=bool(cfg["LPT"] and causal),
+        DYNAMIC=dynamic,
         num_warps=4,
     )
     return o, lse

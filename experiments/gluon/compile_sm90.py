@@ -42,6 +42,7 @@ def sig(dt, BM_TILE, BN, BM, d):
         "desc_o": f"tensordesc<{dt}[{BM}, {d}],{lay!r}>",
         "o_ptr": f"*{dt}",
         "lse_ptr": "*fp32",
+        "sched_ptr": "*i32",
         "N": "i32",
         "H": "i32",
         "G": "i32",
@@ -52,7 +53,17 @@ def sig(dt, BM_TILE, BN, BM, d):
 
 
 def build(
-    d=128, dt="fp16", BN=128, NC=2, STAGES=2, QSTAGES=2, CAUSAL=False, OVERLAP=True, REGS=None
+    d=128,
+    dt="fp16",
+    BN=128,
+    NC=2,
+    STAGES=2,
+    QSTAGES=2,
+    CAUSAL=False,
+    OVERLAP=True,
+    REGS=None,
+    LPT=None,
+    DYNAMIC=False,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
@@ -67,7 +78,8 @@ def build(
         OVERLAP=OVERLAP,
         CONSUMER_REGS=REGS
         or __import__("course_kernels.gluon.launch", fromlist=["x"]).CONSUMER_REGS[NC],
-        LPT=CAUSAL,
+        LPT=CAUSAL if LPT is None else LPT,
+        DYNAMIC=DYNAMIC,
     )
     for kk in consts:
         s[kk] = "constexpr"
@@ -90,6 +102,12 @@ if __name__ == "__main__":
         dict(d=128, dt="bf16", CAUSAL=True),
         dict(d=128, NC=1),
         dict(d=64, NC=3, STAGES=3, CAUSAL=True, OVERLAP=False),
+        # session 7: the dynamic persistent scheduler (DYNAMIC), head-major and LPT order
+        dict(d=64, NC=3, STAGES=3, CAUSAL=True, LPT=False, DYNAMIC=True),
+        dict(d=64, NC=3, STAGES=3, CAUSAL=False, DYNAMIC=True),
+        dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True),
+        dict(d=128, dt="bf16", CAUSAL=True, LPT=True, DYNAMIC=True),
+        dict(d=64, NC=3, STAGES=3, OVERLAP=False, DYNAMIC=True),
     ]:
         try:
             k = build(**args)
@@ -117,7 +135,7 @@ if __name__ == "__main__":
             )
             print(
                 "  setmaxnreg:",
-                sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32 \d+", ptx))),
+                sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+\d+", ptx))),
             )
         except Exception as e:
             print(args, "FAIL", type(e).__name__, str(e)[:3000])

@@ -1,0 +1,98 @@
+"""Which tile a CTA works on: the tile order (head-major, heaviest causal tile first, or
+longest-processing-time first across all heads), the K/V range of a tile, and FA3's dynamic
+persistent scheduler.
+
+Dynamic scheduling (``DYNAMIC``): a grid of #SMs CTAs; the producer of each CTA takes its first
+tile from ``program_id`` and every next one from an atomic counter in global memory
+(``tile = num_programs + atomic_add(counter, 1)``), so a CTA that drew light causal tiles simply
+draws more of them, as the hardware block scheduler does for an ordinary grid, while the
+persistent CTA keeps the next tile's Q load in flight during the current tile's epilogue. The
+producer hands the tile id to the consumer warpgroups through shared memory, in the slot of the Q
+stage it loads, guarded by that stage's ``q_ready`` mbarrier; after the last tile it publishes
+``num_tiles`` (the consumers' stop sign) and arrives on ``q_ready`` itself. The counter resets
+itself without a memset launch: each CTA counts itself out on a second counter after its last
+draw, and the last one out sets both back to 0 for the next launch (launches on one stream only).
+"""
+
+from __future__ import annotations
+
+from ._lang import HAVE_GLUON
+
+if HAVE_GLUON:
+    from ._lang import gl, gluon, mbarrier
+
+    # one int32 per Q stage, every thread of a 4-warp partition holding a copy
+    _ID_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
+    _ID_SMEM_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+
+    @gluon.jit
+    def _tile_coords(t, num_pid_m, num_tiles, CAUSAL: gl.constexpr, LPT: gl.constexpr):
+        """Tile t -> (query block, batch*head).  Head-major so the CTAs running at
+        the same time share one head's K/V in L2; under causal masking the
+        heaviest block of each head (the last rows) comes first.  LPT (causal):
+        heaviest blocks of ALL heads first (longest-processing-time order, better
+        balance, less L2 sharing)."""
+        if LPT:
+            n_hz = num_tiles // num_pid_m
+            off_hz = t % n_hz
+            pid_m = num_pid_m - 1 - t // n_hz
+        else:
+            off_hz = t // num_pid_m
+            r = t % num_pid_m
+            if CAUSAL:  # noqa: SIM108  (constexpr branches read better in a kernel)
+                pid_m = num_pid_m - 1 - r
+            else:
+                pid_m = r
+        return pid_m, off_hz
+
+    @gluon.jit
+    def _kv_range(off_m_tile, N, BM_TILE: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """Number of K/V blocks a Q tile visits."""
+        if CAUSAL:  # noqa: SIM108
+            hi = gl.minimum(N, off_m_tile + BM_TILE)
+        else:
+            hi = N
+        return gl.cdiv(hi, BN)
+
+    # ------------------------------------------------ dynamic persistent scheduler
+    @gluon.jit
+    def _alloc_tile_ids(QSTAGES: gl.constexpr):
+        """Shared memory for the tile id of each Q stage."""
+        return gl.allocate_shared_memory(gl.int32, [QSTAGES, 1], _ID_SMEM_LAYOUT)
+
+    @gluon.jit
+    def _draw_tile(sched_ptr):
+        """Producer: the next tile of this CTA (one atomic per tile, issued by one thread)."""
+        return gl.num_programs(0) + gl.atomic_add(sched_ptr, 1)
+
+    @gluon.jit
+    def _publish_tile(tile_ids, qs, t):
+        """Producer: write tile t into Q stage qs's slot, visible to the thread that then
+        arrives on q_ready (the arrive releases it to the consumers)."""
+        tile_ids.index(qs).store(gl.full([1], t, gl.int32, layout=_ID_LAYOUT))
+        gl.thread_barrier()
+
+    @gluon.jit
+    def _publish_stop(tile_ids, q_ready, q_empty, qc, num_tiles, QSTAGES: gl.constexpr):
+        """Producer: after the last tile, hand the consumers ``num_tiles`` (stop) through the
+        next Q stage, with a plain arrive (no TMA bytes) on its q_ready."""
+        qs = qc % QSTAGES
+        mbarrier.wait(q_empty.index(qs), ((qc // QSTAGES) & 1) ^ 1)
+        _publish_tile(tile_ids, qs, num_tiles)
+        mbarrier.arrive(q_ready.index(qs), count=1)
+
+    @gluon.jit
+    def _retire_scheduler(sched_ptr):
+        """Producer, after its last draw: count this CTA out; the last CTA out resets both
+        counters, so the next launch starts from 0 without a memset."""
+        out = gl.atomic_add(sched_ptr + 1, 1)
+        if out == gl.num_programs(0) - 1:
+            gl.atomic_xchg(sched_ptr, 0)
+            gl.atomic_xchg(sched_ptr + 1, 0)
+
+    @gluon.jit
+    def _read_tile(tile_ids, q_ready, qc, QSTAGES: gl.constexpr):
+        """Consumer: wait for Q stage qc and read the tile id the producer published there."""
+        qs = qc % QSTAGES
+        mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
+        return gl.max(tile_ids.index(qs).load(_ID_LAYOUT), axis=0)

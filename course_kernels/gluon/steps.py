@@ -1,0 +1,156 @@
+"""One K/V block of a consumer warpgroup: QK^T and PV on the tensor cores with asynchronous
+``warpgroup_mma``, the online softmax, and the two ways to chain them: serial (each GEMM waited
+for) and overlapped (FA3's intra-warpgroup pipelining: the softmax of block j while PV of block
+j-1 runs). Called by :func:`.consumer._consumer_tile`. See :mod:`.forward`."""
+
+from __future__ import annotations
+
+from ._lang import HAVE_GLUON
+
+if HAVE_GLUON:
+    from ._lang import gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from .producer import _a_operand_layout
+
+    # ----------------------------------------------------------------- softmax
+    @gluon.jit
+    def _softmax(
+        qk,
+        m_i,
+        l_i,
+        qk_scale,
+        start_n,
+        off_m,
+        N,
+        MASK: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        BM: gl.constexpr,
+        BN: gl.constexpr,
+        s_layout: gl.constexpr,
+    ):
+        """One online-softmax step in the exp2 domain; returns (p, alpha, m, l)."""
+        if MASK:
+            cols = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+            keep = (cols < N)[None, :]
+            if CAUSAL:
+                rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+                keep = keep & (cols[None, :] <= rows[:, None])
+            qk = gl.where(keep, qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
+        p = gl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_new = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_new
+
+    # ------------------------------------------------------------ consumer steps
+    @gluon.jit
+    def _qk(
+        q_smem,
+        k_bufs,
+        k_ready,
+        kc,
+        STAGES: gl.constexpr,
+        BM: gl.constexpr,
+        BN: gl.constexpr,
+        s_layout: gl.constexpr,
+    ):
+        """Issue S = Q K^T for ring slot kc (asynchronous)."""
+        s = kc % STAGES
+        mbarrier.wait(k_ready.index(s), (kc // STAGES) & 1)
+        zero = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+        return warpgroup_mma(
+            q_smem, k_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True
+        )
+
+    @gluon.jit
+    def _pv(p, acc, v_bufs, v_ready, kc, STAGES: gl.constexpr):
+        """Issue O += P V for ring slot kc (asynchronous, P from registers)."""
+        s = kc % STAGES
+        mbarrier.wait(v_ready.index(s), (kc // STAGES) & 1)
+        return warpgroup_mma(p, v_bufs.index(s), acc, is_async=True)
+
+    @gluon.jit
+    def _step_serial(
+        q_smem,
+        k_bufs,
+        v_bufs,
+        k_ready,
+        k_empty,
+        v_ready,
+        v_empty,
+        kc,
+        acc,
+        m_i,
+        l_i,
+        qk_scale,
+        start_n,
+        off_m,
+        N,
+        MASK: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,
+        BM: gl.constexpr,
+        BN: gl.constexpr,
+        dtype: gl.constexpr,
+        s_layout: gl.constexpr,
+        o_layout: gl.constexpr,
+    ):
+        """QK^T -> softmax -> correction -> PV, each waited for (no overlap)."""
+        s = kc % STAGES
+        qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+        mbarrier.arrive(k_empty.index(s), count=1)
+        p, alpha, m_i, l_i = _softmax(
+            qk, m_i, l_i, qk_scale, start_n, off_m, N, MASK, CAUSAL, BM, BN, s_layout
+        )
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
+        p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
+        acc = _pv(p, acc, v_bufs, v_ready, kc, STAGES)
+        acc, p = warpgroup_mma_wait(
+            num_outstanding=0, deps=(acc, p)
+        )  # P (registers) read until here
+        mbarrier.arrive(v_empty.index(s), count=1)
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _step_overlap(
+        q_smem,
+        k_bufs,
+        v_bufs,
+        k_ready,
+        k_empty,
+        v_ready,
+        v_empty,
+        kc,
+        acc,
+        p,
+        m_i,
+        l_i,
+        qk_scale,
+        start_n,
+        off_m,
+        N,
+        MASK: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        STAGES: gl.constexpr,
+        BM: gl.constexpr,
+        BN: gl.constexpr,
+        dtype: gl.constexpr,
+        s_layout: gl.constexpr,
+        o_layout: gl.constexpr,
+    ):
+        """FA3's intra-warpgroup overlap: issue QK^T(j) and PV(j-1), then run the
+        softmax of block j while PV(j-1) is still on the tensor cores."""
+        s = kc % STAGES
+        sp = (kc + STAGES - 1) % STAGES
+        qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
+        acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
+        qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))
+        mbarrier.arrive(k_empty.index(s), count=1)
+        p_new, alpha, m_i, l_i = _softmax(
+            qk, m_i, l_i, qk_scale, start_n, off_m, N, MASK, CAUSAL, BM, BN, s_layout
+        )
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+        mbarrier.arrive(v_empty.index(sp), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
+        p = gl.convert_layout(p_new.to(dtype), _a_operand_layout(o_layout, dtype))
+        return acc, p, m_i, l_i
