@@ -20,6 +20,8 @@ function takes the shorter ``autograd.Function`` path to the same launches.
 
 from __future__ import annotations
 
+import contextlib
+
 from . import _env as _triton_env  # first: GPU or interpreter
 from ._env import require_triton
 
@@ -132,10 +134,9 @@ def _check_offsets(cu, name: str, total: int, max_seqlen: int, max_name: str) ->
             f"{max_name} = {max_seqlen} is smaller than the longest sequence in {name} "
             f"({max(lengths)}): the grid would miss its tokens"
         )
-    try:
+    # a tensor subclass without attributes: read each time
+    with contextlib.suppress(AttributeError, RuntimeError):
         setattr(cu, _STAMP, stamp)
-    except (AttributeError, RuntimeError):  # a tensor subclass without attributes: read each time
-        pass
 
 
 def _check_count(cu_q, cu_k) -> None:
