@@ -18,8 +18,9 @@ The exp2 domain: exp(x) = exp2(x * log2(e)). The loop over key blocks,
 units of c (s = c * r, r = q.k * ``qk_mul``), the running max ``m_i`` in the same units, and
 ``P~ = exp2((r - m) * c2)`` with ``c2 = c * log2(e)``, the multiplication after the subtraction,
 so that the backward recomputes P exactly. :func:`_attn_fwd` saves the row statistic in units of
-c (+inf for a row that sees no key), which ``launch.py`` converts for users. The decode kernels
-(``serving/decode.py``) run the same loop over their chunk of the KV cache.
+c (+inf for a row that sees no key), which ``launch.py`` converts for users. The decode kernel
+``serving/decode.py::_decode_split_kv`` runs the same loop over its chunk of the KV cache (the
+paged one repeats its steps with keys found through a page table).
 
 Causal (PyTorch ``is_causal``, top-left aligned; query i sees keys j <= i, also when Nq != Nk).
 For Nq = 4, Nk = 6::
