@@ -29,7 +29,8 @@ query heads            H             ``heads``, ``Hq``  ``H_Q``              sha
 key/value heads        H_kv          ``kv_heads``       ``KV_HEADS``         GQA: Hq = G * kv_heads
 GQA group size         G             ``G``              ``GROUP_SIZE``       query heads per KV head
 softmax scale          tau           ``scale``          ``scale``            None means 1/sqrt(d)
-scale in base 2        --            --                 ``qk_scale``         scale * ``LOG2E``, exp2
+scale in base 2        --            --                 ``qk_scale``         scale * ``LOG2E``, exp2 (Gluon)
+score in units of c    --            --                 ``qk_mul``, ``c2``   s = c * r; c2 = c * ``LOG2E``
 log2(e)                --            ``LOG2E``          ``LOG2E`` constexpr  defined once, ``reference``
 model context length   T             ``context_len``    --                   ``gpt`` only
 query / key length     N_q, N_k      ``n_q``, ``n_k``   ``N_CTX_Q/N_CTX_K``

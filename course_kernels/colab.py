@@ -248,7 +248,7 @@ LISTINGS = {
     "tiled.forward_fa2": ("course_kernels.numpy.tiled", "_forward_fa2"),
     "tiled.forward_fa1": ("course_kernels.numpy.tiled", "_forward_fa1"),
     "triton_forward.attn_fwd": ("course_kernels.triton.forward", "_attn_fwd"),
-    "triton_forward.attn_fwd_inner": ("course_kernels.triton.forward", "_attn_fwd_inner"),
+    "triton_forward.attn_fwd_mask_inner": ("course_kernels.triton.forward", "_attn_fwd_mask_inner"),
     "triton_launch.use_gluon": ("course_kernels.triton.launch", "_use_gluon"),
     "triton_launch.gluon_pays": ("course_kernels.triton.launch", "_gluon_pays"),
     # The Gluon rung (course_kernels.gluon): its kernels exist only where Gluon imports, so

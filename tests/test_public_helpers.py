@@ -13,7 +13,7 @@ from course_kernels.numpy.online_softmax import safe_max
 def test_listing_is_the_package_source():
     src = colab.listing("tiled.forward_fa2")
     assert src.startswith("def _forward_fa2(") and "# line 4" in src
-    assert colab.listing("triton_forward.attn_fwd_inner").startswith("@triton.jit")
+    assert colab.listing("triton_forward.attn_fwd_mask_inner").startswith("@triton.jit")
     assert "def _attn_fwd(" in colab.listing("triton_forward.attn_fwd")  # autotune unwrapped
 
 

@@ -62,9 +62,11 @@ import triton.language as tl  # noqa: E402
 
 from ..triton._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
 from ..numpy.reference import LN2 as _LN2  # noqa: E402
-from ..triton.forward import LOG2E, _attn_fwd_inner  # noqa: E402
+from ..triton.forward import _attn_fwd_mask_inner  # noqa: E402
+from ..triton.masks import BIG as _BIG, PLAIN  # noqa: E402
 
 LN2 = tl.constexpr(_LN2)  # a kernel reads a module global only as a constexpr
+BIG = tl.constexpr(_BIG)  # masks.BIG: an unbounded side of the window
 
 
 # -- Triton -----------------------------------------------------------------------------------
@@ -77,7 +79,8 @@ def _decode_split_kv(
     M_part,
     L_part,
     Acc_part,
-    scale,
+    qk_mul,
+    c2,
     stride_qz,
     stride_qh,
     stride_qm,
@@ -107,7 +110,8 @@ def _decode_split_kv(
     """Partial (m, l, acc) of the G * Nq query rows of one KV head over one chunk of keys.
 
     Grid (NUM_SPLITS, B * KV_HEADS). Row r of the tile is query head kvh * G + r // N_Q, token
-    r % N_Q. Writes m (natural log), l: (B, Hq, Nq, S) and acc: (B, Hq, Nq, S, HEAD_DIM) float32.
+    r % N_Q. Scores in units of c (``qk_mul``, ``c2`` = c log2 e: ``masks.PLAIN.units(scale)``).
+    Writes m (natural log), l: (B, Hq, Nq, S) and acc: (B, Hq, Nq, S, HEAD_DIM) float32.
     """
     split = tl.program_id(0)
     off_zkv = tl.program_id(1)
@@ -137,44 +141,29 @@ def _decode_split_kv(
     k_base = K + off_z * stride_kz + off_kvh * stride_kh
     v_base = V + off_z * stride_vz + off_kvh * stride_vh
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # base 2, like triton_forward
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # units of c, like triton_forward
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-    qk_scale = scale * LOG2E  # exp(x) = exp2(x * log2 e)
-    last_key = seqlen - N_Q + tok  # (BLOCK_M,) causal: row sees keys j <= last_key
 
     lo = split * KEYS_PER_SPLIT  # a multiple of BLOCK_N (split_kv.split_chunk)
     hi = tl.minimum(lo + KEYS_PER_SPLIT, seqlen)
     # The forward's loop over key blocks (FA2 Alg. 1 lines 7-10), every block masked: keys past
-    # this chunk (or the sequence) and, with causal, keys after each row's last_key.
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kn,
-        stride_kk,
-        stride_vn,
-        stride_vk,
-        last_key,
-        lo,
-        hi,
-        qk_scale,
-        hi,
-        BLOCK_N,
-        HEAD_DIM,
-        HEAD_DIM_PADDED,
-        True,
-        CAUSAL,
-        DOT_PRECISION,
-    )
+    # this chunk (or the sequence) and, with causal, keys after seqlen - N_Q + tok (the window
+    # predicate with no left edge: bottom-right causal). No soft cap, no ALiBi.
+    acc, l_i, m_i = _attn_fwd_mask_inner(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kk, stride_vn, stride_vk,
+        tok, lo, hi, hi,  # offs_m: the row index the mask reads; keys [lo, hi); n_k = hi
+        qk_mul, c2, 0.0, 0,  # units of c; alibi_r, alibi_diag (no ALiBi)
+        -BIG, seqlen - N_Q,  # diag_lo, diag_hi: row tok sees keys j <= seqlen - N_Q + tok
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED,
+        True, CAUSAL, False, False, DOT_PRECISION,  # MASKED, WINDOWED, SOFTCAP, ALIBI
+    )  # fmt: skip
 
-    # Partials go to (B, Hq, Nq, S[, d]); m in natural log so they read like online_softmax's.
+    # Partials go to (B, Hq, Nq, S[, d]); m in natural log (units of c times c = c2 ln 2) so
+    # they read like online_softmax's. -inf (a row that saw no key) stays -inf.
     h_q = KV_HEADS * GROUP_SIZE
     row = ((off_z * h_q + off_h) * N_Q + tok) * NUM_SPLITS + split  # (BLOCK_M,)
-    tl.store(M_part + row, m_i * LN2, mask=r_ok)
+    tl.store(M_part + row, m_i * c2 * LN2, mask=r_ok)
     tl.store(L_part + row, l_i, mask=r_ok)
     tl.store(Acc_part + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=r_ok[:, None] & d_ok)
 
@@ -342,6 +331,7 @@ def flash_decode(
     l_part = torch.empty((B, Hq, Nq, num_splits), **f32)
     acc_part = torch.empty((B, Hq, Nq, num_splits, d), **f32)
     launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 2}
+    qk_mul, _, c2 = PLAIN.units(scale)  # scores in units of c (masks.py), as the forward's
     _decode_split_kv[(num_splits, B * kv_heads)](
         q,
         k,
@@ -350,7 +340,8 @@ def flash_decode(
         m_part,
         l_part,
         acc_part,
-        scale,
+        qk_mul,
+        c2,
         *q.stride(),
         *k.stride(),
         *v.stride(),

@@ -32,7 +32,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ..triton._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
-from ..triton.forward import LOG2E  # noqa: E402
+from ..triton.masks import PLAIN  # noqa: E402
 from .decode import LN2, _block_k, _combine_splits, default_num_splits  # noqa: E402
 
 
@@ -55,7 +55,8 @@ def _paged_attn_inner(
     lo,
     hi,
     seqlen,
-    qk_scale,
+    qk_mul,
+    c2,
     PAGE_SIZE,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -63,7 +64,15 @@ def _paged_attn_inner(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """The forward's loop over key blocks (``forward._attn_fwd_inner``), keys found by page."""
+    """The forward's loop over key blocks (``forward._attn_fwd_mask_inner``, the same steps in
+    units of c), keys found by page.
+
+    Its own loop, not the forward's: that one addresses a key as one base pointer plus a
+    stride, and a page table would need an addressing hook in the forward's loop for this one
+    caller. Every block is masked (keys past the sequence; with ``CAUSAL`` keys after
+    ``last_key``, bottom-right as in ``decode._decode_split_kv``); no soft cap, no ALiBi, so the
+    score hook is ``r = q.k * qk_mul``.
+    """
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_n in range(lo, hi, BLOCK_N):
@@ -75,15 +84,16 @@ def _paged_attn_inner(
         k = tl.load(
             k_rows[:, None] + offs_d[None, :] * stride_kk, mask=n_ok[:, None] & d_ok, other=0.0
         )
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        r = qk * qk_mul  # the score in units of c
         keep = n_ok[None, :]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= last_key[:, None])
-        qk = tl.where(keep, qk, float("-inf"))
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        r = tl.where(keep, r, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(r, 1))
         m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)  # a row with no key yet
-        p = tl.math.exp2(qk - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
+        p = tl.math.exp2((r - m_sub[:, None]) * c2)
+        alpha = tl.math.exp2((m_i - m_sub) * c2)
         l_i = l_i * alpha + tl.sum(p, 1)
         v_rows = v_base + page * stride_vb + slot * stride_vs
         v = tl.load(
@@ -104,7 +114,8 @@ def _paged_decode_split_kv(
     M_part,
     L_part,
     Acc_part,
-    scale,
+    qk_mul,
+    c2,
     stride_qz,
     stride_qh,
     stride_qm,
@@ -170,7 +181,8 @@ def _paged_decode_split_kv(
         lo,
         hi,
         seqlen,
-        scale * LOG2E,
+        qk_mul,
+        c2,
         PAGE_SIZE,
         BLOCK_N,
         HEAD_DIM,
@@ -179,7 +191,7 @@ def _paged_decode_split_kv(
         DOT_PRECISION,
     )
     row = ((off_z * KV_HEADS * GROUP_SIZE + off_h) * N_Q + tok) * NUM_SPLITS + split
-    tl.store(M_part + row, m_i * LN2, mask=r_ok)
+    tl.store(M_part + row, m_i * c2 * LN2, mask=r_ok)  # natural log, as decode's
     tl.store(L_part + row, l_i, mask=r_ok)
     tl.store(Acc_part + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=r_ok[:, None] & d_ok)
 
@@ -284,6 +296,7 @@ def flash_decode_paged(
     l_part = torch.empty((B, Hq, Nq, num_splits), **f32)
     acc_part = torch.empty((B, Hq, Nq, num_splits, d), **f32)
     launch = {} if INTERPRET else {"num_warps": 4, "num_stages": 2}
+    qk_mul, _, c2 = PLAIN.units(scale)  # scores in units of c, as decode's
     _paged_decode_split_kv[(num_splits, B * kv_heads)](
         q,
         k_cache,
@@ -293,7 +306,8 @@ def flash_decode_paged(
         m_part,
         l_part,
         acc_part,
-        scale,
+        qk_mul,
+        c2,
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),

@@ -13,13 +13,14 @@ Program (pid_m, pid_bh) owns the query rows [pid_m * BLOCK_M, (pid_m + 1) * BLOC
 on-chip memory, keeping the running max ``m_i``, the running sum ``l_i`` and the unnormalized
 output ``acc`` (FA2 Alg. 1 lines 6-11).
 
-The exp2 domain: exp(x) = exp2(x * log2(e)). The plain loop :func:`_attn_fwd_inner` (the
-tutorial's form; the decode kernels run it) folds ``log2(e)`` into the scale once (``qk_scale =
-scale * log2(e)``), so its scores and ``m_i`` are in base 2. The training kernel :func:`_attn_fwd`
-runs :func:`_attn_fwd_mask_inner`, the same loop through the score and mask hooks of masks.py:
-scores r in units of c (s = c * r) and ``P~ = exp2((r - m) * c log2 e)``, the multiplication
-after the subtraction, so that the backward recomputes P exactly; it saves the row statistic in
-units of c (+inf for a row that sees no key), which ``launch.py`` converts for users.
+The exp2 domain: exp(x) = exp2(x * log2(e)). The loop over key blocks,
+:func:`_attn_fwd_mask_inner`, goes through the score and mask hooks of masks.py: scores r in
+units of c (s = c * r, r = q.k * ``qk_mul``), the running max ``m_i`` in the same units, and
+``P~ = exp2((r - m) * c2)`` with ``c2 = c * log2(e)``, the multiplication after the subtraction,
+so that the backward recomputes P exactly. :func:`_attn_fwd` saves the row statistic in units of
+c (+inf for a row that sees no key), which ``launch.py`` converts for users. The decode kernel
+``serving/decode.py::_decode_split_kv`` runs the same loop over its chunk of the KV cache (the
+paged one repeats its steps with keys found through a page table).
 
 Causal (PyTorch ``is_causal``, top-left aligned; query i sees keys j <= i, also when Nq != Nk).
 For Nq = 4, Nk = 6::
@@ -60,7 +61,8 @@ from .configs import (  # noqa: E402,F401  (re-exported)
 from .masks import BIG, _key_blocks, _score_mod, _seq, _visible  # noqa: E402,F401
 from ..numpy.reference import LOG2E as _LOG2E  # noqa: E402
 
-# A kernel reads a module global only as a constexpr: log2(e), for qk_scale = scale * LOG2E.
+# A kernel reads a module global only as a constexpr: log2(e), for the kernels that fold it
+# into the scale (qk_scale = scale * LOG2E; experiments/hopper/hopper_lever_kernel.py).
 LOG2E = tl.constexpr(_LOG2E)
 
 
@@ -76,72 +78,6 @@ def _load_tile(ptrs, row_ok, col_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.co
     else:
         x = tl.load(ptrs)
     return x
-
-
-@triton.jit
-def _attn_fwd_inner(
-    acc,
-    l_i,
-    m_i,
-    q,  # (BLOCK_M, D), (BLOCK_M,), (BLOCK_M,), (BLOCK_M, D)
-    k_base,
-    v_base,
-    stride_kn,
-    stride_kk,
-    stride_vn,
-    stride_vk,
-    last_key,
-    lo,
-    hi,
-    qk_scale,
-    N_CTX_K,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """Stream key blocks [lo, hi) through the online softmax (the body of FA2 Alg. 1's loop over j: lines 7-10).
-
-    With ``MASKED``, keys >= N_CTX_K are masked, and with ``CAUSAL`` also keys after
-    ``last_key`` (BLOCK_M,), the last key each row may see: the row's own index for the
-    top-left causal mask of :func:`_attn_fwd`, ``seqlen - Nq + token`` for decoding
-    (``decode._decode_split_kv`` runs this same loop over its chunk of the cache).
-    """
-    offs_d = tl.arange(0, HEAD_DIM_PADDED)
-    d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
-    for start_n in range(lo, hi, BLOCK_N):
-        start_n = tl.multiple_of(start_n, BLOCK_N)
-        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-        n_ok = offs_n[:, None] < N_CTX_K  # (BLOCK_N, 1)
-        # FA2 Alg. 1 line 7: load K_j, V_j.
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
-        k = _load_tile(k_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N, D)
-        # FA2 Alg. 1 line 8: S = Q K^T, scaled into the exp2 domain.
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        if MASKED:
-            keep = offs_n[None, :] < N_CTX_K  # (1, BLOCK_N)
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= last_key[:, None])  # (BLOCK_M, BLOCK_N)
-            qk = tl.where(keep, qk, float("-inf"))
-        # FA2 Alg. 1 line 9: new running max, P~ = exp(S - m), rescaled running sum.
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))  # (BLOCK_M,)
-        if MASKED:  # noqa: SIM108 (a constexpr if-statement is pruned at compile time)
-            # A row whose keys so far are all masked has m = -inf; -inf - (-inf) would be NaN.
-            m_sub = tl.where(m_ij == float("-inf"), 0.0, m_ij)
-        else:
-            m_sub = m_ij
-        p = tl.math.exp2(qk - m_sub[:, None])  # (BLOCK_M, BLOCK_N)
-        alpha = tl.math.exp2(m_i - m_sub)  # (BLOCK_M,) = exp(m_old - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # FA2 Alg. 1 line 10: O = diag(alpha) O + P~ V_j (unnormalized).
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vk
-        v = _load_tile(v_ptrs, n_ok, d_ok, MASKED, HEAD_DIM != HEAD_DIM_PADDED)  # (BLOCK_N, D)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # (BLOCK_M, D)
-        m_i = m_ij
-    return acc, l_i, m_i
 
 
 @triton.jit
@@ -178,7 +114,10 @@ def _attn_fwd_mask_inner(
     """Stream key blocks [lo, hi) through the online softmax (FA2 Alg. 1 lines 7-10), with the
     score hook (soft cap, ALiBi) and, with ``MASKED``, the bounds and window masks of masks.py.
 
-    Scores are in units of c (s = c * r, ``c2`` = c * log2 e): P~ = exp2((r - m) * c2).
+    Scores are in units of c (s = c * r, ``c2`` = c * log2 e): P~ = exp2((r - m) * c2). Row i
+    (index ``offs_m``) sees keys [i + diag_lo, i + diag_hi] (``_visible``): the training kernel's
+    causal / window masks, and decoding's bottom-right causal mask (``decode._decode_split_kv``
+    runs this loop over its chunk of the cache with ``n_k`` the chunk's end).
     """
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)

@@ -8,8 +8,8 @@
 
 * **Persistent forward** (a kernel defined here): one program per SM (or two), each claiming
   tiles from an atomic counter, the last (longest) query blocks of each head first (a dynamic
-  tile scheduler, FA3's idea), running the package's loop helper ``_attn_fwd_inner`` on each
-  tile. (A heavy-first *grid* order, measured at commit 2c59a2f: noise; notes/kernel.md.)
+  tile scheduler, FA3's idea), running the package's loop helper ``_attn_fwd_mask_inner`` on
+  each tile. (A heavy-first *grid* order, measured at commit 2c59a2f: noise; notes/kernel.md.)
 * **Atomic dQ** (``ATOMIC_DQ``, a switch of the package's dK/dV kernel): FA2 Algorithm 2 as the
   paper writes it, dQ_i += dS K_j added in fp32 atomics from the dK/dV kernel, so S and dP are
   computed once per block pair (5 matmuls instead of 7) but dQ's summation order varies.
@@ -42,9 +42,11 @@ import triton.language as tl  # noqa: E402
 from course_kernels.triton import flash, launch as flash_launch  # noqa: E402
 from course_kernels.triton.launch import _cdiv, _dot_precision, head_dim_padded  # noqa: E402
 from course_kernels.triton.backward import _attn_bwd_dkdv, _attn_bwd_preprocess  # noqa: E402
-from course_kernels.triton.forward import LOG2E, _attn_fwd, _attn_fwd_inner, _load_tile  # noqa: E402
+from course_kernels.triton.forward import _attn_fwd, _attn_fwd_mask_inner, _load_tile  # noqa: E402
+from course_kernels.triton.masks import BIG as _BIG, PLAIN  # noqa: E402
 
 DEVICE = _triton_env.device_kind()
+BIG = tl.constexpr(_BIG)  # masks.BIG, as a constexpr for the kernel
 KERNEL_NAMES = {"_attn_fwd": _attn_fwd, "_attn_bwd_dkdv": _attn_bwd_dkdv}
 
 
@@ -58,7 +60,7 @@ def _env():
 
 @triton.jit
 def _attn_fwd_persistent(
-    Q, K, V, scale, LSE, Out, Counter,
+    Q, K, V, qk_mul, c2, LSE, Out, Counter,
     stride_qz, stride_qh, stride_qm, stride_qk, stride_kz, stride_kh, stride_kn, stride_kk,
     stride_vz, stride_vh, stride_vn, stride_vk, stride_oz, stride_oh, stride_om, stride_ok,
     H_Q, GROUP_SIZE, N_CTX_Q, N_CTX_K, NUM_M_BLOCKS, NUM_TILES,
@@ -66,10 +68,9 @@ def _attn_fwd_persistent(
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """_attn_fwd's tile body in a loop over tiles claimed from an atomic counter, the last query
-    block of each (batch, head) first (one head at a time keeps its K, V hot in L2)."""
+    block of each (batch, head) first (one head at a time keeps its K, V hot in L2); LSE: base 2."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM
-    qk_scale = scale * LOG2E
     tile = tl.atomic_add(Counter, 1)
     while tile < NUM_TILES:
         off_hz = tile // NUM_M_BLOCKS
@@ -87,24 +88,22 @@ def _attn_fwd_persistent(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], dtype=tl.float32)
-        if CAUSAL:
+        if CAUSAL:  # top-left: row i sees keys [i - BIG, i + 0] (diag_lo, diag_hi below)
             hi = tl.minimum(start_m + BLOCK_M, N_CTX_K)
             hi_full = (tl.minimum(start_m, N_CTX_K) // BLOCK_N) * BLOCK_N
         else:
             hi = N_CTX_K
             hi_full = (N_CTX_K // BLOCK_N) * BLOCK_N
-        strides = (stride_kn, stride_kk, stride_vn, stride_vk)
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_base, v_base, *strides, offs_m, 0, hi_full, qk_scale, N_CTX_K,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, False, CAUSAL, DOT_PRECISION,
-        )  # fmt: skip
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_base, v_base, *strides, offs_m, hi_full, hi, qk_scale, N_CTX_K,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED, True, CAUSAL, DOT_PRECISION,
-        )  # fmt: skip
+        strides = (stride_kn, stride_kk, stride_vn, stride_vk)  # unmasked blocks, then masked
+        acc, l_i, m_i = _attn_fwd_mask_inner(acc, l_i, m_i, q, k_base, v_base, *strides, offs_m,
+            0, hi_full, N_CTX_K, qk_mul, c2, 0.0, 0, -BIG, 0, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED,
+            False, CAUSAL, False, False, DOT_PRECISION)  # fmt: skip
+        acc, l_i, m_i = _attn_fwd_mask_inner(acc, l_i, m_i, q, k_base, v_base, *strides, offs_m,
+            hi_full, hi, N_CTX_K, qk_mul, c2, 0.0, 0, -BIG, 0, BLOCK_N, HEAD_DIM, HEAD_DIM_PADDED,
+            True, CAUSAL, False, False, DOT_PRECISION)  # fmt: skip
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         acc = acc / l_safe[:, None]
-        tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, m_i + tl.math.log2(l_safe),
+        tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, m_i * c2 + tl.math.log2(l_safe),
                  mask=offs_m < N_CTX_Q)  # fmt: skip
         o_ptrs = Out + off_z * stride_oz + off_h * stride_oh
         o_ptrs += offs_m[:, None] * stride_om + offs_d[None, :] * stride_ok
@@ -114,7 +113,8 @@ def _attn_fwd_persistent(
 
 def _fwd_args(q, k, v, o, lse2, scale):
     B, Hq, Nq, _ = q.shape
-    return (q, k, v, scale, lse2, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+    qk_mul, _, c2 = PLAIN.units(scale)  # the kernel's scores are in units of c (masks.py)
+    return (q, k, v, qk_mul, c2, lse2, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             Hq, Hq // k.shape[1], Nq, k.shape[2])  # fmt: skip
 
 
@@ -131,7 +131,7 @@ def forward_persistent(q, k, v, causal, scale, cfg, programs):
     n_m = _cdiv(Nq, cfg["BLOCK_M"])
     tiles = n_m * B * Hq
     _attn_fwd_persistent[(min(programs, tiles),)](
-        *_fwd_args(q, k, v, o, lse2, scale)[:6], counter, *_fwd_args(q, k, v, o, lse2, scale)[6:],
+        *_fwd_args(q, k, v, o, lse2, scale)[:7], counter, *_fwd_args(q, k, v, o, lse2, scale)[7:],
         n_m, tiles, HEAD_DIM=d, HEAD_DIM_PADDED=head_dim_padded(d), CAUSAL=causal,
         DOT_PRECISION=_dot_precision(q.dtype), **cfg,
     )  # fmt: skip
