@@ -1,4 +1,4 @@
-"""Pins the Triton internals that ``course_kernels.triton.launch_plan`` relies on.
+"""Pins the Triton internals that ``course_kernels.triton.configs`` relies on.
 
 ``_launch`` skips ``Autotuner.run`` after a shape's first launch (it rebuilds its cache key from
 every argument on each call; notes/kernel.md measures the host overhead this saves). Triton has
@@ -17,7 +17,7 @@ this file checks, with Triton's own binder, that a plan and its tensors' alignme
 specialisation), on the launcher call it makes, and on ``CompiledKernel`` (``run`` a property,
 ``launch_metadata`` None without a hook). A Triton upgrade that changes any of them must fail
 here, loudly, rather than make a launch crash or use the wrong config or compiled kernel; a
-version not in ``launch_plan.DIRECT_VERSIONS`` never takes the direct launch. Checked in Triton
+version not in ``configs.DIRECT_VERSIONS`` never takes the direct launch. Checked in Triton
 3.9 (this machine, interpreter, one config) and 3.6 (the GPU machine's; autotuning on and off).
 """
 
@@ -35,7 +35,7 @@ from triton.runtime.autotuner import Autotuner  # noqa: E402
 
 from course_kernels.triton import _env as _triton_env  # noqa: E402
 from course_kernels.triton import flash  # noqa: E402
-from course_kernels.triton import launch_plan  # noqa: E402
+from course_kernels.triton import configs  # noqa: E402
 from course_kernels.triton.backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from course_kernels.triton.forward import _attn_fwd  # noqa: E402
 
@@ -86,7 +86,7 @@ def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_attn_fwd.fn, "run", spy)
-    monkeypatch.setattr(launch_plan, "_TUNED", {})
+    monkeypatch.setattr(configs, "_TUNED", {})
     device = _triton_env.device_kind()
     q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
     # The tuning launch calls fn.run once per config it times (one config under the
@@ -100,7 +100,7 @@ def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
         f"fn.run was called {len(calls) - n_first} times for one cached launch. {FIX}"
     )
     assert isinstance(_attn_fwd.best_config, triton.Config), f"best_config not set. {FIX}"
-    (tuned,) = launch_plan._TUNED.values()
+    (tuned,) = configs._TUNED.values()
     assert tuned == _attn_fwd.best_config.all_kwargs()
     (a1, k1), (a2, k2) = calls[n_first - 1], calls[-1]  # the tuned launch, the cached one
 
@@ -127,8 +127,8 @@ def _squash(src: str) -> str:
 
 
 def test_direct_launch_only_where_its_internals_are_pinned():
-    if _triton_env.INTERPRET or triton.__version__ not in launch_plan.DIRECT_VERSIONS:
-        assert not launch_plan.DIRECT, FIX
+    if _triton_env.INTERPRET or triton.__version__ not in configs.DIRECT_VERSIONS:
+        assert not configs.DIRECT, FIX
 
 
 def test_jit_run_launches_as_the_direct_launch_copies():
@@ -153,7 +153,7 @@ def test_jit_run_launches_as_the_direct_launch_copies():
         assert line in src, f"JITFunction.run no longer has {line!r}. {FIX}"
     assert src.endswith("return kernel"), FIX
     read = set(re.findall(r'kwargs\["(\w+)"\] =', src))
-    assert read <= set(launch_plan.OPTION_KWARGS), f"run reads knobs {sorted(read)}. {FIX}"
+    assert read <= set(configs.OPTION_KWARGS), f"run reads knobs {sorted(read)}. {FIX}"
 
 
 def test_compiled_kernel_as_the_direct_launch_uses_it():
@@ -211,7 +211,7 @@ def test_a_plan_and_its_alignment_bits_decide_tritons_specialisation(monkeypatch
     binder must give one specialisation per key, with each pointer's "divisible by 16" mark equal
     to the bit; and the constexprs the launcher gets must be the binder's."""
     seen, launches = {}, []  # the launches are recorded, not run: only their arguments count
-    monkeypatch.setattr(launch_plan.KernelPlan, "launch", lambda p, t: launches.append((p, t)))
+    monkeypatch.setattr(configs.KernelPlan, "launch", lambda p, t: launches.append((p, t)))
     for (q, k, v), kw in _cases():
         q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
         flash.flash_attention(q, k, v, **kw).sum().backward()
@@ -224,14 +224,14 @@ def test_a_plan_and_its_alignment_bits_decide_tritons_specialisation(monkeypatch
         fn, binder = binders[id(plan.kernel)]
         kwargs = {**plan.constexprs, **tuned}
         bound, spec, _ = binder(*tensors, *plan.scalars, **kwargs)
-        bits = launch_plan.alignment_bits(tensors)
+        bits = configs.alignment_bits(tensors)
         n = len(tensors)
         marks = [s[1] == "D" for s in spec[:n]]
         assert [s[0][0] for s in spec[:n]] == ["*"] * n, f"tensors are not a prefix. {FIX}"
         assert sum(m << (n - 1 - i) for i, m in enumerate(marks)) == bits, FIX
         key = (id(plan), bits)
         assert seen.setdefault(key, spec) == spec, f"one key, two specialisations. {FIX}"
-        tail = launch_plan.constexpr_tail(fn, n + len(plan.scalars), kwargs)
+        tail = configs.constexpr_tail(fn, n + len(plan.scalars), kwargs)
         assert tuple(bound.values())[n + len(plan.scalars) :] == tail, FIX
         bits_per_plan.setdefault(id(plan), set()).add(bits)
     assert any(len(b) > 1 for b in bits_per_plan.values()), "no plan saw two alignments"

@@ -21,11 +21,11 @@ require_triton()
 import torch  # noqa: E402
 
 from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
-from .backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
+from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _one_key_closed_form  # noqa: E402
+from .backward import _backward_one_key as _backward_one_key  # noqa: E402
+from .configs import _TUNED as _TUNED, KernelPlan, _launch as _launch  # noqa: E402
 from .forward import _attn_fwd  # noqa: E402
-from .launch_plan import _TUNED as _TUNED, KernelPlan, _launch as _launch  # noqa: E402
 from .masks import CAUSAL, PLAIN, Variant, as_variant  # noqa: E402,F401  (re-exported)
-from .one_key import _backward_one_key as _backward_one_key, _one_key_closed_form  # noqa: E402
 
 
 # Host-side helpers in plain Python: triton.cdiv / triton.next_power_of_2 are Triton
@@ -151,7 +151,7 @@ def _forward_c(q, k, v, variant: Variant, scale: float, alibi=None, varlen=None)
     return o, lse_c
 
 
-# A call's launch plans (launch_plan.KernelPlan: strides, sizes, the variant's numbers, grid),
+# A call's launch plans (configs.KernelPlan: strides, sizes, the variant's numbers, grid),
 # per (kernel, shapes, strides, dtypes, device, variant, scale, ALiBi/varlen layout): computed
 # by a shape's first call, reused by the next ones (~10 us of Python per call, notes/kernel.md).
 _PLANS: dict = {}

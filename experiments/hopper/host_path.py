@@ -11,7 +11,7 @@ retained graph, as the benchmark times it; ``fwd+bwd``), three times per call in
 ``host`` (100 calls back to back, the GPU never waited for: the Python path alone while the
 GPU queue has room), ``wall`` (the same calls with a synchronisation at the end: whichever of
 host and GPU is slower) and ``graph`` (a CUDA-graph replay of the same call: the GPU alone).
-Paths: ``jit`` (``JITFunction.run`` every call, ``launch_plan.DIRECT = False``), ``direct``
+Paths: ``jit`` (``JITFunction.run`` every call, ``configs.DIRECT = False``), ``direct``
 (the compiled kernel's launcher), ``sdpa-flash`` (FlashAttention-2 in PyTorch, the target),
 and with ``--baseline`` the same calls in a child process importing another checkout's
 ``course_kernels`` (e.g. ``main``). Median of 5 repeats. Autotuning is off (one config per
@@ -126,10 +126,9 @@ def measure(paths_only=None) -> list[dict]:
 
     from course_kernels.triton.flash import flash_attention
 
-    try:
-        from course_kernels.triton import launch_plan
-    except ImportError:  # a checkout before the direct launch
-        launch_plan = None
+    from course_kernels.triton import configs
+
+    plans = configs if hasattr(configs, "KernelPlan") else None  # None: before the direct launch
 
     def sdpa(q, k, v, causal):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -139,7 +138,7 @@ def measure(paths_only=None) -> list[dict]:
         return flash_attention(q, k, v, causal=causal)
 
     paths = {"sdpa-flash": (sdpa, None)}
-    if launch_plan is None:
+    if plans is None:
         paths["main"] = (course, None)
     else:
         paths.update({"jit": (course, False), "direct": (course, True)})
@@ -154,7 +153,7 @@ def measure(paths_only=None) -> list[dict]:
         q, k, v = (x.requires_grad_() for x in (q, k, v))
         for path, (fn, direct) in paths.items():
             if direct is not None:
-                launch_plan.DIRECT = direct
+                plans.DIRECT = direct
             for call_name, call in _calls(fn, q, k, v, do, causal).items():
                 for _ in range(3):  # tune, compile, first fn.run per plan
                     call()
@@ -165,8 +164,8 @@ def measure(paths_only=None) -> list[dict]:
                 g = row["graph_us"]
                 print(f"d={d:3d} causal={causal!s:5} {call_name:7s} {path:10s} host {host:7.1f} "
                       f"wall {wall:7.1f} graph {g if g is None else round(g, 1)} us", flush=True)  # fmt: skip
-        if launch_plan is not None:
-            launch_plan.DIRECT = True
+        if plans is not None:
+            plans.DIRECT = True
     return rows
 
 
@@ -209,11 +208,11 @@ def cpu_main(args) -> int:
     flash = _import(args.repo)
     from course_kernels.triton import launch
 
-    try:
-        from course_kernels.triton import launch_plan
+    from course_kernels.triton import configs
 
-        launch_plan.KernelPlan.launch = lambda self, tensors: None
-    except ImportError:
+    if hasattr(configs, "KernelPlan"):
+        configs.KernelPlan.launch = lambda self, tensors: None
+    else:  # a checkout before the launch plans
         launch._launch = lambda *a, **k: None
 
     class Count(TorchDispatchMode):

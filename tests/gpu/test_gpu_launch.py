@@ -1,11 +1,11 @@
-"""The direct launch (``course_kernels.triton.launch_plan``) on a GPU: the same bits as
+"""The direct launch (``course_kernels.triton.configs``) on a GPU: the same bits as
 ``JITFunction.run``, for the shapes and layouts where Triton specialises differently.
 
 After a shape's first calls a plan calls the compiled kernel's launcher itself, keyed on the
 tensors' 16-byte alignment (tests/test_flash_launch_internals.py checks the key against Triton's
 own binder on the CPU). Here every case runs forward + backward three times with the direct
 launch on (tuning launch, first ``fn.run``, then direct) and once with it off
-(``launch_plan.DIRECT = False``: ``fn.run`` every time, the old path), in one process so that
+(``configs.DIRECT = False``: ``fn.run`` every time, the old path), in one process so that
 both use the same tuned configs, and the outputs must be equal bit for bit.
 """
 
@@ -21,7 +21,7 @@ if not torch.cuda.is_available():  # collected on CPU machines, never run there
 
 import os  # noqa: E402
 
-from course_kernels.triton import launch_plan  # noqa: E402
+from course_kernels.triton import configs  # noqa: E402
 from course_kernels.triton.backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from course_kernels.triton.flash import flash_attention  # noqa: E402
 from course_kernels.triton.forward import _attn_fwd  # noqa: E402
@@ -31,10 +31,10 @@ KERNELS = (_attn_fwd, _attn_bwd_dq, _attn_bwd_dkdv)
 
 
 def test_direct_launch_is_on_with_the_pinned_triton():
-    if os.environ.get(launch_plan.DIRECT_ENV, "1") == "0":
-        pytest.skip(f"${launch_plan.DIRECT_ENV}=0")
-    assert (triton.__version__ in launch_plan.DIRECT_VERSIONS) == launch_plan.DIRECT, (
-        f"Triton {triton.__version__}, DIRECT_VERSIONS {launch_plan.DIRECT_VERSIONS}"
+    if os.environ.get(configs.DIRECT_ENV, "1") == "0":
+        pytest.skip(f"${configs.DIRECT_ENV}=0")
+    assert (triton.__version__ in configs.DIRECT_VERSIONS) == configs.DIRECT, (
+        f"Triton {triton.__version__}, DIRECT_VERSIONS {configs.DIRECT_VERSIONS}"
     )
 
 
@@ -109,7 +109,7 @@ def _assert_bitwise(got, want, what):
 
 @pytest.mark.parametrize("case", CASES)
 def test_direct_launch_gives_fn_runs_bits(case, monkeypatch):
-    if not launch_plan.DIRECT:
+    if not configs.DIRECT:
         pytest.skip("the direct launch is off here")
     qkv, kw = CASES[case]
     for _ in range(2):  # tune, then the first fn.run per alignment: the direct launch is ready
@@ -117,7 +117,7 @@ def test_direct_launch_gives_fn_runs_bits(case, monkeypatch):
     calls = _count_fn_run(monkeypatch)
     direct = _call(qkv, kw)
     assert calls == [], f"{case}: the direct launch still went through fn.run {len(calls)} times"
-    monkeypatch.setattr(launch_plan, "DIRECT", False)
+    monkeypatch.setattr(configs, "DIRECT", False)
     reference = _call(qkv, kw)
     assert calls, "DIRECT = False did not reach fn.run"
     torch.cuda.synchronize()
@@ -126,18 +126,18 @@ def test_direct_launch_gives_fn_runs_bits(case, monkeypatch):
 
 def test_alignment_changes_between_calls_of_one_shape(monkeypatch):
     """One plan, tensors aligned, then not, then aligned: each call gets its own compiled kernel."""
-    if not launch_plan.DIRECT:
+    if not configs.DIRECT:
         pytest.skip("the direct launch is off here")
     (q, k, v), kw = _dense(1, 2, 2, 48, 48, 64, causal=True)
     inputs = [(q, k, v), tuple(map(_unaligned, (q, k, v))), (q, _unaligned(k), v)] * 2
     got = [_call(x, kw) for x in inputs]
-    monkeypatch.setattr(launch_plan, "DIRECT", False)
+    monkeypatch.setattr(configs, "DIRECT", False)
     for i, x in enumerate(inputs):
         _assert_bitwise(got[i], _call(x, kw), f"call {i}")
 
 
 def test_varlen_direct_launch(monkeypatch):
-    if not launch_plan.DIRECT:
+    if not configs.DIRECT:
         pytest.skip("the direct launch is off here")
     cu = torch.tensor([0, 5, 37, 100], dtype=torch.int32, device="cuda")
     q, k, v = (_r(100, 4, 64, seed=s) for s in range(3))
@@ -149,7 +149,7 @@ def test_varlen_direct_launch(monkeypatch):
 
     for _ in range(3):
         got = call()
-    monkeypatch.setattr(launch_plan, "DIRECT", False)
+    monkeypatch.setattr(configs, "DIRECT", False)
     want = call()
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
@@ -157,7 +157,7 @@ def test_varlen_direct_launch(monkeypatch):
 
 def test_direct_launch_on_a_side_stream_and_in_a_cuda_graph():
     """The launcher gets the current stream on every call: a side stream, a graph capture."""
-    if not launch_plan.DIRECT:
+    if not configs.DIRECT:
         pytest.skip("the direct launch is off here")
     (q, k, v), kw = _dense(2, 4, 4, 256, 256, 64, causal=True)
     want = flash_attention(q, k, v, **kw)
