@@ -1,4 +1,4 @@
-"""Pins the Triton internals that ``course_kernels.triton.launch._launch`` relies on.
+"""Pins the Triton internals that ``course_kernels.triton.configs`` relies on.
 
 ``_launch`` skips ``Autotuner.run`` after a shape's first launch (it rebuilds its cache key from
 every argument on each call; notes/kernel.md measures the host overhead this saves). Triton has
@@ -10,9 +10,15 @@ no public API for "launch the JIT function with the config the autotuner already
   ``InterpretedFunction.run``, what ``kernel[grid](...)`` ends in);
 * no ``Config.pre_hook`` on any config (``Autotuner.run`` calls it; the shortcut does not).
 
-A Triton upgrade that renames or reshapes any of them must fail here, loudly, rather than make
-``_launch`` crash or launch with the wrong config. Checked in Triton 3.9 (this machine,
-interpreter, one config) and on the GPU machine's Triton 3.6 with autotuning on and off.
+On a GPU, ``KernelPlan.launch`` then skips ``JITFunction.run`` too (the direct launch): it keeps
+the compiled kernel ``fn.run`` returned per (device, tensor alignments, option knobs) and calls
+its launcher as ``fn.run`` does. That relies on how ``fn.run`` specialises (the second half of
+this file checks, with Triton's own binder, that a plan and its tensors' alignments decide the
+specialisation), on the launcher call it makes, and on ``CompiledKernel`` (``run`` a property,
+``launch_metadata`` None without a hook). A Triton upgrade that changes any of them must fail
+here, loudly, rather than make a launch crash or use the wrong config or compiled kernel; a
+version not in ``configs.DIRECT_VERSIONS`` never takes the direct launch. Checked in Triton
+3.9 (this machine, interpreter, one config) and 3.6 (the GPU machine's; autotuning on and off).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from triton.runtime.autotuner import Autotuner  # noqa: E402
 
 from course_kernels.triton import _env as _triton_env  # noqa: E402
 from course_kernels.triton import flash  # noqa: E402
-from course_kernels.triton import launch as flash_launch  # noqa: E402
+from course_kernels.triton import configs  # noqa: E402
 from course_kernels.triton.backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
 from course_kernels.triton.forward import _attn_fwd  # noqa: E402
 
@@ -69,7 +75,9 @@ def test_no_config_has_a_pre_hook_the_shortcut_would_skip(name):
 
 def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
     """The first (tuning) launch goes kernel[grid] -> Autotuner.run -> fn.run; the second is
-    _launch's shortcut. Both must reach fn.run with the same positional and keyword arguments."""
+    the plan's shortcut. Both must reach fn.run with the same positional and keyword arguments
+    (the grid aside: a callable, then the tuple it gives). On a GPU the direct launch would skip
+    fn.run from the third call on; tests/gpu/test_gpu_launch.py covers it."""
     calls = []
     real = _attn_fwd.fn.run
 
@@ -78,7 +86,7 @@ def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_attn_fwd.fn, "run", spy)
-    monkeypatch.setattr(flash_launch, "_TUNED", {})
+    monkeypatch.setattr(configs, "_TUNED", {})
     device = _triton_env.device_kind()
     q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
     # The tuning launch calls fn.run once per config it times (one config under the
@@ -92,7 +100,7 @@ def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
         f"fn.run was called {len(calls) - n_first} times for one cached launch. {FIX}"
     )
     assert isinstance(_attn_fwd.best_config, triton.Config), f"best_config not set. {FIX}"
-    (tuned,) = flash_launch._TUNED.values()
+    (tuned,) = configs._TUNED.values()
     assert tuned == _attn_fwd.best_config.all_kwargs()
     (a1, k1), (a2, k2) = calls[n_first - 1], calls[-1]  # the tuned launch, the cached one
 
@@ -109,3 +117,130 @@ def test_cached_launch_makes_the_same_fn_run_call_as_the_autotuner(monkeypatch):
     }, FIX
     for out in outs:
         torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+# ---- the direct launch: what it copies from JITFunction.run, and its key ------------------------
+
+
+def _squash(src: str) -> str:
+    return " ".join(src.split())
+
+
+def test_direct_launch_only_where_its_internals_are_pinned():
+    if _triton_env.INTERPRET or triton.__version__ not in configs.DIRECT_VERSIONS:
+        assert not configs.DIRECT, FIX
+
+
+def test_jit_run_launches_as_the_direct_launch_copies():
+    """The direct launch repeats the last step of JITFunction.run: the launcher call, with the
+    options JITFunction.run reads from the knobs as part of its key."""
+    import re
+
+    from triton.runtime.jit import JITFunction
+
+    src = _squash(inspect.getsource(JITFunction.run))
+    for line in (
+        "device = driver.active.get_current_device()",
+        "stream = driver.active.get_current_stream(device)",
+        "for hook in self.pre_run_hooks:",
+        "bound_args, specialization, options = binder(*args, **kwargs)",
+        'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug',
+        "launch_metadata = kernel.launch_metadata(grid, stream, *bound_args.values())",
+        "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, "
+        "launch_metadata, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "
+        "*bound_args.values())",
+    ):
+        assert line in src, f"JITFunction.run no longer has {line!r}. {FIX}"
+    assert src.endswith("return kernel"), FIX
+    read = set(re.findall(r'kwargs\["(\w+)"\] =', src))
+    assert read <= set(configs.OPTION_KWARGS), f"run reads knobs {sorted(read)}. {FIX}"
+
+
+def test_compiled_kernel_as_the_direct_launch_uses_it():
+    from triton.compiler.compiler import CompiledKernel
+
+    assert isinstance(inspect.getattr_static(CompiledKernel, "run"), property), FIX
+    src = _squash(inspect.getsource(CompiledKernel.launch_metadata))
+    assert "if knobs.runtime.launch_enter_hook is None: return None" in src, FIX
+    assert hasattr(triton.knobs.runtime, "launch_exit_hook"), FIX
+
+
+def _binder(kernel):
+    """(JITFunction, Triton's own binder for it): what JITFunction.run calls to bind and
+    specialise the arguments, built for an sm_90 target (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    fn = kernel.fn if isinstance(kernel.fn, JITFunction) else JITFunction(kernel.fn.fn)
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    return fn, create_function_from_signature(fn.signature, fn.params, backend)
+
+
+def _unaligned(x):
+    """x's values in a contiguous tensor whose data starts 2 elements past a 16-byte boundary."""
+    buf = torch.empty(x.numel() + 2, dtype=x.dtype, device=x.device)
+    y = buf[2:].view(x.shape)
+    y.copy_(x)
+    return y
+
+
+def _cases():
+    device = _triton_env.device_kind()
+
+    def r(*shape, dtype=torch.float16):
+        return torch.randn(*shape, device=device).to(dtype)
+
+    q, k, v = r(1, 2, 16, 16), r(1, 2, 16, 16), r(1, 2, 16, 16)
+    yield (q, k, v), {"causal": True}
+    yield (_unaligned(q), k, v), {"causal": True}  # same plan, other alignment bits
+    yield (q, _unaligned(k), _unaligned(v)), {"causal": True}
+    yield (q, k, v), {"causal": True, "scale": 1.0}  # another scale: another plan
+    yield (r(1, 1, 1, 16), r(1, 1, 5, 16), r(1, 1, 5, 16)), {}  # N = 1, heads = 1: ints == 1
+    yield (r(2, 4, 13, 16), r(2, 1, 13, 16), r(2, 1, 13, 16)), {"causal": True}  # GQA, N % 16
+    yield (r(1, 2, 13, 16, dtype=torch.float32),) * 3, {"window_size": (3, 0), "softcap": 5.0}
+    slopes = torch.rand(2, device=device)
+    yield (r(1, 2, 7, 24), r(1, 2, 9, 24), r(1, 2, 9, 24)), {"alibi_slopes": slopes}
+    t = r(1, 1, 2, 16).transpose(1, 2)  # contiguous, with a size-1 dim's odd stride
+    yield (t, t, t), {}
+
+
+def test_a_plan_and_its_alignment_bits_decide_tritons_specialisation(monkeypatch):
+    """The direct launch keys compiled kernels on (plan, alignment bits of its tensors). For
+    every launch of calls (odd shapes, unaligned views, GQA, N = 1, variants), Triton's own
+    binder must give one specialisation per key, with each pointer's "divisible by 16" mark equal
+    to the bit; and the constexprs the launcher gets must be the binder's."""
+    seen, launches = {}, []  # the launches are recorded, not run: only their arguments count
+    monkeypatch.setattr(configs.KernelPlan, "launch", lambda p, t: launches.append((p, t)))
+    for (q, k, v), kw in _cases():
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        flash.flash_attention(q, k, v, **kw).sum().backward()
+    binders = {}
+    bits_per_plan: dict = {}
+    for plan, tensors in launches:
+        tuned = plan.kernel.configs[0].all_kwargs()  # any config: Triton specialises the same
+        if id(plan.kernel) not in binders:
+            binders[id(plan.kernel)] = _binder(plan.kernel)
+        fn, binder = binders[id(plan.kernel)]
+        kwargs = {**plan.constexprs, **tuned}
+        bound, spec, _ = binder(*tensors, *plan.scalars, **kwargs)
+        bits = configs.alignment_bits(tensors)
+        n = len(tensors)
+        marks = [s[1] == "D" for s in spec[:n]]
+        assert [s[0][0] for s in spec[:n]] == ["*"] * n, f"tensors are not a prefix. {FIX}"
+        assert sum(m << (n - 1 - i) for i, m in enumerate(marks)) == bits, FIX
+        key = (id(plan), bits)
+        assert seen.setdefault(key, spec) == spec, f"one key, two specialisations. {FIX}"
+        tail = configs.constexpr_tail(fn, n + len(plan.scalars), kwargs)
+        assert tuple(bound.values())[n + len(plan.scalars) :] == tail, FIX
+        bits_per_plan.setdefault(id(plan), set()).add(bits)
+    assert any(len(b) > 1 for b in bits_per_plan.values()), "no plan saw two alignments"
+
+
+def test_plan_key_tells_apart_what_the_kernels_see_apart():
+    """-0.0 == 0.0 and 1 == 1.0 in a dict, not in a kernel (signed zeros; the int 1 is specialised)."""
+    from course_kernels.triton.launch import _plan_key
+    from course_kernels.triton.masks import CAUSAL
+
+    assert _plan_key(CAUSAL, 0.0, None, None) != _plan_key(CAUSAL, -0.0, None, None)
+    assert _plan_key(CAUSAL, 1, None, None) != _plan_key(CAUSAL, 1.0, None, None)

@@ -9,8 +9,8 @@ Chapter: "Flash Attention in Triton" (forward, backward). Private to the package
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import math
 import os
 
 from . import _env as _triton_env  # first: decides GPU vs interpreter before any kernel is defined
@@ -21,7 +21,9 @@ require_triton()
 import torch  # noqa: E402
 
 from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
-from .backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
+from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _one_key_closed_form  # noqa: E402
+from .backward import _backward_one_key as _backward_one_key  # noqa: E402
+from .configs import _TUNED as _TUNED, KernelPlan, _launch as _launch  # noqa: E402
 from .forward import _attn_fwd  # noqa: E402
 from .masks import CAUSAL, PLAIN, Variant, as_variant  # noqa: E402,F401  (re-exported)
 
@@ -41,42 +43,6 @@ def head_dim_padded(d: int) -> int:
 def _dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs use IEEE fp32 products (not TF32) so results match an fp32 reference."""
     return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _quiet():
-    """NumPy floating-point warnings off while the interpreter runs a kernel.
-
-    Under ``TRITON_INTERPRET`` each ``tl`` operation is a NumPy call, so NaN or inf inputs
-    (which the GPU propagates silently, as SDPA does) would leak ``RuntimeWarning``s such as
-    "invalid value encountered in subtract" into the caller's code.
-    """
-    if INTERPRET:
-        import numpy as np
-
-        return np.errstate(all="ignore")
-    return contextlib.nullcontext()
-
-
-# Triton's Autotuner.run rebuilds its cache key from every argument on each call. After a
-# shape's first (tuning) launch, remember the config it chose and launch the JIT function
-# directly, exactly as Autotuner.run would. At N = 1K the whole Python launch path is still
-# comparable to the kernel's ~0.1 ms (notes/kernel.md).
-# Triton has no public API for this; the internals used here (Autotuner.best_config,
-# Config.all_kwargs, fn.run(grid=, warmup=)) are pinned by tests/test_flash_launch_internals.py.
-_TUNED: dict = {}
-
-
-def _launch(kernel, grid, args, key, **constexprs):
-    tuned = _TUNED.get((id(kernel), *key))  # the chosen config's kwargs (block sizes, warps...)
-    if tuned is None:
-        with _quiet():
-            kernel[grid](*args, **constexprs)
-        _TUNED[(id(kernel), *key)] = kernel.best_config.all_kwargs()
-    elif INTERPRET:
-        with _quiet():
-            kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **tuned)
-    else:
-        kernel.fn.run(*args, grid=grid, warmup=False, **constexprs, **tuned)
 
 
 # Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: a Hopper
@@ -170,51 +136,78 @@ def _forward_c(q, k, v, variant: Variant, scale: float, alibi=None, varlen=None)
         o, lse_c = _forward_c(q.float(), k.float(), v.float(), variant, scale, alibi, varlen)
         return o.to(torch.bfloat16), lse_c
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    dev = q.device
+    key = ("fwd", q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype)
+    key = (*key, dev, *_plan_key(variant, scale, alibi, varlen))
+    plan = _PLANS.get(key)
     o = torch.empty_like(q)
+    if plan is None:
+        plan = _remember(key, _fwd_plan(q, k, v, o, variant, scale, alibi, varlen))
+    lse_shape, c, kernel_plan = plan
+    lse_c = torch.empty(lse_shape, device=dev, dtype=torch.float32)
+    cu = (lse_c, lse_c) if varlen is None else varlen[:2]
+    alibi_r = lse_c if alibi is None else _alibi_r(alibi, c)
+    kernel_plan.launch((q, k, v, lse_c, o, *cu, alibi_r))
+    return o, lse_c
+
+
+# A call's launch plans (configs.KernelPlan: strides, sizes, the variant's numbers, grid),
+# per (kernel, shapes, strides, dtypes, device, variant, scale, ALiBi/varlen layout): computed
+# by a shape's first call, reused by the next ones (~10 us of Python per call, notes/kernel.md).
+_PLANS: dict = {}
+_MAX_PLANS = 1024  # then start over: a long run over ever new shapes must not grow without end
+
+
+def _plan_key(variant: Variant, scale, alibi, varlen) -> tuple:
+    """The rest of a plan's key. ``scale``'s type and sign too: -0.0 == 0.0 and 1 == 1.0, but the
+    kernels see them differently (signed zeros; Triton specialises the int 1)."""
+    aux = None if alibi is None else alibi.shape
+    if varlen is not None:
+        cu_q, cu_k, max_q, max_k = varlen
+        aux = (aux, cu_q.shape, cu_k.shape, cu_q.dtype, cu_k.dtype, max_q, max_k)
+    return (variant, scale, type(scale), math.copysign(1.0, scale), aux)
+
+
+def _remember(key, plan):
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _fwd_plan(q, k, v, o, variant: Variant, scale: float, alibi, varlen):
+    """(lse shape, c, the forward's KernelPlan) for contiguous q, k, v and o = empty_like(q)."""
     lay = _layout(q, k, varlen)
-    lse_c = torch.empty(lay.lse_shape, device=q.device, dtype=torch.float32)
     qk_mul, c, c2 = variant.units(scale)
-    win_lo, win_hi = variant.window_offsets()
-    alibi_r, stride_az = _alibi_args(alibi, c, lse_c)
     n_q, n_k = lay.n_q, lay.n_k
-
-    def grid(meta):
-        return (_cdiv(n_q, meta["BLOCK_M"]), lay.batch * lay.hq)
-
-    args = (
-        q,
-        k,
-        v,
-        lse_c,
-        o,
-        *lay.cu(lse_c),
-        alibi_r,
+    scalars = (
         *lay.strides(q),
         *lay.strides(k),
         *lay.strides(v),
         *lay.strides(o),
         *lay.lse_strides,
-        stride_az,
+        _alibi_stride(alibi),
         qk_mul,
         c2,
-        win_lo,
-        win_hi,
+        *variant.window_offsets(),
         lay.hq,
         lay.hq // lay.kv_heads,
         n_q,
         n_k,
     )
-    _launch(
-        _attn_fwd,
-        grid,
-        args,
-        (q.device, q.dtype, n_q, n_k, lay.d, variant, alibi is not None, varlen is not None),
+    constexprs = dict(
         HEAD_DIM=lay.d,
         HEAD_DIM_PADDED=head_dim_padded(lay.d),
         **_variant_constexprs(variant, alibi, varlen),
         DOT_PRECISION=_dot_precision(q.dtype),
     )
-    return o, lse_c
+    tune_key = (q.device, q.dtype, n_q, n_k, lay.d, variant, alibi is not None, varlen is not None)
+
+    def grid(meta):
+        return (_cdiv(n_q, meta["BLOCK_M"]), lay.batch * lay.hq)
+
+    plan = KernelPlan(_attn_fwd, (id(_attn_fwd), *tune_key), scalars, constexprs, grid)
+    return lay.lse_shape, c, plan
 
 
 def _variant_constexprs(variant: Variant, alibi, varlen) -> dict:
@@ -227,12 +220,21 @@ def _variant_constexprs(variant: Variant, alibi, varlen) -> dict:
     }
 
 
+def _alibi_r(alibi, c: float):
+    """slope / c as a contiguous float32 (B or 1, Hq) tensor: the kernels' ALIBI_R."""
+    return (alibi.to(torch.float32) / c).contiguous()
+
+
+def _alibi_stride(alibi) -> int:
+    """ALIBI_R's batch stride: Hq for one slope row per batch entry, 0 for one row for all."""
+    return 0 if alibi is None or alibi.shape[0] == 1 else alibi.shape[1]
+
+
 def _alibi_args(alibi, c: float, dummy):
     """(slope / c as a contiguous float32 tensor, its batch stride) or (dummy, 0)."""
     if alibi is None:
         return dummy, 0
-    alibi_r = (alibi.to(torch.float32) / c).contiguous()  # (B or 1, Hq)
-    return alibi_r, (alibi_r.stride(0) if alibi_r.shape[0] > 1 else 0)
+    return _alibi_r(alibi, c), _alibi_stride(alibi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,39 +273,6 @@ def _layout(q, k, varlen) -> _Layout:
     )
 
 
-def _backward_one_key(do, q, k, v, o, lse_c, scale, variant: Variant = PLAIN):
-    """The backward when there is one key (Nk = 1) and every row sees it, in closed form
-    (PyTorch ops, O(N d)); ``lse_c`` is the kernels' statistic (units of c, masks.py).
-
-    P = exp2((r - L) * c log2 e), dP = dO . v, D = rowsum(dO * O), dS = P (dP - D), dQ = dS k
-    scale, dK = sum dS q scale, dV = sum P dO. When o and L are this call's own forward's, O = V
-    exactly, so D and dP are the same sum of the same numbers and dS is exactly 0: dQ = dK = 0
-    as in exact arithmetic. The kernels compute dP with a tensor-core dot and D with an
-    elementwise sum, in different orders, which left ~1e-5 of rounding noise in dQ and dK there
-    (notes/kernel.md). With another o and L (ring attention passes the global ones per block)
-    this is the general formula. NaN or inf in the inputs still propagate to the gradients.
-    """
-    B, Hq, Nq, d = q.shape
-    kv_heads = k.shape[1]
-    G = Hq // kv_heads
-    f = torch.float32
-    qk_mul, _, c2 = variant.units(scale)
-    qf = q.to(f).reshape(B, kv_heads, G, Nq, d)
-    kf = k.to(f).reshape(B, kv_heads, 1, 1, d)
-    vf = v.to(f).reshape(B, kv_heads, 1, 1, d)
-    dof = do.to(f).reshape(B, kv_heads, G, Nq, d)
-    of = o.to(f).reshape(B, kv_heads, G, Nq, d)
-    r = (qf * kf).sum(-1, keepdim=True) * qk_mul  # (B, kv_heads, G, Nq, 1), units of c
-    p = torch.exp2((r - lse_c.reshape(B, kv_heads, G, Nq, 1)) * c2)
-    dp = (dof * vf).sum(-1, keepdim=True)
-    delta = (dof * of).sum(-1, keepdim=True)  # bitwise dp when o = v: same shapes, same order
-    ds = p * (dp - delta)
-    dq = (ds * kf * scale).reshape(B, Hq, Nq, d)
-    dk = (ds * qf).sum((2, 3)).reshape(B, kv_heads, 1, d) * scale
-    dv = (p * dof).sum((2, 3)).reshape(B, kv_heads, 1, d)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-
-
 def _backward(do, q, k, v, o, lse2, causal, scale: float, alibi=None):
     """Run the two backward kernels; returns dq, dk, dv shaped and typed like q, k, v.
 
@@ -313,12 +282,6 @@ def _backward(do, q, k, v, o, lse2, causal, scale: float, alibi=None):
     variant = as_variant(causal)
     lse_c = lse_from_base2(lse2, variant, scale)
     return _backward_c(do, q, k, v, o, lse_c, variant, scale, alibi)
-
-
-def _one_key_closed_form(k, variant: Variant, alibi, varlen) -> bool:
-    """Nk = 1 and every row sees key 0 with the plain score: the closed form applies."""
-    plain = variant.softcap == 0 and alibi is None and variant.window == (-1, -1)
-    return varlen is None and k.shape[2] == 1 and plain and not variant.bottom_right
 
 
 def bwd_variant_args(q, k, lse_c, variant: Variant, scale: float, alibi=None, varlen=None):
@@ -358,31 +321,46 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
         return tuple(g.to(torch.bfloat16) for g in grads)
     q, k, v, o, do, lse_c = (x.contiguous() for x in (q, k, v, o, do, lse_c))
-    lay = _layout(q, k, varlen)
+    key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), q.dtype, k.dtype, v.dtype, o.dtype)
+    key = (*key, do.dtype, lse_c.dtype, q.device, *_plan_key(variant, scale, alibi, varlen))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(key, _bwd_plans(q, k, lse_c, variant, scale, alibi, varlen))
+    c, dq_plan, dkdv_plan = plan
     delta = torch.empty_like(lse_c)  # float32, written by the dQ kernel
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    cu = (lse_c, lse_c) if varlen is None else varlen[:2]
+    alibi_r = lse_c if alibi is None else _alibi_r(alibi, c)
+    # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
+    # preprocessing pass folded in: one launch fewer).
+    dq_plan.launch((q, k, v, do, o, lse_c, delta, dq, *cu, alibi_r))
+    # dq: read only with ATOMIC_DQ (not used here: dQ has its own kernel)
+    dkdv_plan.launch((q, k, v, do, lse_c, delta, dk, dv, dq, *cu, alibi_r))
+    return dq, dk, dv
+
+
+def _bwd_plans(q, k, lse_c, variant: Variant, scale: float, alibi, varlen):
+    """(c, the dQ kernel's KernelPlan, the dK/dV kernel's) for contiguous inputs."""
+    lay = _layout(q, k, varlen)
     group = lay.hq // lay.kv_heads
     key = (q.device, q.dtype, lay.n_q, lay.n_k, lay.d, variant, group, alibi is not None)
     key = (*key, varlen is not None)
     common, constexprs = bwd_variant_args(q, k, lse_c, variant, scale, alibi, varlen)
-    # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
-    # preprocessing pass folded in: one launch fewer).
-    _launch(
+    scalars = common[3:]  # after the cu_seqlens and ALiBi tensors
+    dq = KernelPlan(
         _attn_bwd_dq,
+        (id(_attn_bwd_dq), *key),
+        (*scalars, lay.hq, group, lay.n_q, lay.n_k),
+        constexprs,
         lambda meta: (_cdiv(lay.n_q, meta["BLOCK_M2"]), lay.batch * lay.hq),
-        (q, k, v, do, o, lse_c, delta, dq, *common, lay.hq, group, lay.n_q, lay.n_k),
-        key,
-        **constexprs,
     )
-    _launch(
+    dkdv = KernelPlan(
         _attn_bwd_dkdv,
+        (id(_attn_bwd_dkdv), *key),
+        (*scalars, lay.kv_heads, group, lay.n_q, lay.n_k),
+        {**constexprs, "ATOMIC_DQ": False},
         lambda meta: (_cdiv(lay.n_k, meta["BLOCK_N1"]), lay.batch * lay.kv_heads),
-        # dq: read only with ATOMIC_DQ (not used here: dQ has its own kernel)
-        (q, k, v, do, lse_c, delta, dk, dv, dq, *common, lay.kv_heads, group, lay.n_q, lay.n_k),
-        key,
-        **constexprs,
-        ATOMIC_DQ=False,
     )
-    return dq, dk, dv
+    return variant.units(scale)[1], dq, dkdv

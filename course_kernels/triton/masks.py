@@ -229,6 +229,9 @@ def check_variant(
     causal, causal_alignment, window_size, softcap, attn_mask, n_q: int, n_k: int
 ) -> Variant:
     """Validate the variant arguments of ``flash_attention``; return the :class:`Variant`."""
+    usual = window_size is None and softcap is None and attn_mask is None
+    if usual and causal_alignment == "top_left" and isinstance(causal, bool):
+        return CAUSAL if causal else PLAIN  # the usual call: a shared constant, nothing to build
     alignment = check_alignment(causal_alignment)
     if attn_mask is not None:
         if causal:

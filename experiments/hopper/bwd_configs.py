@@ -102,7 +102,7 @@ def main(argv=None):
             out = flash_attention(q, k, v, causal=True)
         return lambda: out.backward(do, retain_graph=True)
 
-    # lever 14 (notes/kernel.md): the varlen forward call, now without a sync per call
+    # lever 15 (notes/kernel.md): the varlen forward call, now without a sync per call
     from varlen_diag import bench
 
     for d in (128, 64):
