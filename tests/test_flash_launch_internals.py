@@ -24,6 +24,7 @@ version not in ``configs.DIRECT_VERSIONS`` never takes the direct launch. Checke
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 
@@ -128,7 +129,13 @@ def _squash(src: str) -> str:
 
 def test_direct_launch_only_where_its_internals_are_pinned():
     if _triton_env.INTERPRET or triton.__version__ not in configs.DIRECT_VERSIONS:
-        assert not configs.DIRECT, FIX
+        assert not configs.DIRECT_SUPPORTED and not configs.DIRECT, FIX
+
+
+def test_direct_launch_is_off_unless_asked_for():
+    """Off by default until its GPU test passes (notes/kernel.md item 14)."""
+    asked = os.environ.get(configs.DIRECT_ENV) == "1"
+    assert (configs.DIRECT_SUPPORTED and asked) == configs.DIRECT
 
 
 def test_jit_run_launches_as_the_direct_launch_copies():

@@ -70,6 +70,8 @@ DEFAULT_CONFIG = {
     # exact configs passed 64/64 float64 checks in run2_full.json.  OVERLAP=False (the serial
     # consumer) is NOT verified: it failed the check at N=17 and an illegal memory access
     # followed on the H200 (open bug, notes/gluon.md), so it stays off in every default.
+    # DYNAMIC (FA3's dynamic persistent scheduler) since session 7: 40/40 float64 checks and
+    # faster than one CTA per tile in 15 of 16 rows of h200_session7_levers.json (notes/gluon.md).
     64: dict(
         BN=128,
         NUM_CONSUMERS=3,
@@ -78,7 +80,7 @@ DEFAULT_CONFIG = {
         OVERLAP=True,
         persistent=False,
         LPT=False,
-        DYNAMIC=False,
+        DYNAMIC=True,
     ),
     128: dict(
         BN=128,
@@ -88,15 +90,17 @@ DEFAULT_CONFIG = {
         OVERLAP=True,
         persistent=False,
         LPT=False,
-        DYNAMIC=False,
+        DYNAMIC=True,
     ),
 }
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
 _NUM_SMS = {}
-# device -> int32[2]: the dynamic scheduler's tile counter and its count of retired CTAs. Zeroed
-# once; the kernel's last CTA sets both back to 0 (course_kernels/gluon/scheduler.py).
+# (device, stream) -> int32[2]: the dynamic scheduler's tile counter and its count of retired
+# CTAs. Zeroed once; the kernel's last CTA sets both back to 0 (course_kernels/gluon/
+# scheduler.py), so launches in one stream, which run one after another, share it safely; two
+# streams may run launches at once, so each stream has its own.
 _SCHED: dict = {}
 # (rows, d, gl dtype) -> NVMMASharedLayout: two fresh layout objects per call cost 17 us of host
 # time on the H200 (experiments/gluon/host_cost.py, notes/gluon.md).
@@ -176,8 +180,9 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     if dev not in _NUM_SMS:
         _NUM_SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
     dynamic = bool(cfg.get("DYNAMIC", False))
-    if dev not in _SCHED:
-        _SCHED[dev] = torch.zeros(2, device=q.device, dtype=torch.int32)
+    sched_key = (dev, torch.cuda.current_stream(dev).cuda_stream)
+    if sched_key not in _SCHED:
+        _SCHED[sched_key] = torch.zeros(2, device=q.device, dtype=torch.int32)
     persistent = cfg["persistent"] or dynamic
     grid = (min(num_tiles, _NUM_SMS[dev]) if persistent else num_tiles,)
     _attn_fwd_kernel[grid](
@@ -187,7 +192,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         desc_o,
         o,
         lse,
-        _SCHED[dev],
+        _SCHED[sched_key],
         N,
         H,
         H // H_kv,

@@ -233,12 +233,12 @@ def accumulator_registers(block_q: int, head_dim: int, num_warps: int) -> int:
 # (tests/test_flash_launch_internals.py pins them; a GPU test compares results bit for bit).
 DIRECT_VERSIONS = ("3.6.0", "3.9.0")
 DIRECT_ENV = "COURSE_KERNELS_DIRECT_LAUNCH"
-# Module switch (experiments/hopper/host_path.py times both paths in one process).
-DIRECT: bool = (
-    not INTERPRET
-    and triton.__version__ in DIRECT_VERSIONS
-    and os.environ.get(DIRECT_ENV, "1") != "0"
-)
+# DIRECT_SUPPORTED: where the direct launch may run. DIRECT: the module switch, OFF unless
+# $COURSE_KERNELS_DIRECT_LAUNCH=1: on the H200 its GPU test (tests/gpu/test_gpu_launch.py) failed
+# in session 7 and the cause is not known yet (notes/kernel.md item 14), so every launch goes
+# through JITFunction.run by default. experiments/hopper/host_path.py times both in one process.
+DIRECT_SUPPORTED: bool = not INTERPRET and triton.__version__ in DIRECT_VERSIONS
+DIRECT: bool = DIRECT_SUPPORTED and os.environ.get(DIRECT_ENV, "0") == "1"
 
 # Per shape: the chosen config's kwargs (block sizes, warps, stages), filled by the first launch.
 _TUNED: dict = {}

@@ -158,12 +158,31 @@ def test_dynamic_scheduler_resets_its_counter_and_repeats_exactly():
     q, k, v = _inputs(2, 4, 2, 1000, 128, torch.float16, 11)
     o1, lse1 = G.gluon_attention_forward(q, k, v, causal=True, DYNAMIC=True)
     torch.cuda.synchronize()
-    assert G._SCHED[torch.cuda.current_device()].tolist() == [0, 0]
+    dev = torch.cuda.current_device()
+    assert G._SCHED[(dev, torch.cuda.current_stream().cuda_stream)].tolist() == [0, 0]
     _poison(8 * q.numel() * q.element_size())
     o2, lse2 = G.gluon_attention_forward(q, k, v, causal=True, DYNAMIC=True)
     assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
-    o3, _ = G.gluon_attention_forward(q, k, v, causal=True)
+    o3, _ = G.gluon_attention_forward(q, k, v, causal=True, DYNAMIC=False)
     assert torch.equal(o1, o3)  # same arithmetic per tile as the one-CTA-per-tile grid
+
+
+def test_dynamic_scheduler_on_two_streams_at_once():
+    # each stream has its own counter: launches in flight on two streams at the same time must
+    # not draw tiles from one counter (a shared one would skip tiles in both)
+    q, k, v = _inputs(4, 8, 8, 4096, 128, torch.float16, 12)
+    want, _ = G.gluon_attention_forward(q, k, v, causal=True, DYNAMIC=False)
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = []
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(3):
+        for s in streams:
+            with torch.cuda.stream(s):
+                outs.append(G.gluon_attention_forward(q, k, v, causal=True)[0])
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, want) for o in outs)
 
 
 def test_lse_is_natural_log_not_base2():

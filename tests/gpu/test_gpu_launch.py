@@ -19,7 +19,6 @@ triton = pytest.importorskip("triton")
 if not torch.cuda.is_available():  # collected on CPU machines, never run there
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-import os  # noqa: E402
 
 from course_kernels.triton import configs  # noqa: E402
 from course_kernels.triton.backward import _attn_bwd_dkdv, _attn_bwd_dq  # noqa: E402
@@ -30,12 +29,16 @@ from course_kernels.triton.varlen import flash_attention_varlen  # noqa: E402
 KERNELS = (_attn_fwd, _attn_bwd_dq, _attn_bwd_dkdv)
 
 
-def test_direct_launch_is_on_with_the_pinned_triton():
-    if os.environ.get(configs.DIRECT_ENV, "1") == "0":
-        pytest.skip(f"${configs.DIRECT_ENV}=0")
-    assert (triton.__version__ in configs.DIRECT_VERSIONS) == configs.DIRECT, (
-        f"Triton {triton.__version__}, DIRECT_VERSIONS {configs.DIRECT_VERSIONS}"
-    )
+@pytest.fixture(autouse=True)
+def _direct_on(monkeypatch):
+    """The direct launch is off by default (configs.DIRECT); these tests switch it on."""
+    if not configs.DIRECT_SUPPORTED:
+        pytest.skip(f"no direct launch with Triton {triton.__version__}")
+    monkeypatch.setattr(configs, "DIRECT", True)
+
+
+def test_direct_launch_is_supported_with_the_pinned_triton():
+    assert triton.__version__ in configs.DIRECT_VERSIONS, configs.DIRECT_VERSIONS
 
 
 def _unaligned(x):
