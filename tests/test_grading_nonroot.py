@@ -316,12 +316,11 @@ print(json.dumps({"base": base, "why": why, "me": os.getpid(), "child": pid, "in
 """
 
 
-def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
-    """What the delegated path relies on, on this kernel's cgroup v2 as the unprivileged user:
-    it moves itself out of its delegated cgroup into the leaf, enables a controller there, puts
-    a process into a run's cgroup, kills and removes it. Uses a controller cgroup v2 has here
-    (hugetlb on a hybrid layout, where memory and pids live in v1)."""
-    home, uid, gid, run = user_env
+@contextlib.contextmanager
+def _v2_delegated(uid, gid):
+    """A cgroup v2 directory delegated to ``uid`` with up to two controllers cgroup v2 has here
+    (hugetlb on a hybrid layout, where memory and pids live in v1): yields (dir, controllers);
+    removed afterwards, with every process in it."""
     v2 = cgroups._mountpoints().get("cgroup2")
     if not v2:
         pytest.skip("no cgroup v2 mounted")
@@ -336,6 +335,22 @@ def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
     try:
         for f in ("", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"):
             os.chown(os.path.join(d, f), uid, gid)
+        yield d, need
+    finally:
+        Delegation.remove(type("D", (), {"dirs": [d]})())
+        for c in need:
+            if c not in enabled_before:
+                with contextlib.suppress(OSError):
+                    cgroups._put(f"{v2}/cgroup.subtree_control", "-" + c)
+
+
+def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
+    """What the delegated path relies on, on this kernel's cgroup v2 as the unprivileged user:
+    it moves itself out of its delegated cgroup into the leaf, enables a controller there, puts
+    a process into a run's cgroup, kills and removes it. Uses a controller cgroup v2 has here
+    (hugetlb on a hybrid layout, where memory and pids live in v1)."""
+    home, uid, gid, run = user_env
+    with _v2_delegated(uid, gid) as (d, need):
         env_need = " ".join(need)
         r = run(
             ["env", f"NEED={env_need}", f"{home}/venv/bin/python", "-c", MECHANICS],
@@ -349,12 +364,54 @@ def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
         assert not got["left"]
         assert set(need) <= set(cgroups._read(f"{d}/cgroup.subtree_control").split())
         assert cgroups._read(f"{d}/cgroup.procs").split() == []  # no internal process
-    finally:
-        Delegation.remove(type("D", (), {"dirs": [d]})())
-        for c in need:
-            if c not in enabled_before:
-                with contextlib.suppress(OSError):
-                    cgroups._put(f"{v2}/cgroup.subtree_control", "-" + c)
+
+
+OWN = """
+import json, os
+from course_kernels.grading.sandbox import cgroups
+cgroups.NEED = tuple(os.environ["NEED"].split())
+base, why = cgroups.delegated_base()
+if base:
+    cgroups._prepare(base)
+print(json.dumps({"base": base, "why": why}))
+"""
+
+
+def test_a_shared_own_cgroup_is_left_alone_unless_asked_for(user_env):
+    """The desktop case, on this kernel as the user: the grader's own cgroup v2 is writable but
+    also holds a process the grader did not start (a terminal's shell; here a ``sleep`` of the
+    user). Without ``--cgroup``/``COURSE_GRADING_CGROUP`` the grader does not use it: it says
+    why (naming the process and ``--cgroup self``) and moves nothing, enables nothing. With
+    ``COURSE_GRADING_CGROUP=self`` it uses it: the shell is moved into the leaf."""
+    home, uid, gid, run = user_env
+    with _v2_delegated(uid, gid) as (d, need):
+
+        def as_user_in_d():
+            cgroups._put(f"{d}/cgroup.procs", os.getpid())
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+
+        shell = subprocess.Popen(["sleep", "300"], preexec_fn=as_user_in_d)
+        try:
+            cmd = ["env", f"NEED={' '.join(need)}", f"{home}/venv/bin/python", "-c", OWN]
+            r = run(cmd, procs=[f"{d}/cgroup.procs"])
+            assert r.returncode == 0, r.stderr[-3000:]
+            got = json.loads(r.stdout)
+            assert got["base"] is None, got
+            assert f"{shell.pid} (sleep)" in got["why"] and "--cgroup self" in got["why"], got
+            assert str(shell.pid) in cgroups._read(f"{d}/cgroup.procs").split()
+            assert not os.path.exists(f"{d}/{cgroups.LEAF}")
+            assert not set(need) & set(cgroups._read(f"{d}/cgroup.subtree_control").split())
+            r = run(["env", f"{cgroups.ENV}=self", *cmd[1:]], procs=[f"{d}/cgroup.procs"])
+            assert r.returncode == 0, r.stderr[-3000:]
+            assert json.loads(r.stdout) == {"base": d, "why": ""}
+            leaf = f"{d}/{cgroups.LEAF}/cgroup.procs"
+            assert str(shell.pid) in cgroups._read(leaf).split()
+            assert cgroups._read(f"{d}/cgroup.procs").split() == []
+        finally:
+            shell.kill()
+            shell.wait()
 
 
 INSIDE = """
