@@ -53,3 +53,21 @@ from hypothesis import settings as _hyp_settings  # noqa: E402
 _hyp_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 if os.environ.get("CI"):
     _hyp_settings.load_profile("ci")
+
+
+@pytest.fixture(scope="session")
+def class_of_200(tmp_path_factory):
+    """The synthetic class of 200 (tests/generate_class.py), made once per pytest worker: root
+    grades it in test_grading_class.py, a non-root user in test_grading_nonroot.py (both in the
+    xdist group heavy_grading, so one worker runs both). Returns (folder, answers); tests copy it
+    rather than change it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import generate_class
+
+    folder = tmp_path_factory.mktemp("class-of-200") / "class"
+    answers = generate_class.generate(folder, 200)
+    assert len(answers) == 200 and set(answers.values()) == {"solved", "untouched", "wrong", "loop"}
+    return folder, answers
