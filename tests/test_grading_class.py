@@ -1,13 +1,16 @@
 """A class of 200 mixed submissions graded by the command line on 2 workers: no false pass, no
-false fail, and nothing left behind (temp dirs, processes, cgroups).
+false fail, and nothing left behind (temp dirs, processes, cgroups). Root grades the even
+students here (100: every notebook, every kind of submission); a non-root user in a delegated
+cgroup grades all 200 (tests/test_grading_nonroot.py). ``COURSE_TEST_FULL_CLASS=1``: root grades
+all 200 too (two more minutes; tests/generate_class.py's ``share``).
 
-The class (tests/generate_class.py): every notebook, solved (full marks), untouched (zero), a
-classic mistake or an infinite loop (less than full marks). Loops are capped at 5 s per test
-(--call-seconds) so that they cost CI little; that is the only thing changed from a real run.
+The class (tests/generate_class.py, the session fixture ``class_of_200``): every notebook,
+solved (full marks), untouched (zero), a classic mistake or an infinite loop (less than full
+marks). Loops are capped at 5 s per test (--call-seconds) so that they cost CI little; that is
+the only thing changed from a real run.
 """
 
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -15,23 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from course_kernels.grading.sandbox.sandbox import isolation, leftovers
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generate_class import misgraded, share  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from course_kernels.grading.sandbox.sandbox import isolation, leftovers  # noqa: E402
+
 # one worker with the other machine-loading tests (./dev runs pytest with --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("heavy_grading")
 
 
 @pytest.mark.skipif(not isolation()["sandbox"], reason="needs the bubblewrap sandbox")
-def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
+def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path, class_of_200):
     cls = tmp_path / "class"
-    subprocess.run(
-        [sys.executable, str(ROOT / "tests/generate_class.py"), str(cls), "--n", "200"],
-        check=True,
-        timeout=300,
-    )
-    answers = json.loads((tmp_path / "class-answers.json").read_text())
-    assert len(answers) == 200 and set(answers.values()) == {"solved", "untouched", "wrong", "loop"}
+    answers = share(*class_of_200, cls, half=0)  # the even students (the user's test: all)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     tag = f"class{os.getpid()}"
@@ -61,18 +60,9 @@ def test_a_class_of_200_is_graded_right_and_leaves_nothing(tmp_path):
     with open(out / "gradebook.csv") as f:
         rows = {row["submission"]: row for row in csv.DictReader(f)}
     assert set(rows) == set(answers)
-    wrong = []
-    for sid, kind in answers.items():
-        score, top = float(rows[sid]["score"]), float(rows[sid]["max_score"])
-        ok = {
-            "solved": score == top > 0,
-            "untouched": score == 0,
-            "wrong": score < top,
-            "loop": score < top,
-        }[kind]
-        if not ok:
-            wrong.append((sid, kind, score, top))
+    wrong = misgraded(rows, answers)
     assert not wrong, wrong
+    assert all((out / "feedback" / f"{sid}.txt").stat().st_size > 0 for sid in answers)
     assert list(tmpdir.iterdir()) == [], "temporary folders of the grader were left behind"
     left = leftovers(tag)
     assert left == {"processes": [], "cgroups": []}, left

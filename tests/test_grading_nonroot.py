@@ -7,11 +7,14 @@ to the user; cgroup v2 where it has the memory and pids controllers, else the v1
 pids hierarchies). The storm and the hog must not cost the honest student a point, every
 sandbox must get its own cgroup there, and the tiling check must be measured. Then the same
 user without a delegated cgroup: a class is refused with the message saying what to set up,
-and with ``--shared-limits`` it is graded, the tiling test failing closed.
+and with ``--shared-limits`` it is graded, the tiling test failing closed. The same user also
+grades the class of 200 (whose even half root grades, tests/test_grading_class.py) and the
+project's hostile set, and meets a cgroup of its own shared with another process (left alone
+unless asked for with ``self``).
 
 Needs root (to make the user and emulate the delegation), bubblewrap, ``useradd`` and a system
-``/usr/bin/python3`` of this interpreter's version (its NumPy is copied, offline); skipped with
-the reason otherwise. Everything made (user, cgroups, folders) is removed, also on failure."""
+``/usr/bin/python3`` of this interpreter's version (its NumPy is copied and its torch and Triton
+hard-linked, offline); skipped with the reason otherwise. Everything made (user, cgroups, folders) is removed, also on failure."""
 
 from __future__ import annotations
 
@@ -34,8 +37,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import colab_env  # noqa: E402
 import hostile_set  # noqa: E402
+from generate_class import misgraded, share  # noqa: E402
 
-from course_kernels.grading.exercises import NOTEBOOKS  # noqa: E402
 from course_kernels.grading.sandbox import cgroups, isolation  # noqa: E402
 from course_kernels.grading.sandbox.sandbox import leftovers  # noqa: E402
 
@@ -160,6 +163,31 @@ def _kill_processes_of(user):
         time.sleep(0.2)
 
 
+def _link_torch(site: Path) -> None:
+    """torch and Triton (and what they need beyond the copied packages) for the Triton
+    notebooks, as hard links to this interpreter's files (~1 s; a copy is 1.8 GB): root's files,
+    mode 0644, which the user can read and not change (``/tmp`` and the venv are one file
+    system here; otherwise they are copied)."""
+    have = {d.metadata["Name"] for d in colab_env.closure(["numpy", "tqdm", "nbformat"])}
+    for d in colab_env.closure(["torch", "triton"]):
+        if d.metadata["Name"] in have:
+            continue
+        base = Path(str(d.locate_file("")))
+        for top in {Path(str(f)).parts[0] for f in d.files or []} - {"__pycache__", ".."}:
+            src, dst = base / top, site / top
+            if src.is_dir():
+                shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+            elif src.exists() and not dst.exists():
+                _link_or_copy(src, dst)
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 @pytest.fixture(scope="module")
 def user_env(tmp_path_factory):
     why = _why_not()
@@ -198,6 +226,7 @@ def user_env(tmp_path_factory):
             (home / "subs" / sub / "01_stable_softmax.ipynb").write_text(json.dumps(nb))
         (home / "roster.csv").write_text("id\na_bomb\nb_hog\nc_honest\nd_wrong\n")
         subprocess.run(["chown", "-R", f"{uid}:{gid}", str(home)], check=True)
+        _link_torch(site)  # after the chown: the links are root's files
         os.chmod(home, 0o755)
         env = {"HOME": str(home), "PATH": f"{home}/venv/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         env["COURSE_GRADING_TAG"] = f"nonroot{os.getpid()}"
@@ -316,12 +345,11 @@ print(json.dumps({"base": base, "why": why, "me": os.getpid(), "child": pid, "in
 """
 
 
-def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
-    """What the delegated path relies on, on this kernel's cgroup v2 as the unprivileged user:
-    it moves itself out of its delegated cgroup into the leaf, enables a controller there, puts
-    a process into a run's cgroup, kills and removes it. Uses a controller cgroup v2 has here
-    (hugetlb on a hybrid layout, where memory and pids live in v1)."""
-    home, uid, gid, run = user_env
+@contextlib.contextmanager
+def _v2_delegated(uid, gid):
+    """A cgroup v2 directory delegated to ``uid`` with up to two controllers cgroup v2 has here
+    (hugetlb on a hybrid layout, where memory and pids live in v1): yields (dir, controllers);
+    removed afterwards, with every process in it."""
     v2 = cgroups._mountpoints().get("cgroup2")
     if not v2:
         pytest.skip("no cgroup v2 mounted")
@@ -336,6 +364,22 @@ def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
     try:
         for f in ("", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"):
             os.chown(os.path.join(d, f), uid, gid)
+        yield d, need
+    finally:
+        Delegation.remove(type("D", (), {"dirs": [d]})())
+        for c in need:
+            if c not in enabled_before:
+                with contextlib.suppress(OSError):
+                    cgroups._put(f"{v2}/cgroup.subtree_control", "-" + c)
+
+
+def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
+    """What the delegated path relies on, on this kernel's cgroup v2 as the unprivileged user:
+    it moves itself out of its delegated cgroup into the leaf, enables a controller there, puts
+    a process into a run's cgroup, kills and removes it. Uses a controller cgroup v2 has here
+    (hugetlb on a hybrid layout, where memory and pids live in v1)."""
+    home, uid, gid, run = user_env
+    with _v2_delegated(uid, gid) as (d, need):
         env_need = " ".join(need)
         r = run(
             ["env", f"NEED={env_need}", f"{home}/venv/bin/python", "-c", MECHANICS],
@@ -349,12 +393,54 @@ def test_cgroup_v2_delegation_mechanics_as_the_user(user_env):
         assert not got["left"]
         assert set(need) <= set(cgroups._read(f"{d}/cgroup.subtree_control").split())
         assert cgroups._read(f"{d}/cgroup.procs").split() == []  # no internal process
-    finally:
-        Delegation.remove(type("D", (), {"dirs": [d]})())
-        for c in need:
-            if c not in enabled_before:
-                with contextlib.suppress(OSError):
-                    cgroups._put(f"{v2}/cgroup.subtree_control", "-" + c)
+
+
+OWN = """
+import json, os
+from course_kernels.grading.sandbox import cgroups
+cgroups.NEED = tuple(os.environ["NEED"].split())
+base, why = cgroups.delegated_base()
+if base:
+    cgroups._prepare(base)
+print(json.dumps({"base": base, "why": why}))
+"""
+
+
+def test_a_shared_own_cgroup_is_left_alone_unless_asked_for(user_env):
+    """The desktop case, on this kernel as the user: the grader's own cgroup v2 is writable but
+    also holds a process the grader did not start (a terminal's shell; here a ``sleep`` of the
+    user). Without ``--cgroup``/``COURSE_GRADING_CGROUP`` the grader does not use it: it says
+    why (naming the process and ``--cgroup self``) and moves nothing, enables nothing. With
+    ``COURSE_GRADING_CGROUP=self`` it uses it: the shell is moved into the leaf."""
+    home, uid, gid, run = user_env
+    with _v2_delegated(uid, gid) as (d, need):
+
+        def as_user_in_d():
+            cgroups._put(f"{d}/cgroup.procs", os.getpid())
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+
+        shell = subprocess.Popen(["sleep", "300"], preexec_fn=as_user_in_d)
+        try:
+            cmd = ["env", f"NEED={' '.join(need)}", f"{home}/venv/bin/python", "-c", OWN]
+            r = run(cmd, procs=[f"{d}/cgroup.procs"])
+            assert r.returncode == 0, r.stderr[-3000:]
+            got = json.loads(r.stdout)
+            assert got["base"] is None, got
+            assert f"{shell.pid} (sleep)" in got["why"] and "--cgroup self" in got["why"], got
+            assert str(shell.pid) in cgroups._read(f"{d}/cgroup.procs").split()
+            assert not os.path.exists(f"{d}/{cgroups.LEAF}")
+            assert not set(need) & set(cgroups._read(f"{d}/cgroup.subtree_control").split())
+            r = run(["env", f"{cgroups.ENV}=self", *cmd[1:]], procs=[f"{d}/cgroup.procs"])
+            assert r.returncode == 0, r.stderr[-3000:]
+            assert json.loads(r.stdout) == {"base": d, "why": ""}
+            leaf = f"{d}/{cgroups.LEAF}/cgroup.procs"
+            assert str(shell.pid) in cgroups._read(leaf).split()
+            assert cgroups._read(f"{d}/cgroup.procs").split() == []
+        finally:
+            shell.kill()
+            shell.wait()
 
 
 INSIDE = """
@@ -409,11 +495,53 @@ def test_the_users_sandbox_is_read_only_capped_and_filtered(user_env):
     ], got
 
 
-# The hostile set as the user: every attack but those on Triton notebooks (the user's venv has
-# no torch; see the test's docstring), and the honest controls.
-HOSTILE = [
-    f for f in hostile_set.FIXTURES if not NOTEBOOKS[hostile_set.header(f)["notebook"]].triton
-]
+def test_the_class_of_200_as_the_user_in_a_delegated_cgroup(user_env, class_of_200):
+    """The class of 200 of tests/test_grading_class.py (the session fixture ``class_of_200``;
+    root grades its even half there), all 200 graded by the user with the same command as
+    root's (2 workers, 5 s per call) inside a delegated cgroup, with the same assertions: no
+    false pass, no false fail
+    (tests/generate_class.py's ``misgraded``), feedback for every submission, and nothing left
+    behind (the grader's temporary folders, processes of the user, run cgroups); and every
+    sandbox had a cgroup of its own, two at a time. The Triton notebooks run with the torch and
+    Triton linked into the user's packages (``_link_torch``)."""
+    home, uid, gid, run = user_env
+    base = home / "class200"
+    answers = share(*class_of_200, base / "class")  # all 200 (root: the even half)
+    (base / "tmp").mkdir()
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(base)], check=True)
+    deleg = Delegation(uid, gid)
+    stop, seen, most = threading.Event(), set(), []
+    watcher = threading.Thread(target=deleg.runs_seen, args=(stop, seen, most), daemon=True)
+    watcher.start()
+    try:
+        cmd = ["env", f"TMPDIR={base / 'tmp'}", f"{home}/venv/bin/course-grade", "grade"]
+        cmd += [str(base / "class"), "--out", str(base / "out"), "--workers", "2"]
+        r = run([*cmd, "--call-seconds", "5", "--no-progress"], deleg.procs_files(), 900)
+        stop.set()
+        watcher.join()
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert len(seen) >= len(answers) and most == [2], (len(seen), most)  # own cgroups
+        time.sleep(0.2)
+        assert _processes_of(uid) == []
+        left = [n for d in deleg.dirs for n in os.listdir(d) if n.startswith(cgroups.PREFIX)]
+        assert left == [] and leftovers(f"nonroot{os.getpid()}") == {
+            "processes": [],
+            "cgroups": [],
+        }, left
+    finally:
+        stop.set()
+        deleg.remove()
+    assert list((base / "tmp").iterdir()) == [], "temporary folders of the grader were left"
+    rows = {r["submission"]: r for r in csv.DictReader((base / "out/gradebook.csv").open())}
+    assert set(rows) == set(answers)
+    wrong = misgraded(rows, answers)
+    assert not wrong, wrong
+    assert all((base / "out/feedback" / f"{sid}.txt").stat().st_size > 0 for sid in answers)
+
+
+# The hostile set as the user: every attack (the Triton ones with the linked torch) and the
+# honest controls.
+HOSTILE = hostile_set.FIXTURES
 
 
 def _owned_by(uid, folder):
@@ -462,10 +590,8 @@ def test_the_hostile_set_as_the_user_in_a_delegated_cgroup(user_env):
     could read or rewrite. A root-owned ``/tmp/grade-*`` folder holding a solved notebook is the
     "other grader's temp dir" a30 looks for.
 
-    Not here: the attacks on Triton notebooks (now a24, a26, a27, a28): the user's venv has NumPy
-    only (torch and Triton are 1.8 GB to copy, past this test's ~90 s budget), so they would
-    score 0 for a missing import; the root test grades them, and their loop, fork-escape and
-    exit attacks are the NumPy ones' (a01, a09, a06), which run here."""
+    The attacks on Triton notebooks (a24, a26, a27, a28) run with the torch and Triton linked
+    into the user's packages (``_link_torch``), as the class of 200's Triton notebooks do."""
     home, uid, gid, run = user_env
     base = home / "hostile"
     (purelib,) = (home / "venv/lib").glob("python3*/site-packages")

@@ -56,6 +56,7 @@ from .gradebook import (  # re-exported: tests and scripts import them from here
     notebook_max as notebook_max,
     write_roster,
 )
+from ..sandbox import cgroups
 from ..sandbox.probe import SHARED_LIMITS
 from .release import gradescope_bundle, release
 
@@ -223,6 +224,11 @@ def grade(
     return rows
 
 
+def cgroup_setting(value: str) -> str:
+    """``--cgroup``'s value as ``COURSE_GRADING_CGROUP`` holds it: ``self``, or an absolute path."""
+    return cgroups.SELF if value == cgroups.SELF else os.path.abspath(value)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m course_kernels.grading",
@@ -283,11 +289,16 @@ def main(argv=None) -> int:
     g.add_argument(
         "--cgroup",
         default=None,
-        metavar="DIR",
+        metavar="DIR|self",
         help="a cgroup v2 directory delegated to you (memory and pids in its "
-        "cgroup.controllers) in which each sandbox gets its own cgroup (default: "
-        "$COURSE_GRADING_CGROUP, else the grader's own cgroup where writable, as under "
-        "`systemd-run --user --scope -p Delegate=yes`; root needs none)",
+        "cgroup.controllers) in which each sandbox gets its own cgroup; the processes in it "
+        "are moved into a leaf 'course-grader' first (cgroup v2 allows no process beside "
+        "child cgroups). 'self': the grader's own cgroup, e.g. a shell started with "
+        "`systemd-run --user --scope -p Delegate=yes bash`. Default: $COURSE_GRADING_CGROUP, "
+        "else the grader's own cgroup only if it is writable and holds no process but the "
+        "grader's (as under `systemd-run --user --scope -p Delegate=yes course-grade grade "
+        "...`), never a cgroup shared with other programs (a desktop terminal's); root needs "
+        "none",
     )
     g.add_argument(
         "--shared-limits",
@@ -328,7 +339,7 @@ def main(argv=None) -> int:
     from ..sandbox.sandbox import SandboxUnavailable
 
     if args.cgroup:
-        os.environ["COURSE_GRADING_CGROUP"] = os.path.abspath(args.cgroup)
+        os.environ[cgroups.ENV] = cgroup_setting(args.cgroup)
     expect = None
     if args.expect:
         expect = [notebook_of(x.strip()).name for x in args.expect.split(",") if x.strip()]

@@ -7,13 +7,17 @@ Where a run's cgroup is made:
   v1 memory/pids/cpu hierarchies under the grader's own cgroup (or the hierarchy's root);
 - **delegated** (any user, root too when ``COURSE_GRADING_CGROUP`` is set): in a cgroup v2
   directory the grader may write and whose ``cgroup.controllers`` offers memory and pids:
-  ``COURSE_GRADING_CGROUP`` (the CLI's ``--cgroup``), else the grader's own cgroup, which is
-  what ``systemd-run --user --scope -p Delegate=yes course-grade ...`` gives. cgroup v2 allows no
-  process in a cgroup that hands controllers to its children, so the grader first moves the
-  processes of that cgroup (itself) into a leaf child, :data:`LEAF`, then enables memory and
-  pids (and cpu) in its ``cgroup.subtree_control``; every run is a sibling of the leaf. Where the
-  controllers live in cgroup v1 (a hybrid layout), the grader's own memory and pids cgroups are
-  used if it may write them (what v1 delegation gives).
+  ``COURSE_GRADING_CGROUP`` (the CLI's ``--cgroup``; ``self``: the grader's own cgroup,
+  whatever else it holds), else the grader's own cgroup only when it holds nothing but the
+  grader's own process tree, which is what ``systemd-run --user --scope -p Delegate=yes
+  course-grade ...`` gives. cgroup v2 allows no process in a cgroup that hands controllers to
+  its children, so the grader first moves the processes of that cgroup into a leaf child,
+  :data:`LEAF`, then enables memory and pids (and cpu) in its ``cgroup.subtree_control``; every
+  run is a sibling of the leaf. Moving processes it did not start (a desktop terminal's shell in
+  the terminal's writable scope) would be a surprise, so an own cgroup that holds others is
+  used only when asked for (``--cgroup self``). Where the controllers live in cgroup v1 (a
+  hybrid layout), the grader's own memory and pids cgroups are used if it may write them (what
+  v1 delegation gives; v1 moves no process: runs are made beside them).
 
 :attr:`Cgroup.why_not` says why no cgroup could be made (the CLI's refusal quotes it).
 """
@@ -29,6 +33,7 @@ import time
 from ._common import Limits, _tag
 
 ENV = "COURSE_GRADING_CGROUP"
+SELF = "self"  # COURSE_GRADING_CGROUP=self / --cgroup self: the grader's own cgroup, asked for
 NEED = ("memory", "pids")
 LEAF = "course-grader"  # where a delegated grader's own processes live
 PREFIX = "course-grading-"  # every run's cgroup
@@ -83,7 +88,7 @@ def delegated_base() -> tuple[str | None, str]:
     given = os.environ.get(ENV)
     if not v2:
         return None, "no cgroup v2 file system is mounted"
-    if given:
+    if given and given != SELF:
         inside = given == v2 or given.startswith(v2.rstrip("/") + "/")
         path = given if inside else os.path.join(v2, given.lstrip("/"))
     else:
@@ -104,7 +109,44 @@ def delegated_base() -> tuple[str | None, str]:
     for name in ("", "cgroup.procs", "cgroup.subtree_control"):
         if not os.access(os.path.join(path, name), os.W_OK):
             return None, f"the cgroup {path} is not delegated to {who} (cannot write it)"
+    if not given:
+        others = _others_in(path)
+        if others:
+            return None, (
+                f"the grader's own cgroup {path} also holds {len(others)} process(es) it did "
+                f"not start ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}), "
+                f"which using it would move into a leaf {LEAF}: run the grader in a scope of "
+                "its own (`systemd-run --user --scope -p Delegate=yes course-grade grade "
+                f"...`), or pass --cgroup {SELF} ({ENV}={SELF}) to use this cgroup anyway"
+            )
     return path, ""
+
+
+def _others_in(path: str) -> list[str]:
+    """The processes in the cgroup ``path`` that are neither this process nor its descendants,
+    as "pid (command)"."""
+    me, out = os.getpid(), []
+    try:
+        pids = [int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()]
+    except (OSError, ValueError):
+        return ["(cgroup.procs unreadable)"]
+    for pid in pids:
+        seen, p = set(), pid
+        while p > 1 and p != me and p not in seen:  # up the parents: is it under this process?
+            seen.add(p)
+            p = _parent(p)
+        if p != me:
+            with contextlib.suppress(OSError):  # gone since: nothing to move
+                out.append(f"{pid} ({_read(f'/proc/{pid}/comm').strip()})")
+    return out
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = _read(f"/proc/{pid}/stat")
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0  # gone (it was not ours to keep) or unreadable
 
 
 def _prepare(base: str) -> None:
@@ -291,7 +333,7 @@ def leftover_cgroups() -> list[str]:
     """Cgroups of this grader that still exist (tests assert there are none)."""
     out = []
     roots = set(_mountpoints().values())
-    if os.environ.get(ENV):
+    if os.environ.get(ENV, SELF) != SELF:
         roots.add(os.environ[ENV])
     for point in roots:
         for dirpath, dirnames, _ in os.walk(point):

@@ -190,6 +190,9 @@ def require_isolation(n_submissions: int, shared_limits: bool) -> None:
         f"user@{uid}.service/cgroup.controllers` lists them; if not, an administrator adds "
         "`[Service]` `Delegate=memory pids cpu` in a drop-in for user@.service); or pass "
         "--cgroup DIR (COURSE_GRADING_CGROUP=DIR) naming a cgroup v2 directory you own that "
-        "offers memory and pids; (2) run the grader as root, or as root in a container; "
+        "offers memory and pids, or --cgroup self when the grader already runs in such a scope "
+        "(e.g. a shell started with `systemd-run --user --scope -p Delegate=yes bash`: its "
+        "processes are moved into a leaf); (2) run the grader as root, or as root in a "
+        "container; "
         "(3) pass --shared-limits to grade with shared limits anyway."
     )
