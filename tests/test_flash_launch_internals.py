@@ -251,3 +251,27 @@ def test_plan_key_tells_apart_what_the_kernels_see_apart():
 
     assert _plan_key(CAUSAL, 0.0, None, None) != _plan_key(CAUSAL, -0.0, None, None)
     assert _plan_key(CAUSAL, 1, None, None) != _plan_key(CAUSAL, 1.0, None, None)
+
+
+def test_no_hook_is_set_by_default_and_a_registered_one_is_seen():
+    """With Triton's default knobs the direct launch must see no hook (Triton 3.6+ fills the
+    slots with empty HookChains, which are truthy: reading them as set kept the direct launch
+    from ever running on the H200); a registered hook must be seen."""
+    from triton import knobs
+
+    from course_kernels.triton.forward import _attn_fwd
+
+    fn = _attn_fwd.fn
+    assert not configs._hooks_set(fn), "the default knobs read as hooks set"
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "add"):  # a HookChain
+
+        def hook(_metadata):
+            return None
+
+        chain.add(hook)
+        try:
+            assert configs._hooks_set(fn), "a registered launch hook was not seen"
+        finally:
+            chain.remove(hook)
+        assert not configs._hooks_set(fn)

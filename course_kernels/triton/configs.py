@@ -235,8 +235,9 @@ DIRECT_VERSIONS = ("3.6.0", "3.9.0")
 DIRECT_ENV = "COURSE_KERNELS_DIRECT_LAUNCH"
 # DIRECT_SUPPORTED: where the direct launch may run. DIRECT: the module switch, OFF unless
 # $COURSE_KERNELS_DIRECT_LAUNCH=1: on the H200 its GPU test (tests/gpu/test_gpu_launch.py) failed
-# in session 7 and the cause is not known yet (notes/kernel.md item 14), so every launch goes
-# through JITFunction.run by default. experiments/hopper/host_path.py times both in one process.
+# in session 7 (it never ran: _hooks_set read Triton's empty HookChains as hooks; fixed since,
+# not yet re-run on a GPU: notes/kernel.md item 14), so every launch goes through
+# JITFunction.run by default. experiments/hopper/host_path.py times both in one process.
 DIRECT_SUPPORTED: bool = not INTERPRET and triton.__version__ in DIRECT_VERSIONS
 DIRECT: bool = DIRECT_SUPPORTED and os.environ.get(DIRECT_ENV, "0") == "1"
 
@@ -281,11 +282,22 @@ def _option_knobs() -> tuple:
     return (knobs.runtime.debug, c.instrumentation_mode, getattr(c, "fpsan_homomorphic_casts", 0))
 
 
+def _hook_in_use(hook) -> bool:
+    """A launch hook slot in use. Since Triton 3.6 the slots hold a ``HookChain`` (``.calls``, a
+    list of functions) even when nothing is registered, and a HookChain is always truthy: read
+    its list. (``bool(hook)`` here kept the direct launch from ever running: notes/kernel.md 14.)"""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else bool(calls)
+
+
 def _hooks_set(fn) -> bool:
     """Hooks ``JITFunction.run`` calls or keys on, which the direct launch does not handle."""
     rt = knobs.runtime
     stages = getattr(rt, "add_stages_inspection_hook", None)  # Triton 3.9: part of its key
-    return bool(rt.launch_enter_hook or rt.launch_exit_hook or stages or fn.pre_run_hooks)
+    hooks = (rt.launch_enter_hook, rt.launch_exit_hook)
+    return any(map(_hook_in_use, hooks)) or bool(stages) or bool(fn.pre_run_hooks)
 
 
 def alignment_bits(tensors) -> int:
