@@ -220,3 +220,39 @@ def test_block_ranges_are_ordered_and_inside_the_sequence():
             for sn in range(0, nk, 16):
                 lo, flo, fhi, hi = query_blocks(sn, nq, diag_lo, diag_hi, 16, 32)
                 assert 0 <= lo <= flo <= fhi <= hi <= max(nq, lo), (nq, nk, sn, lo, flo, fhi, hi)
+
+
+def test_alibi_slopes_are_checked_once_per_unchanged_tensor_and_in_inference_mode():
+    """The finiteness check reads the slopes (a sync on a GPU): once per unchanged tensor; an
+    in-place write makes it read (and refuse) again; inference tensors, which have no version
+    counter, are checked on every call rather than crashing."""
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    slopes = torch.tensor([0.5, 0.25], device=DEVICE)
+    flash_attention(q, q, q, alibi_slopes=slopes)
+    slopes[0] = float("nan")  # bumps the version counter: checked again
+    with pytest.raises(ValueError, match="alibi_slopes must be finite"):
+        flash_attention(q, q, q, alibi_slopes=slopes)
+    with torch.inference_mode():
+        bad = torch.tensor([0.5, float("inf")], device=DEVICE)
+        qi = torch.randn(1, 2, 8, 16, device=DEVICE)
+        good = torch.tensor([0.5, 0.25], device=DEVICE)
+        out = flash_attention(qi, qi, qi, alibi_slopes=good)
+        assert torch.isfinite(out).all()
+        with pytest.raises(ValueError, match="alibi_slopes must be finite"):
+            flash_attention(qi, qi, qi, alibi_slopes=bad)
+
+
+def test_alibi_slopes_are_read_once(monkeypatch):
+    from course_kernels.triton import masks
+
+    reads = []
+    real = masks._check_finite_slopes
+    monkeypatch.setattr(masks, "_check_finite_slopes", lambda s: (reads.append(1), real(s)))
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    slopes = torch.tensor([0.5, 0.25], device=DEVICE)
+    for _ in range(3):
+        flash_attention(q, q, q, alibi_slopes=slopes)
+    assert len(reads) == 1, f"the slopes were read {len(reads)} times for one unchanged tensor"
+    slopes.mul_(2.0)
+    flash_attention(q, q, q, alibi_slopes=slopes)
+    assert len(reads) == 2

@@ -182,3 +182,20 @@ def test_offsets_are_read_once_per_unchanged_tensor():
     cq[1] = 7  # an in-place write bumps the version counter: read again, and refused
     with pytest.raises(ValueError, match="must start at 0, never decrease"):
         flash_attention_varlen(q, k, v, cq, ck, 9, 9)
+
+
+def test_offsets_under_inference_mode_are_checked_every_call():
+    """Inference tensors have no version counter: no stamp, the offsets are read (and refused
+    when bad) on every call, and good ones run."""
+    lq = lk = [5, 0, 9]
+    with torch.inference_mode():
+        q, k, v, _, cq, ck = packed(lq, lk, Hq=2, kvh=2, d=16)
+        out = flash_attention_varlen(q, k, v, cq, ck, 9, 9)
+        assert out.shape == q.shape and torch.isfinite(out).all()
+        bad = cq.clone()
+        bad[1] = 7  # [0, 7, 5, 14]: decreasing
+        with pytest.raises(ValueError, match="must start at 0, never decrease"):
+            flash_attention_varlen(q, k, v, bad, ck, 9, 9)
+        cq[1] = 7  # in place on an inference tensor (no version counter): read again
+        with pytest.raises(ValueError, match="must start at 0, never decrease"):
+            flash_attention_varlen(q, k, v, cq, ck, 9, 9)

@@ -35,6 +35,7 @@ the NumPy reference's (``course_kernels.numpy.reference``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -254,6 +255,30 @@ def check_variant(
     )
 
 
+def check_once(t: torch.Tensor, name: str, facts: tuple, check) -> None:
+    """Run ``check()``, a check that reads ``t``'s values (a device-to-host copy: a sync on a
+    GPU), unless this same tensor, unchanged since (PyTorch bumps ``t._version`` on every
+    in-place write), already passed it with the same ``facts``: the pass is stamped on the tensor
+    as attribute ``name``. Writes that bypass the version counter (through ``.data``, by another
+    kernel, a CUDA-graph replay) are not seen. Inference tensors (``torch.inference_mode``) have
+    no version counter: they are checked on every call."""
+    try:
+        stamp = (t._version, *facts)
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        check()
+        return
+    if getattr(t, name, None) == stamp:
+        return
+    check()
+    with contextlib.suppress(AttributeError, RuntimeError):  # a subclass without attributes
+        setattr(t, name, stamp)
+
+
+def _check_finite_slopes(slopes: torch.Tensor) -> None:
+    if not torch.isfinite(slopes).all():
+        raise ValueError("alibi_slopes must be finite")
+
+
 def check_alibi(alibi_slopes, q: torch.Tensor, batch: int | None = None, heads: int | None = None):
     """``None``, or slopes (H,) or (B, H) -> a float32 (1 or B, H) tensor on q's device.
 
@@ -279,7 +304,13 @@ def check_alibi(alibi_slopes, q: torch.Tensor, batch: int | None = None, heads: 
         raise ValueError(
             f"alibi_slopes must be on q's device {q.device}; got {alibi_slopes.device}"
         )
-    # (a data-dependent check: skipped under torch.compile, where it would break the graph)
-    if not torch.compiler.is_compiling() and not torch.isfinite(alibi_slopes).all():
-        raise ValueError("alibi_slopes must be finite")
+    # (a data-dependent check: skipped under torch.compile, where it would break the graph;
+    # once per unchanged tensor, as the varlen offsets: it is a sync every call otherwise)
+    if not torch.compiler.is_compiling():
+        check_once(
+            alibi_slopes,
+            "_course_kernels_checked_finite",
+            (),
+            lambda: _check_finite_slopes(alibi_slopes),
+        )
     return alibi_slopes.detach().to(torch.float32).reshape(-1, H)

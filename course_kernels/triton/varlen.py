@@ -20,8 +20,6 @@ function takes the shorter ``autograd.Function`` path to the same launches.
 
 from __future__ import annotations
 
-import contextlib
-
 from . import _env as _triton_env  # first: GPU or interpreter
 from ._env import require_triton
 
@@ -43,7 +41,7 @@ from .flash import (  # noqa: E402
     user_lse,
 )
 from .launch import Variant, _backward_c, _forward_c  # noqa: E402
-from .masks import check_alibi, check_variant  # noqa: E402
+from .masks import check_alibi, check_once, check_variant  # noqa: E402
 from ..numpy.reference import check_alignment  # noqa: E402
 from ._torch_validate import SUPPORTED_DTYPES  # noqa: E402
 
@@ -102,41 +100,37 @@ def _check_cu(cu, name: str, max_seqlen, max_name: str, device) -> torch.Tensor:
     return cu.to(torch.int32).contiguous()
 
 
-# The offsets already checked are stamped on the tensor (its PyTorch version counter, the packed
-# length, the max_seqlen): reading them is a device-to-host copy, a sync that stalls the host
-# until the GPU is idle, and on the H200 it cost ~0.28 ms of a 0.91 ms varlen forward at d = 128
-# (notes/kernel.md). Every layer of a model step passes the same cu_seqlens: one sync a step.
-_STAMP = "_course_kernels_checked_offsets"
+# Reading the offsets is a device-to-host copy, a sync that stalls the host until the GPU is
+# idle: on the H200 it cost ~0.28 ms of a 0.91 ms varlen forward at d = 128 (notes/kernel.md).
+# Every layer of a model step passes the same cu_seqlens, so they are read once per unchanged
+# tensor (masks.check_once).
 
 
 def _check_offsets(cu, name: str, total: int, max_seqlen: int, max_name: str) -> None:
     """[0, ..., total], non-decreasing, max_seqlen >= every length: else the kernels would read
     out of bounds. One small copy (a device sync on a GPU); inside the op under torch.compile.
 
-    Once per tensor: a later call with the same tensor, unchanged (PyTorch bumps ``_version`` on
-    every in-place write), the same packed length and max_seqlen, is not read again. Writes that
-    bypass the version counter (through ``.data``, by another kernel, a CUDA-graph replay) are
-    not seen: pass a new tensor after them. int32 contiguous offsets (flash-attn's) are the
-    tensor the caller passed; others are converted first, so they are read on every call.
+    Once per tensor (:func:`.masks.check_once`): a later call with the same tensor, unchanged,
+    the same packed length and max_seqlen, is not read again; inference tensors are read every
+    call. int32 contiguous offsets (flash-attn's) are the tensor the caller passed; others are
+    converted first, so they are read on every call.
     """
-    stamp = (cu._version, total, max_seqlen)
-    if getattr(cu, _STAMP, None) == stamp:
-        return
-    offsets = cu.tolist()
-    lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
-    if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
-        raise ValueError(
-            f"{name} must start at 0, never decrease and end at the number of packed tokens "
-            f"({total}); got {offsets if len(offsets) <= 12 else offsets[:6] + ['...']}"
-        )
-    if max_seqlen < max(lengths):
-        raise ValueError(
-            f"{max_name} = {max_seqlen} is smaller than the longest sequence in {name} "
-            f"({max(lengths)}): the grid would miss its tokens"
-        )
-    # a tensor subclass without attributes: read each time
-    with contextlib.suppress(AttributeError, RuntimeError):
-        setattr(cu, _STAMP, stamp)
+
+    def read():
+        offsets = cu.tolist()
+        lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+        if offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
+            raise ValueError(
+                f"{name} must start at 0, never decrease and end at the number of packed "
+                f"tokens ({total}); got {offsets if len(offsets) <= 12 else offsets[:6] + ['...']}"
+            )
+        if max_seqlen < max(lengths):
+            raise ValueError(
+                f"{max_name} = {max_seqlen} is smaller than the longest sequence in {name} "
+                f"({max(lengths)}): the grid would miss its tokens"
+            )
+
+    check_once(cu, "_course_kernels_checked_offsets", (total, max_seqlen), read)
 
 
 def _check_count(cu_q, cu_k) -> None:
