@@ -95,6 +95,7 @@ if HAVE_GLUON:
         qs = qc % QSTAGES
         mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
         q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
+        bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # one block's operands
 
         m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.full([BM], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -111,13 +112,7 @@ if HAVE_GLUON:
             kc += 1
             for j in range(1, gl.maximum(n_free, 1)):
                 acc, p, m_i, l_i = _step_overlap(
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    k_ready,
-                    k_empty,
-                    v_ready,
-                    v_empty,
+                    bufs,
                     kc,
                     acc,
                     p,
@@ -139,13 +134,7 @@ if HAVE_GLUON:
                 kc += 1
             for j in range(gl.maximum(n_free, 1), n_blocks):
                 acc, p, m_i, l_i = _step_overlap(
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    k_ready,
-                    k_empty,
-                    v_ready,
-                    v_empty,
+                    bufs,
                     kc,
                     acc,
                     p,
@@ -172,13 +161,7 @@ if HAVE_GLUON:
         else:
             for j in range(0, n_free):
                 acc, m_i, l_i = _step_serial(
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    k_ready,
-                    k_empty,
-                    v_ready,
-                    v_empty,
+                    bufs,
                     kc,
                     acc,
                     m_i,
@@ -199,13 +182,7 @@ if HAVE_GLUON:
                 kc += 1
             for j in range(n_free, n_blocks):
                 acc, m_i, l_i = _step_serial(
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    k_ready,
-                    k_empty,
-                    v_ready,
-                    v_empty,
+                    bufs,
                     kc,
                     acc,
                     m_i,

@@ -70,13 +70,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _step_serial(
-        q_smem,
-        k_bufs,
-        v_bufs,
-        k_ready,
-        k_empty,
-        v_ready,
-        v_empty,
+        bufs,
         kc,
         acc,
         m_i,
@@ -94,7 +88,9 @@ if HAVE_GLUON:
         s_layout: gl.constexpr,
         o_layout: gl.constexpr,
     ):
-        """QK^T -> softmax -> correction -> PV, each waited for (no overlap)."""
+        """QK^T -> softmax -> correction -> PV, each waited for (no overlap). ``bufs``: the
+        warpgroup's Q tile, the K/V ring and its barriers (:func:`.consumer._consumer_tile`)."""
+        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
         s = kc % STAGES
         qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
@@ -113,13 +109,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _step_overlap(
-        q_smem,
-        k_bufs,
-        v_bufs,
-        k_ready,
-        k_empty,
-        v_ready,
-        v_empty,
+        bufs,
         kc,
         acc,
         p,
@@ -139,7 +129,9 @@ if HAVE_GLUON:
         o_layout: gl.constexpr,
     ):
         """FA3's intra-warpgroup overlap: issue QK^T(j) and PV(j-1), then run the
-        softmax of block j while PV(j-1) is still on the tensor cores."""
+        softmax of block j while PV(j-1) is still on the tensor cores. ``bufs`` as in
+        :func:`_step_serial`."""
+        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
         s = kc % STAGES
         sp = (kc + STAGES - 1) % STAGES
         qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
