@@ -134,6 +134,9 @@ def environment(args):
         "dirty": bool(git("status", "--porcelain")),
         "autotune": args.autotune,
         "forward_choice": os.environ.get("COURSE_KERNELS_FORWARD", "auto"),
+        "course_kernels_env": {
+            k: v for k, v in os.environ.items() if k.startswith("COURSE_KERNELS_")
+        },
         "dtype": "float16",
     }
 

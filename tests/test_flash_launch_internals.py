@@ -24,7 +24,6 @@ version not in ``configs.DIRECT_VERSIONS`` never takes the direct launch. Checke
 from __future__ import annotations
 
 import inspect
-import os
 
 import pytest
 
@@ -132,10 +131,18 @@ def test_direct_launch_only_where_its_internals_are_pinned():
         assert not configs.DIRECT_SUPPORTED and not configs.DIRECT, FIX
 
 
-def test_direct_launch_is_off_unless_asked_for():
-    """Off by default until its GPU test passes (notes/kernel.md item 14)."""
-    asked = os.environ.get(configs.DIRECT_ENV) == "1"
-    assert (configs.DIRECT_SUPPORTED and asked) == configs.DIRECT
+def test_direct_launch_is_on_where_supported_unless_turned_off():
+    """On by default since its GPU test passed on the H200 (notes/kernel.md item 14); ``0`` turns
+    it off."""
+    assert (configs.DIRECT_SUPPORTED and configs.direct_wanted()) == configs.DIRECT
+
+
+def test_direct_launch_switch_reads_the_environment():
+    """Unset or anything but 0: on; 0: off (``JITFunction.run`` for every launch)."""
+    assert configs.direct_wanted({})
+    assert configs.direct_wanted({configs.DIRECT_ENV: "1"})
+    assert not configs.direct_wanted({configs.DIRECT_ENV: "0"})
+    assert configs.direct_wanted({"OTHER": "0"})
 
 
 def test_jit_run_launches_as_the_direct_launch_copies():

@@ -68,6 +68,9 @@ def environment() -> dict:
             [os.path.basename(sys.executable), "-m", "course_kernels"] + sys.argv[1:]
         ),
         "autotune": os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0",
+        "course_kernels_env": {
+            k: v for k, v in os.environ.items() if k.startswith("COURSE_KERNELS_")
+        },
         "tutorial": _tutorial_provenance(),
     }
 

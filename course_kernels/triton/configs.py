@@ -233,13 +233,15 @@ def accumulator_registers(block_q: int, head_dim: int, num_warps: int) -> int:
 # (tests/test_flash_launch_internals.py pins them; a GPU test compares results bit for bit).
 DIRECT_VERSIONS = ("3.6.0", "3.9.0")
 DIRECT_ENV = "COURSE_KERNELS_DIRECT_LAUNCH"
-# DIRECT_SUPPORTED: where the direct launch may run. DIRECT: the module switch, OFF unless
-# $COURSE_KERNELS_DIRECT_LAUNCH=1: on the H200 its GPU test (tests/gpu/test_gpu_launch.py) failed
-# in session 7 (it never ran: _hooks_set read Triton's empty HookChains as hooks; fixed since,
-# not yet re-run on a GPU: notes/kernel.md item 14), so every launch goes through
-# JITFunction.run by default. experiments/hopper/host_path.py times both in one process.
+# DIRECT: on where supported unless $COURSE_KERNELS_DIRECT_LAUNCH=0 (then JITFunction.run).
 DIRECT_SUPPORTED: bool = not INTERPRET and triton.__version__ in DIRECT_VERSIONS
-DIRECT: bool = DIRECT_SUPPORTED and os.environ.get(DIRECT_ENV, "0") == "1"
+
+
+def direct_wanted(environ=os.environ) -> bool:
+    return environ.get(DIRECT_ENV, "1") != "0"
+
+
+DIRECT: bool = DIRECT_SUPPORTED and direct_wanted()
 
 # Per shape: the chosen config's kwargs (block sizes, warps, stages), filled by the first launch.
 _TUNED: dict = {}

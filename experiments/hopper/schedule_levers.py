@@ -3,7 +3,6 @@
     python experiments/hopper/schedule_levers.py check              # the variants vs flash_attention (CPU or GPU)
     python experiments/hopper/schedule_levers.py persistent --out DIR  # persistent causal forward
     python experiments/hopper/schedule_levers.py atomic --out DIR   # backward with atomic dQ vs the default
-    python experiments/hopper/schedule_levers.py n1k --out DIR      # N = 1024 in fresh processes, configs kept
     python experiments/hopper/schedule_levers.py graphs --out DIR   # N = 1024 under torch.compile's CUDA graphs
 
 * **Persistent forward** (a kernel defined here): one program per SM (or two), each claiming
@@ -13,10 +12,7 @@
 * **Atomic dQ** (``ATOMIC_DQ``, a switch of the package's dK/dV kernel): FA2 Algorithm 2 as the
   paper writes it, dQ_i += dS K_j added in fp32 atomics from the dK/dV kernel, so S and dP are
   computed once per block pair (5 matmuls instead of 7) but dQ's summation order varies.
-* **N = 1024 spread**: ``--repeats`` fresh processes (each autotunes anew) run
-  ``course_kernels.bench.run_bench`` at N = 1024 and record the configs the autotuner chose, so
-  a slow run can be matched to its config. ``--cudagraph-tuning`` times candidate configs inside
-  a CUDA graph (``triton.testing.do_bench_cudagraph``: no host time in the tuning).
+* **N = 1024 spread**: moved to ``experiments/hopper/n1k_runs.py``.
 
 Every JSON holds the environment (GPU, versions, date, command) next to its rows.
 """
@@ -26,9 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -267,79 +261,6 @@ def cmd_atomic(args):
     return 0
 
 
-def _cudagraph_bench(fn, quantiles):
-    return triton.testing.do_bench_cudagraph(fn, rep=25, quantiles=quantiles)
-
-
-def cmd_n1k_one(args):
-    """One fresh process: run_bench at N = 1024, then print the chosen configs as JSON."""
-    from course_kernels import bench
-    from course_kernels.triton import backward as triton_backward
-
-    kernels = {"_attn_fwd": _attn_fwd, "_attn_bwd_dq": triton_backward._attn_bwd_dq,
-               "_attn_bwd_dkdv": _attn_bwd_dkdv}  # fmt: skip
-    if args.cudagraph_tuning:
-        for name, kernel in kernels.items():
-            if not hasattr(kernel, "do_bench"):
-                sys.exit(f"{name} has no do_bench in Triton {triton.__version__}: cannot switch")
-            kernel.do_bench = _cudagraph_bench  # Autotuner's timing function (Triton >= 3.0)
-    rows = bench.run_bench(tempfile.mkdtemp(prefix="n1k_"), dtypes=tuple(args.dtypes.split(",")),
-                           ns=(1024,), providers=("flash", "sdpa-flash"), check=False,
-                           log=lambda *a: print(*a, file=sys.stderr))  # fmt: skip
-    graph_rows = _plain_vs_graph(args.dtypes.split(","))
-    names = {id(k): n for n, k in kernels.items()}
-    tuned = [{"kernel": names.get(key[0], "?"), "key": [str(x) for x in key[2:]], "config": cfg}
-             for key, cfg in flash_launch._TUNED.items()]  # fmt: skip
-    print("RESULT " + json.dumps({"rows": rows, "tuned_configs": tuned, "graph": graph_rows}))
-    return 0
-
-
-def _plain_vs_graph(dtypes, n=1024):
-    """Each call timed as the benchmark times it (``do_bench``: the host launches every call)
-    and replayed from a CUDA graph (``do_bench_cudagraph``: GPU time alone). If only the first
-    swings between processes, the swing is on the host."""
-    from course_kernels.bench import provider_fn
-
-    sdpa = provider_fn("sdpa-flash")
-    rows = []
-    for dt in dtypes:
-        for d in (64, 128):
-            for causal in (False, True):
-                q, k, v, do = _inputs(getattr(torch, dt), d, n)
-                scale = d**-0.5
-                o, lse2 = flash._forward(q, k, v, causal, scale)
-                calls = {
-                    ("flash", "fwd"): partial(flash._forward, q, k, v, causal, scale),
-                    ("flash", "bwd"): partial(flash._backward, do, q, k, v, o, lse2, causal, scale),
-                    ("sdpa-flash", "fwd"): partial(sdpa, q, k, v, causal),
-                }
-                for (impl, mode), fn in calls.items():
-                    with torch.no_grad():
-                        fn()
-                        plain = _ms(fn)
-                        graph = triton.testing.do_bench_cudagraph(fn, rep=60)
-                    rows.append({"dtype": dt, "d": d, "N": n, "causal": causal, "impl": impl,
-                                 "mode": mode, "plain_ms": plain, "graph_ms": graph})  # fmt: skip
-    return rows
-
-
-def cmd_n1k(args):
-    """``--repeats`` fresh processes of ``n1k-one`` (each tunes anew); all rows and configs."""
-    runs = []
-    for i in range(args.repeats):
-        cmd = [sys.executable, os.path.abspath(__file__), "n1k-one", "--out", args.out,
-               "--dtypes", args.dtypes] + (["--cudagraph-tuning"] if args.cudagraph_tuning else [])  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        runs.append(json.loads(line[-1][7:]) if line else {"error": proc.stderr[-2000:]})
-        print(f"run {i}: rc={proc.returncode}", flush=True)
-    name = "n1024_cudagraph_tuning.json" if args.cudagraph_tuning else "n1024_configs.json"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, name), "w") as f:
-        json.dump({"environment": _env(), "runs": runs}, f, indent=1)
-    return 0
-
-
 def cmd_graphs(args):
     """N = 1024 causal fp16 forward + backward: eager vs ``torch.compile(mode="reduce-overhead")``
     (CUDA-graph replays: no Python launch path per call); SDPA's flash backend eager."""
@@ -380,19 +301,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("what", choices=["check", "persistent", "atomic", "n1k", "n1k-one", "graphs"],
+    ap.add_argument("what", choices=["check", "persistent", "atomic", "graphs"],
                     help="which measurement (see above)")  # fmt: skip
     ap.add_argument("--out", default="/tmp/schedule_levers", help="folder for the JSON files")
     ap.add_argument("--dtypes", default="float16", help="comma-separated torch dtypes")
-    ap.add_argument("--repeats", type=int, default=3, help="n1k: fresh processes to run")
-    ap.add_argument("--timeout", type=int, default=300, help="n1k: seconds per process")
-    ap.add_argument("--cudagraph-tuning", action="store_true",
-                    help="n1k: autotune with do_bench_cudagraph (no host time in the choice)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.what not in ("check",) and DEVICE != "cuda":
         ap.error(f"'{args.what}' times kernels and needs a CUDA GPU; 'check' runs on CPU too")
-    cmds = {"check": cmd_check, "persistent": cmd_persistent, "atomic": cmd_atomic, "n1k": cmd_n1k,
-            "n1k-one": cmd_n1k_one, "graphs": cmd_graphs}  # fmt: skip
+    cmds = {"check": cmd_check, "persistent": cmd_persistent, "atomic": cmd_atomic,
+            "graphs": cmd_graphs}  # fmt: skip
     return cmds[args.what](args)
 
 
