@@ -10,8 +10,8 @@ from ._lang import HAVE_GLUON
 if HAVE_GLUON:
     from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma_wait
     from .producer import _a_operand_layout, _mma_layout
-    from .scheduler import _kv_range, _read_tile, _tile_coords
-    from .steps import _pv, _qk, _softmax, _step_overlap, _step_serial
+    from .scheduler import _kv_range, _live_blocks, _read_tile, _tile_coords, _tile_start
+    from .steps import _pv, _qk, _skip_blocks, _softmax, _step_overlap, _step_serial
 
     # ---------------------------------------------------------------- epilogue
     @gluon.jit
@@ -52,51 +52,31 @@ if HAVE_GLUON:
 
     # ---------------------------------------------------------------- consumer
     @gluon.jit
-    def _consumer_tile(
+    def _tile_blocks(
         desc_o,
         o_ptr,
         lse_ptr,
-        ring,
-        t,
-        qc,
+        bufs,
         kc,
+        n_blocks,
+        n_free,
+        off_hz,
+        off_m,
         N,
         qk_scale,
-        num_pid_m,
-        num_tiles,
-        CID: gl.constexpr,
         BM: gl.constexpr,
         BN: gl.constexpr,
         HEAD_DIM: gl.constexpr,
-        NUM_CONSUMERS: gl.constexpr,
         STAGES: gl.constexpr,
-        QSTAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
         OVERLAP: gl.constexpr,
-        LPT: gl.constexpr,
     ):
-        """Tile t for this warpgroup (its 64-row slice CID): the main loop over the K/V ring
-        from slot kc, the epilogue, and the release of Q stage qc.  Returns the next ring slot."""
-        q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
+        """One warpgroup's K/V blocks [0, n_blocks) of a tile from ring slot kc (blocks
+        [0, n_free) without a mask), and its epilogue.  Returns the next ring slot."""
+        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
         dtype: gl.constexpr = desc_o.dtype
-        BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
         s_layout: gl.constexpr = _mma_layout(BM, BN, dtype)
         o_layout: gl.constexpr = _mma_layout(BM, HEAD_DIM, dtype)
-        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT)
-        off_m_tile = pid_m * BM_TILE
-        off_m = off_m_tile + CID * BM  # this warpgroup's rows
-        n_blocks = _kv_range(off_m_tile, N, BM_TILE, BN, CAUSAL)
-        # blocks [0, n_free) need no mask for this warpgroup's rows
-        n_free = N // BN
-        if CAUSAL:
-            n_free = gl.minimum(n_free, off_m // BN)
-        n_free = gl.minimum(n_free, n_blocks)
-
-        qs = qc % QSTAGES
-        mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
-        q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
-        bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # one block's operands
-
         m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.full([BM], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
@@ -219,6 +199,67 @@ if HAVE_GLUON:
             s_layout,
             o_layout,
         )
+        return kc
+
+    @gluon.jit
+    def _consumer_tile(
+        desc_o,
+        o_ptr,
+        lse_ptr,
+        ring,
+        t,
+        qc,
+        kc,
+        N,
+        qk_scale,
+        num_pid_m,
+        num_tiles,
+        CID: gl.constexpr,
+        BM: gl.constexpr,
+        BN: gl.constexpr,
+        HEAD_DIM: gl.constexpr,
+        NUM_CONSUMERS: gl.constexpr,
+        STAGES: gl.constexpr,
+        QSTAGES: gl.constexpr,
+        CAUSAL: gl.constexpr,
+        OVERLAP: gl.constexpr,
+        LPT: gl.constexpr,
+        SKIP_DEAD: gl.constexpr,
+        ALIGN_END: gl.constexpr,
+    ):
+        """Tile t for this warpgroup (its 64-row slice CID): the main loop over the K/V ring
+        from slot kc, the epilogue, and the release of Q stage qc.  Returns the next ring slot."""
+        q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
+        BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
+        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT)
+        off_m_tile = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, ALIGN_END)
+        off_m = off_m_tile + CID * BM  # this warpgroup's rows
+        n_blocks = _kv_range(off_m_tile, N, BM_TILE, BN, CAUSAL)
+        # blocks [0, n_free) need no mask for this warpgroup's rows
+        n_free = N // BN
+        if CAUSAL:
+            n_free = gl.minimum(n_free, off_m // BN)
+        n_free = gl.minimum(n_free, n_blocks)
+
+        qs = qc % QSTAGES
+        mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
+        q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
+        bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # one block's operands
+
+        if SKIP_DEAD or ALIGN_END:  # this warpgroup computes only blocks its rows can see
+            n_live = _live_blocks(off_m, N, n_blocks, BM, BN, CAUSAL)
+            if n_live > 0:
+                kc = _tile_blocks(
+                    desc_o, o_ptr, lse_ptr, bufs, kc, n_live, gl.minimum(n_free, n_live), off_hz,
+                    off_m, N, qk_scale,
+                    BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP,
+                )  # fmt: skip
+            kc = _skip_blocks(bufs, kc, n_blocks - n_live, STAGES)
+        else:
+            kc = _tile_blocks(
+                desc_o, o_ptr, lse_ptr, bufs, kc, n_blocks, n_free, off_hz, off_m, N, qk_scale,
+                BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP,
+            )  # fmt: skip
         mbarrier.arrive(q_empty.index(qs), count=1)
         return kc
 
@@ -243,6 +284,8 @@ if HAVE_GLUON:
         OVERLAP: gl.constexpr,
         LPT: gl.constexpr,
         DYNAMIC: gl.constexpr,
+        SKIP_DEAD: gl.constexpr,
+        ALIGN_END: gl.constexpr,
     ):
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
         # the tile id of each Q stage), one tuple
@@ -254,6 +297,7 @@ if HAVE_GLUON:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
                     CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
+                    SKIP_DEAD, ALIGN_END,
                 )  # fmt: skip
                 qc += 1
                 t = _read_tile(ring[9], ring[3], qc, QSTAGES)
@@ -262,5 +306,6 @@ if HAVE_GLUON:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
                     CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
+                    SKIP_DEAD, ALIGN_END,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)

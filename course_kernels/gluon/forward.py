@@ -25,7 +25,9 @@ runs a grid of #SMs CTAs looping over tiles with a static stride (measured slowe
 than one CTA per tile on the H200, so off by default; ``LPT=True`` orders causal
 tiles heaviest-first across all heads, in either grid); ``DYNAMIC=True`` is FA3's
 dynamic persistent scheduler (:mod:`.scheduler`: tiles drawn from an atomic counter,
-the tile id handed to the consumers through shared memory).
+the tile id handed to the consumers through shared memory). ``SKIP_DEAD``: a consumer only waits
+for and releases the K/V blocks wholly masked for its own rows; ``ALIGN_END``: the query tiles
+end at the last row, so the partial tile is the first (both off by default; session 8).
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
@@ -70,6 +72,8 @@ if HAVE_GLUON:
         CONSUMER_REGS: gl.constexpr,
         LPT: gl.constexpr,
         DYNAMIC: gl.constexpr,
+        SKIP_DEAD: gl.constexpr,
+        ALIGN_END: gl.constexpr,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -126,6 +130,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             LPT,
                             DYNAMIC,
+                            ALIGN_END,
                         ),
                     ),
                     (
@@ -150,6 +155,8 @@ if HAVE_GLUON:
                             OVERLAP,
                             LPT,
                             DYNAMIC,
+                            SKIP_DEAD,
+                            ALIGN_END,
                         ),
                     ),
                 ],
@@ -180,6 +187,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             LPT,
                             DYNAMIC,
+                            ALIGN_END,
                         ),
                     ),
                     (
@@ -204,6 +212,8 @@ if HAVE_GLUON:
                             OVERLAP,
                             LPT,
                             DYNAMIC,
+                            SKIP_DEAD,
+                            ALIGN_END,
                         ),
                     ),
                     (
@@ -228,6 +238,8 @@ if HAVE_GLUON:
                             OVERLAP,
                             LPT,
                             DYNAMIC,
+                            SKIP_DEAD,
+                            ALIGN_END,
                         ),
                     ),
                 ],
@@ -258,6 +270,7 @@ if HAVE_GLUON:
                             CAUSAL,
                             LPT,
                             DYNAMIC,
+                            ALIGN_END,
                         ),
                     ),
                     (
@@ -282,6 +295,8 @@ if HAVE_GLUON:
                             OVERLAP,
                             LPT,
                             DYNAMIC,
+                            SKIP_DEAD,
+                            ALIGN_END,
                         ),
                     ),
                     (
@@ -306,6 +321,8 @@ if HAVE_GLUON:
                             OVERLAP,
                             LPT,
                             DYNAMIC,
+                            SKIP_DEAD,
+                            ALIGN_END,
                         ),
                     ),
                     (
@@ -330,6 +347,8 @@ if HAVE_GLUON:
                             OVERLAP,
                             LPT,
                             DYNAMIC,
+                            SKIP_DEAD,
+                            ALIGN_END,
                         ),
                     ),
                 ],

@@ -147,7 +147,9 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     natural-log logsumexp of the scaled scores, float32 (B, H, N).
     Keyword overrides of the schedule (for the lever experiments): BN,
     NUM_CONSUMERS (1-3), STAGES, QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC
-    (dynamic persistent scheduling: a grid of #SMs, tiles drawn from an atomic counter)."""
+    (dynamic persistent scheduling: a grid of #SMs, tiles drawn from an atomic counter),
+    SKIP_DEAD (a consumer warpgroup skips the K/V blocks wholly masked for its rows) and
+    ALIGN_END (query tiles aligned to the end of the sequence: the partial tile is the first)."""
     _check_inputs(q, k, v)
     if not gluon_available():
         raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
@@ -210,6 +212,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         CONSUMER_REGS=cfg.get("CONSUMER_REGS", CONSUMER_REGS[NC]),
         LPT=bool(cfg["LPT"] and causal),
         DYNAMIC=dynamic,
+        SKIP_DEAD=bool(cfg.get("SKIP_DEAD", False)),
+        ALIGN_END=bool(cfg.get("ALIGN_END", False)),
         num_warps=4,
     )
     return o, lse

@@ -15,6 +15,7 @@ if HAVE_GLUON:
         _publish_tile,
         _retire_scheduler,
         _tile_coords,
+        _tile_start,
     )
 
     # ------------------------------------------------------------------ layouts
@@ -56,13 +57,14 @@ if HAVE_GLUON:
         CAUSAL: gl.constexpr,
         LPT: gl.constexpr,
         DYNAMIC: gl.constexpr,
+        ALIGN_END: gl.constexpr,
     ):
         """Issue the TMA loads of tile t: its Q tile into Q stage qc, then its K/V blocks into
         the ring from slot kc on.  Returns the next ring counter."""
         q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
         pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT)
-        off_m = pid_m * BM_TILE
+        off_m = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, ALIGN_END)
         # GQA: query head h reads K/V head h // G of the same batch.
         kv_row = (off_hz // H * (H // G) + (off_hz % H) // G) * N
         # Q tile (freed by every consumer after its epilogue)
@@ -72,9 +74,12 @@ if HAVE_GLUON:
             _publish_tile(ring[9], qs, t)
         mbarrier.expect(q_ready.index(qs), NUM_CONSUMERS * desc_q.block_type.nbytes)
         for c in gl.static_range(NUM_CONSUMERS):  # one [BM, d] tile per consumer warpgroup
+            q_row = off_hz * N + off_m + c * BM
+            if ALIGN_END:  # a slice before row 0 (skipped by its warpgroup): any rows will do
+                q_row = gl.maximum(q_row, 0)
             tma.async_copy_global_to_shared(
                 desc_q,
-                [off_hz * N + off_m + c * BM, 0],
+                [q_row, 0],
                 q_ready.index(qs),
                 q_bufs.index(qs * NUM_CONSUMERS + c),
             )
@@ -116,6 +121,7 @@ if HAVE_GLUON:
         CAUSAL: gl.constexpr,
         LPT: gl.constexpr,
         DYNAMIC: gl.constexpr,
+        ALIGN_END: gl.constexpr,
     ):
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
         # the tile id of each Q stage), one tuple
@@ -127,7 +133,7 @@ if HAVE_GLUON:
                 t_next = _draw_tile(sched_ptr)  # early: its latency hides behind the loads
                 kc = _load_tile(
                     desc_q, desc_k, desc_v, ring, t, qc, kc, N, H, G, num_pid_m, num_tiles,
-                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC,
+                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END,
                 )  # fmt: skip
                 qc += 1
                 t = t_next
@@ -137,6 +143,6 @@ if HAVE_GLUON:
             for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
                 kc = _load_tile(
                     desc_q, desc_k, desc_v, ring, t, qc, kc, N, H, G, num_pid_m, num_tiles,
-                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC,
+                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)

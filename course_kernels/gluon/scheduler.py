@@ -46,6 +46,28 @@ if HAVE_GLUON:
         return pid_m, off_hz
 
     @gluon.jit
+    def _tile_start(
+        pid_m, N, num_pid_m, BM: gl.constexpr, BM_TILE: gl.constexpr, ALIGN_END: gl.constexpr
+    ):
+        """First row of query tile pid_m.  ALIGN_END: the tiles end at the last 64-row block
+        instead of starting at row 0, so the partial tile is the first (under causal masking
+        the lightest) one, and its first warpgroups' rows lie before row 0 (they skip the tile)."""
+        off = pid_m * BM_TILE
+        if ALIGN_END:
+            off -= num_pid_m * BM_TILE - gl.cdiv(N, BM) * BM
+        return off
+
+    @gluon.jit
+    def _live_blocks(off_m, N, n_blocks, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """K/V blocks [0, n) a warpgroup with rows [off_m, off_m + BM) has to compute: none if
+        all its rows lie outside [0, N), under causal masking none past its last row."""
+        n = n_blocks
+        if CAUSAL:
+            n = gl.minimum(n, gl.cdiv(gl.minimum(N, off_m + BM), BN))
+        live = (off_m >= 0) & (off_m < N)
+        return n * live.to(gl.int32)
+
+    @gluon.jit
     def _kv_range(off_m_tile, N, BM_TILE: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
         """Number of K/V blocks a Q tile visits."""
         if CAUSAL:  # noqa: SIM108

@@ -146,3 +146,19 @@ if HAVE_GLUON:
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
         p = gl.convert_layout(p_new.to(dtype), _a_operand_layout(o_layout, dtype))
         return acc, p, m_i, l_i
+
+    @gluon.jit
+    def _skip_blocks(bufs, kc, n, STAGES: gl.constexpr):
+        """Release n ring slots from kc on without computing them (SKIP_DEAD / ALIGN_END: the
+        blocks are wholly masked for this warpgroup's rows).  Each slot is waited for first, so
+        that the arrive counts toward this fill's phase of the empty barrier, not the last one's."""
+        k_ready, k_empty, v_ready, v_empty = bufs[3], bufs[4], bufs[5], bufs[6]
+        for _ in range(n):
+            s = kc % STAGES
+            ph = (kc // STAGES) & 1
+            mbarrier.wait(k_ready.index(s), ph)
+            mbarrier.arrive(k_empty.index(s), count=1)
+            mbarrier.wait(v_ready.index(s), ph)
+            mbarrier.arrive(v_empty.index(s), count=1)
+            kc += 1
+        return kc

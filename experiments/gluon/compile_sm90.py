@@ -11,8 +11,10 @@ instructions of all eight configs below byte-identical (notes/gluon.md).
 
 import sys
 import os
+import re
 import subprocess
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import triton
@@ -23,10 +25,15 @@ from course_kernels.gluon import forward as F
 
 
 def _code(ptx):
-    """The PTX instructions: the debug sections, .loc/.file lines and comments dropped."""
+    """The PTX instructions: the debug sections, .loc/.file lines, comments and the debug-only
+    labels ($L__tmpN, which mark inlined calls for the line tables; their numbering shifts when a
+    jit helper is split in two) dropped."""
     ptx = ptx.split(".section\t.debug")[0].split(".section .debug")[0]
     return "\n".join(
-        ln for ln in ptx.splitlines() if not ln.strip().startswith(("//", ".loc", ".file"))
+        ln
+        for ln in ptx.splitlines()
+        if not ln.strip().startswith(("//", ".loc", ".file"))
+        and not re.fullmatch(r"\$L__tmp\d+:", ln.strip())
     )
 
 
@@ -64,6 +71,8 @@ def build(
     REGS=None,
     LPT=None,
     DYNAMIC=False,
+    SKIP_DEAD=False,
+    ALIGN_END=False,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
@@ -80,6 +89,8 @@ def build(
         or __import__("course_kernels.gluon.launch", fromlist=["x"]).CONSUMER_REGS[NC],
         LPT=CAUSAL if LPT is None else LPT,
         DYNAMIC=DYNAMIC,
+        SKIP_DEAD=SKIP_DEAD,
+        ALIGN_END=ALIGN_END,
     )
     for kk in consts:
         s[kk] = "constexpr"
@@ -108,9 +119,59 @@ if __name__ == "__main__":
         dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True),
         dict(d=128, dt="bf16", CAUSAL=True, LPT=True, DYNAMIC=True),
         dict(d=64, NC=3, STAGES=3, OVERLAP=False, DYNAMIC=True),
+        # session 8: the d = 64 causal variants (experiments/gluon/session8_levers.py)
+        dict(d=64, NC=3, STAGES=3, CAUSAL=True, LPT=False, DYNAMIC=True, SKIP_DEAD=True),
+        dict(
+            d=64,
+            NC=3,
+            STAGES=3,
+            CAUSAL=True,
+            LPT=False,
+            DYNAMIC=True,
+            SKIP_DEAD=True,
+            ALIGN_END=True,
+        ),
+        dict(d=64, NC=3, STAGES=3, CAUSAL=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
+        dict(
+            d=64,
+            dt="bf16",
+            NC=3,
+            STAGES=3,
+            CAUSAL=True,
+            LPT=False,
+            DYNAMIC=True,
+            SKIP_DEAD=True,
+            ALIGN_END=True,
+        ),
+        dict(
+            d=64,
+            NC=3,
+            STAGES=4,
+            CAUSAL=True,
+            LPT=False,
+            DYNAMIC=True,
+            SKIP_DEAD=True,
+            ALIGN_END=True,
+        ),
+        dict(d=64, NC=3, STAGES=4, CAUSAL=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
+        dict(d=64, NC=2, STAGES=3, CAUSAL=True, LPT=False, DYNAMIC=True),
+        dict(d=64, NC=2, STAGES=3, CAUSAL=False, DYNAMIC=True),
+        dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
+        dict(
+            d=64,
+            NC=3,
+            STAGES=3,
+            CAUSAL=True,
+            OVERLAP=False,
+            DYNAMIC=True,
+            SKIP_DEAD=True,
+            ALIGN_END=True,
+        ),
     ]:
         try:
+            t0 = time.time()
             k = build(**args)
+            t_compile = time.time() - t0
             ptx = k.asm["ptx"]
             with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
                 f.write(ptx)
@@ -132,6 +193,7 @@ if __name__ == "__main__":
                 "shared",
                 k.metadata.shared,
                 info[:120],
+                f"compile {t_compile:.1f}s",
             )
             print(
                 "  setmaxnreg:",

@@ -123,6 +123,11 @@ _SERIAL_BUG = pytest.mark.xfail(
         dict(DYNAMIC=True),
         dict(DYNAMIC=True, LPT=True),
         dict(DYNAMIC=True, NUM_CONSUMERS=3),
+        # session 8: warpgroups skip their wholly masked blocks; tiles aligned to the end
+        dict(SKIP_DEAD=True),
+        dict(ALIGN_END=True),
+        dict(SKIP_DEAD=True, ALIGN_END=True),
+        dict(SKIP_DEAD=True, ALIGN_END=True, STAGES=4, NUM_CONSUMERS=3),
     ],
     ids=str,
 )
@@ -150,6 +155,19 @@ def test_lever_variants_are_correct(cfg, causal):
         seed=8,
         **cfg,
     )
+
+
+@pytest.mark.parametrize(
+    "cfg", [dict(SKIP_DEAD=True), dict(SKIP_DEAD=True, ALIGN_END=True)], ids=str
+)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dead_warpgroups_skip_their_blocks(cfg, d, causal):
+    """Tiles with one or two warpgroups wholly past N (or before row 0 with ALIGN_END), and
+    blocks right of a warpgroup's diagonal: N = 200 (two dead at d = 64), 300 (one dead with
+    ALIGN_END), 4160 (a 64-row partial tile after 21 full ones at d = 64)."""
+    for i, n in enumerate((200, 300, 4160)):
+        _run_and_compare(1, 3, 3, n, d, torch.float16, causal, seed=20 + i, **cfg)
 
 
 def test_dynamic_scheduler_resets_its_counter_and_repeats_exactly():
