@@ -102,3 +102,19 @@ def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():
         taken = {pays(r["batch"], r["heads"], n, n, r["d"]) for r in at_n}
         assert taken == {n == 4096}
         assert won == len(at_n) if n == 4096 else won <= len(at_n) // 4, (n, won)
+
+
+def test_causal_calls_add_the_causal_schedule_and_overrides_win():
+    """schedule_config: DEFAULT_CONFIG[d], then CAUSAL_CONFIG[d] for causal calls only, then the
+    caller's keywords (the lever experiments turn each switch off or on explicitly)."""
+    from course_kernels.gluon import launch
+
+    for d in launch.DEFAULT_CONFIG:
+        assert launch.schedule_config(d, False) == launch.DEFAULT_CONFIG[d]
+        causal = launch.schedule_config(d, True)
+        assert causal == {**launch.DEFAULT_CONFIG[d], **launch.CAUSAL_CONFIG[d]}
+        assert causal["SKIP_DEAD"] is True
+        assert launch.schedule_config(d, True, SKIP_DEAD=False)["SKIP_DEAD"] is False
+        assert launch.schedule_config(d, False, STAGES=4)["STAGES"] == 4
+    assert launch.CAUSAL_CONFIG[64]["ALIGN_END"] and "ALIGN_END" not in launch.CAUSAL_CONFIG[128]
+    assert launch.DEFAULT_CONFIG[64].get("SKIP_DEAD", False) is False  # non-causal: unchanged

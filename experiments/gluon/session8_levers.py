@@ -47,7 +47,11 @@ for p in (ROOT, HERE):
 TAG = "h200_session8_levers"
 BM = 64
 VARIANTS = {  # name -> {head dim: overrides, or None}; in order of priority (checks, budget)
-    "default": {64: {}, 128: {}},
+    # the schedule before session 8 (launch.CAUSAL_CONFIG, adopted from this run, is off here)
+    "default": {
+        64: dict(SKIP_DEAD=False, ALIGN_END=False),
+        128: dict(SKIP_DEAD=False, ALIGN_END=False),
+    },
     "skip_end": {
         64: dict(SKIP_DEAD=True, ALIGN_END=True),
         128: dict(SKIP_DEAD=True, ALIGN_END=True),
