@@ -1,0 +1,299 @@
+"""FlashAttention-3's backward schedule on Hopper, written in Gluon (Triton 3.6): a FIRST
+VERSION, compiled offline for sm_90a but not yet run on a GPU (notes/gluon_backward.md).
+
+One CTA per (key block of ``BN = 64 * NUM_CONSUMERS`` keys, batch x head). Roles:
+
+* ``_bwd_producer``  one warpgroup (the default partition) that only issues TMA loads: this
+                     CTA's K and V once, then the (Q_i, dO_i) pairs of every query block the
+                     key block needs, into a ``STAGES``-deep ring guarded by mbarriers
+                     (``q_ready`` filled by TMA, ``q_empty`` released by the consumers).
+* ``_bwd_consumer``  ``NUM_CONSUMERS`` warpgroups, each owning 64 keys: dK and dV stay in
+                     registers for the whole CTA; per query block (``_bwd_step``)
+                     S^T = K Q^T, P^T = exp2(S^T c - L log2 e), dP^T = V dO^T,
+                     dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q, and dQ += dS K added
+                     to an fp32 dQ in global memory with relaxed atomics (dS^T goes through
+                     shared memory, its transpose is the wgmma's A operand).
+* ``_bwd_epilogue``  dK *= scale; dK, dV stored in the input dtype (rows < N).
+* ``_bwd_preprocess`` D = rowsum(dO * O) (a separate small kernel, FA2's preprocessing);
+  ``_bwd_dq_epilogue`` dq = (scale * dQ_acc).to(dtype) (another one).
+
+L is the forward's NATURAL-log logsumexp (:func:`.launch.gluon_attention_forward`). The math is
+FA2's Algorithm 2 transposed, as in :mod:`course_kernels.triton.backward`; the split into roles
+follows FA3 (arXiv 2407.08608), except that dQ leaves through atomics from the consumers
+instead of FA3's dedicated dQ warpgroup with TMA reduce-add. Host side:
+:mod:`.backward_launch`.
+"""
+
+from __future__ import annotations
+
+from ._lang import HAVE_GLUON
+
+if HAVE_GLUON:
+    from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma
+    from ._lang import warpgroup_mma_wait
+    from .producer import _a_operand_layout, _mma_layout
+
+    KEYS = gl.constexpr(64)  # keys per consumer warpgroup: the wgmma's M
+    LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
+    _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
+    _FLAT_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
+
+    @gluon.constexpr_function
+    def _ds_smem_layout(BM, dtype):
+        return gl.NVMMASharedLayout.get_default_for([64, BM], dtype)
+
+    # ---------------------------------------------------------- small kernels
+    @gluon.jit
+    def _bwd_preprocess(
+        o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, HEAD_DIM: gl.constexpr
+    ):  # fmt: skip
+        """Per (batch, head), 64 rows a program, into buffers padded to N_PAD rows a head (a
+        multiple of the backward's BM, so TMA reads whole blocks of one head): D = rowsum(dO * O)
+        in fp32 (0 past N) and L log2 e (+inf past N: P = 0 there, no query-tail mask)."""
+        r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
+        hz = gl.program_id(1)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))
+        ok = r < N
+        offs = (hz * N + r).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+        o = gl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(gl.float32)
+        do = gl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(gl.float32)
+        lse = gl.load(lse_ptr + hz * N + r, mask=ok, other=float("inf"))
+        out = hz * N_PAD + r
+        gl.store(delta_ptr + out, gl.sum(o * do, axis=1), mask=r < N_PAD)
+        gl.store(lse2_ptr + out, lse * LOG2E_, mask=r < N_PAD)
+
+    @gluon.jit
+    def _bwd_dq_epilogue(dq_acc_ptr, dq_ptr, n_elems, scale):
+        """dq = (scale * dQ_acc).to(dq's dtype), 512 elements a program."""
+        offs = gl.program_id(0).to(gl.int64) * 512 + gl.arange(0, 512, layout=_FLAT_LAYOUT)
+        ok = offs < n_elems
+        acc = gl.load(dq_acc_ptr + offs, mask=ok, other=0.0)
+        gl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
+
+    # ------------------------------------------------------------- the ranges
+    @gluon.jit
+    def _q_range(n0, N, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """Query blocks of key block [n0, n0 + BN): [lo, n_blocks), the masked ones [lo, mid).
+        Masked: the causal diagonal blocks, and every block of the key-tail CTA."""
+        n_blocks = gl.cdiv(N, BM)
+        if CAUSAL:
+            lo = n0 // BM
+            mid = gl.minimum(n_blocks, gl.cdiv(n0 + BN, BM))
+        else:
+            lo = n0 * 0
+            mid = lo
+        if n0 + BN > N:  # keys past N: the next head's K rows (or TMA's zeros) must give P = 0
+            mid = n_blocks
+        return lo, mid, n_blocks
+
+    # ----------------------------------------------------------------- producer
+    @gluon.jit
+    def _bwd_producer(
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD,
+        BM: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
+        CAUSAL: gl.constexpr,
+    ):  # fmt: skip
+        q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready = ring
+        BN: gl.constexpr = KEYS * NUM_CONSUMERS
+        n0 = gl.program_id(0) * BN
+        rowp = gl.program_id(1) * N_PAD  # the same head's first row in the padded L, D
+        row0 = gl.program_id(1) * N  # first row of this (batch, head) in the flat tensors
+        # K and V of the key block, once: one [64, d] slice per consumer warpgroup
+        mbarrier.expect(
+            kv_ready.index(0), NUM_CONSUMERS * 2 * desc_k.block_type.nbytes
+        )  # fmt: skip
+        for c in gl.static_range(NUM_CONSUMERS):
+            tma.async_copy_global_to_shared(
+                desc_k, [row0 + n0 + c * KEYS, 0], kv_ready.index(0), k_bufs.index(c)
+            )
+            tma.async_copy_global_to_shared(
+                desc_v, [row0 + n0 + c * KEYS, 0], kv_ready.index(0), v_bufs.index(c)
+            )
+        lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
+        # (Q_i, dO_i, L_i log2 e, D_i) ring
+        for i in range(lo, n_blocks):
+            jc = i - lo
+            s = jc % STAGES
+            mbarrier.wait(q_empty.index(s), ((jc // STAGES) & 1) ^ 1)
+            mbarrier.expect(
+                q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
+                + desc_lse.block_type.nbytes + desc_d.block_type.nbytes,
+            )  # fmt: skip
+            tma.async_copy_global_to_shared(
+                desc_q, [row0 + i * BM, 0], q_ready.index(s), q_bufs.index(s)
+            )
+            tma.async_copy_global_to_shared(
+                desc_do, [row0 + i * BM, 0], q_ready.index(s), do_bufs.index(s)
+            )
+            tma.async_copy_global_to_shared(
+                desc_lse, [rowp + i * BM], q_ready.index(s), l_bufs.index(s)
+            )
+            tma.async_copy_global_to_shared(
+                desc_d, [rowp + i * BM], q_ready.index(s), d_bufs.index(s)
+            )
+
+    # ------------------------------------------------------------ consumer step
+    @gluon.jit
+    def _bwd_step(
+        bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
+        MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+        HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
+    ):  # fmt: skip
+        """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0."""
+        q_bufs, do_bufs, l_bufs, d_bufs, k_smem, v_smem, ds_smem, q_ready, q_empty = bufs
+        st_layout: gl.constexpr = _mma_layout(KEYS, BM, dtype)  # S^T, dP^T: [64 keys, BM]
+        kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)  # dK, dV: [64, d]
+        s = jc % STAGES
+        mbarrier.wait(q_ready.index(s), (jc // STAGES) & 1)
+        q_smem = q_bufs.index(s)
+        do_smem = do_bufs.index(s)
+        zero = gl.zeros([KEYS, BM], gl.float32, layout=st_layout)
+        sT = warpgroup_mma(k_smem, q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dpT = warpgroup_mma(v_smem, do_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+        sT = warpgroup_mma_wait(num_outstanding=1, deps=(sT,))
+        # L log2 e and D of the block's rows from the ring (rows past N: +inf and 0, so P = 0)
+        col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+        pT = gl.exp2(sT * qk_scale - l_bufs.index(s).load(col_layout)[None, :])
+        if MASK:
+            key = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
+            keep = (key < N)[:, None]
+            if CAUSAL:
+                qrow = i * BM + gl.arange(0, BM, layout=col_layout)
+                keep = keep & (key[:, None] <= qrow[None, :])
+            pT = gl.where(keep, pT, 0.0)
+        dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dpT,))
+        delta = d_bufs.index(s).load(col_layout)
+        dsT = (pT * (dpT - delta[None, :])).to(dtype)
+        a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)
+        pT_a = gl.convert_layout(pT.to(dtype), a_layout)
+        dsT_a = gl.convert_layout(dsT, a_layout)
+        dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
+        dk = warpgroup_mma(dsT_a, q_smem, dk, is_async=True)
+        ds_smem.store(dsT)  # the previous block's dQ wgmma has been waited for
+        fence_async_shared()
+        gl.thread_barrier()
+        dv, dk, pT_a, dsT_a = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pT_a, dsT_a))
+        mbarrier.arrive(q_empty.index(s), count=1)  # Q_i, dO_i no longer read
+        # dQ_i += dS K: A = (dS^T in shared memory)^T, B = this warpgroup's K slice, in DQ_SPLIT
+        # column chunks (a smaller accumulator and fewer live atomic addresses)
+        DQ_COLS: gl.constexpr = HEAD_DIM // DQ_SPLIT
+        dq_layout: gl.constexpr = _mma_layout(BM, DQ_COLS, dtype)  # dQ partial: [BM, d / split]
+        drow = i * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, dq_layout))
+        dcol = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
+        dq_rows = dq_ptr + (row0 + drow).to(gl.int64)[:, None] * HEAD_DIM  # int64 row bases
+        for h in gl.static_range(DQ_SPLIT):
+            dq0 = gl.zeros([BM, DQ_COLS], gl.float32, layout=dq_layout)
+            kh = k_smem.slice(h * DQ_COLS, DQ_COLS, dim=1) if DQ_SPLIT > 1 else k_smem
+            dq = warpgroup_mma(ds_smem.permute((1, 0)), kh, dq0, use_acc=False, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq,))
+            ptrs = dq_rows + (h * DQ_COLS + dcol)[None, :]
+            gl.atomic_add(ptrs, dq, mask=(drow < N)[:, None], sem="relaxed")
+        return dk, dv
+
+    # ----------------------------------------------------------------- epilogue
+    @gluon.jit
+    def _bwd_epilogue(
+        dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM: gl.constexpr,
+        dtype: gl.constexpr,
+    ):  # fmt: skip
+        """dK *= scale; dK, dV stored in the input dtype, rows < N only."""
+        kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)
+        key = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
+        col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+        offs = (row0 + key).to(gl.int64)[:, None] * HEAD_DIM + col[None, :]
+        ok = (key < N)[:, None]
+        gl.store(dk_ptr + offs, (dk * sm_scale).to(dtype), mask=ok)
+        gl.store(dv_ptr + offs, dv.to(dtype), mask=ok)
+
+    # ----------------------------------------------------------------- consumer
+    @gluon.jit
+    def _bwd_consumer(
+        dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale,
+        CID: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
+        NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+        DQ_SPLIT: gl.constexpr,
+    ):  # fmt: skip
+        q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready = ring
+        dtype: gl.constexpr = dk_ptr.dtype.element_ty
+        kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)
+        BN: gl.constexpr = KEYS * NUM_CONSUMERS
+        n0 = gl.program_id(0) * BN
+        k0 = n0 + CID * KEYS  # this warpgroup's keys
+        row0 = gl.program_id(1) * N
+        bufs = (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs.index(CID), v_bufs.index(CID),
+                ds_bufs.index(CID), q_ready, q_empty)  # fmt: skip
+        dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
+        dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
+        lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
+        mbarrier.wait(kv_ready.index(0), 0)
+        for i in range(lo, mid):  # masked: causal diagonal, key tail
+            dk, dv = _bwd_step(
+                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
+                True, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype,
+            )  # fmt: skip
+        for i in range(mid, n_blocks):
+            dk, dv = _bwd_step(
+                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
+                False, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype,
+            )  # fmt: skip
+        _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype)
+
+    # ------------------------------------------------------------------- kernel
+    @gluon.jit
+    def _attn_bwd_kernel(
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_ptr, dk_ptr, dv_ptr, N, N_PAD,
+        qk_scale, sm_scale,
+        BM: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+        STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        DQ_SPLIT: gl.constexpr,
+    ):  # fmt: skip
+        dtype: gl.constexpr = desc_q.dtype
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
+        l_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM], desc_lse.layout)
+        d_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM], desc_d.layout)
+        k_bufs = gl.allocate_shared_memory(
+            dtype, [NUM_CONSUMERS, KEYS, HEAD_DIM], desc_k.layout
+        )  # fmt: skip
+        v_bufs = gl.allocate_shared_memory(
+            dtype, [NUM_CONSUMERS, KEYS, HEAD_DIM], desc_v.layout
+        )  # fmt: skip
+        ds_bufs = gl.allocate_shared_memory(
+            dtype, [NUM_CONSUMERS, KEYS, BM], _ds_smem_layout(BM, dtype)
+        )  # fmt: skip
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=NUM_CONSUMERS)
+        mbarrier.init(kv_ready.index(0), count=1)
+        ring = (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty,
+                kv_ready)  # fmt: skip
+        if NUM_CONSUMERS == 1:
+            gl.warp_specialize(
+                [
+                    (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
+                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
+                                     BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
+                                     DQ_SPLIT)),
+                ],
+                [4],
+                [CONSUMER_REGS],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                [
+                    (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
+                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
+                                     BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
+                                     DQ_SPLIT)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 1,
+                                     BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
+                                     DQ_SPLIT)),
+                ],
+                [4, 4],
+                [CONSUMER_REGS, CONSUMER_REGS],
+            )  # fmt: skip

@@ -1,0 +1,165 @@
+"""Launching the Gluon backward (:mod:`.backward`): checks, its schedule per head dim, the call.
+
+A FIRST VERSION: compiled offline for sm_90a (``experiments/gluon/compile_bwd_sm90.py``), not
+yet run on a GPU, so neither its correctness nor its speed is measured (notes/gluon_backward.md).
+It is not wired into ``course_kernels.flash_attention``.
+
+Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O) and L log2 e, padded per head),
+``_attn_bwd_kernel`` (dK, dV, and dQ added in fp32 with atomics), ``_bwd_dq_epilogue`` (dq in
+the input dtype). Like the forward, importing this module needs neither a GPU nor Gluon; the
+call raises a RuntimeError saying why where the kernel cannot run, and a ValueError saying
+what is accepted for inputs it does not support (checked first, on any machine).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..numpy.reference import LOG2E
+from ._lang import HAVE_GLUON
+from .launch import _check_inputs, _smem_layout, gluon_available, why_unavailable
+
+if HAVE_GLUON:
+    import triton
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .backward import _attn_bwd_kernel, _bwd_dq_epilogue, _bwd_preprocess
+
+# head_dim -> schedule. BM: query rows per block; NUM_CONSUMERS: consumer warpgroups of 64 keys
+# each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
+# DQ_SPLIT: the dQ partial computed and added in DQ_SPLIT column chunks (fewer live registers).
+# Chosen from the offline compile only (registers / spills / shared memory; notes/
+# gluon_backward.md), NOT from any measurement.
+BACKWARD_CONFIG = {
+    64: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=1),
+    128: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=2),
+}
+# registers per consumer thread (setmaxnreg), by the number of consumer warpgroups
+BACKWARD_CONSUMER_REGS = {1: 240, 2: 240}
+_ACCEPTED = {
+    "BM": (64, 128),
+    "NUM_CONSUMERS": (1, 2),
+    "STAGES": (1, 2, 3, 4),
+    "DQ_SPLIT": (1, 2, 4),
+    "CONSUMER_REGS": (168, 184, 200, 216, 232, 240),
+}
+_ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
+
+
+def _check_backward_inputs(do, q, k, v, o, lse) -> None:
+    """A ValueError saying what is accepted, for anything the first version does not support."""
+    import torch
+
+    _check_inputs(q, k, v)  # 4-D, same B/N/d, d in {64, 128}, fp16 or bf16 (the forward's)
+    if k.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"GQA/MQA ({q.shape[1]} query heads, {k.shape[1]} K/V heads) is not supported by "
+            "the Gluon backward yet: it accepts k, v with as many heads as q"
+        )
+    for name, x in (("do", do), ("o", o)):
+        if not isinstance(x, torch.Tensor) or x.shape != q.shape or x.dtype != q.dtype:
+            got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x)
+            raise ValueError(
+                f"{name} must be a tensor of q's shape {tuple(q.shape)} and dtype {q.dtype}, "
+                f"got {got}"
+            )
+    B, H, N, _ = q.shape
+    if not isinstance(lse, torch.Tensor) or lse.shape != (B, H, N) or lse.dtype != torch.float32:
+        got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse)
+        raise ValueError(
+            f"lse must be the forward's natural-log logsumexp, float32 of shape {(B, H, N)} "
+            f"(what gluon_attention_forward returns), got {got}"
+        )
+    if N == 0:
+        raise ValueError("sequence length 0: nothing to differentiate (need N >= 1)")
+
+
+def _check_config(d: int, config: dict) -> dict:
+    cfg = dict(BACKWARD_CONFIG[d])
+    for key, val in config.items():
+        if key not in _ACCEPTED:
+            raise ValueError(f"unknown backward option {key!r}; accepted: {sorted(_ACCEPTED)}")
+        if val not in _ACCEPTED[key]:
+            raise ValueError(f"{key}={val!r} not supported; accepted: {_ACCEPTED[key]}")
+        cfg[key] = val
+    cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
+    return cfg
+
+
+def _row_layout(BM: int):
+    if BM not in _ROW_LAYOUTS:
+        _ROW_LAYOUTS[BM] = gl.NVMMASharedLayout.get_default_for([BM], gl.float32)
+    return _ROW_LAYOUTS[BM]
+
+
+def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=None, **config):
+    """Gradients (dq, dk, dv) of attention with the FA3-style Gluon backward (first version).
+
+    q, k, v, o, do: (B, H, N, d), fp16 or bf16, d in {64, 128}, as many K/V heads as query
+    heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
+    :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
+    ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
+    experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS (see BACKWARD_CONFIG).
+    dq is summed with fp32 atomics in whatever order the CTAs finish: not bit-reproducible.
+    """
+    _check_backward_inputs(do, q, k, v, o, lse)
+    cfg = _check_config(q.shape[-1], config)
+    if not gluon_available():
+        raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
+    import torch
+
+    tensors = (do, q, k, v, o, lse)
+    if not all(x.is_cuda and x.device == q.device for x in tensors):
+        raise ValueError(
+            "do, q, k, v, o, lse must all be CUDA tensors on one device, got "
+            + ", ".join(str(x.device) for x in tensors)
+        )
+    B, H, N, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    BM, NC = cfg["BM"], cfg["NUM_CONSUMERS"]
+    BN = 64 * NC
+    do, q, k, v, o, lse = (x.contiguous() for x in tensors)
+    n_pad = triton.cdiv(N, BM) * BM  # L and D padded per head to whole query blocks
+    delta = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
+    lse2 = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
+    _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
+        o, do, lse, delta, lse2, N, n_pad, HEAD_DIM=d, num_warps=8
+    )
+    dq_acc = torch.zeros((B, H, N, d), device=q.device, dtype=torch.float32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+    q_layout, kv_layout = _smem_layout(BM, d, gdt), _smem_layout(64, d, gdt)
+    desc_q = TensorDescriptor.from_tensor(q.view(-1, d), [BM, d], q_layout)
+    desc_do = TensorDescriptor.from_tensor(do.view(-1, d), [BM, d], q_layout)
+    desc_k = TensorDescriptor.from_tensor(k.view(-1, d), [64, d], kv_layout)
+    desc_v = TensorDescriptor.from_tensor(v.view(-1, d), [64, d], kv_layout)
+    desc_lse = TensorDescriptor.from_tensor(lse2, [BM], _row_layout(BM))
+    desc_d = TensorDescriptor.from_tensor(delta, [BM], _row_layout(BM))
+    _attn_bwd_kernel[(triton.cdiv(N, BN), B * H)](
+        desc_q,
+        desc_k,
+        desc_v,
+        desc_do,
+        desc_lse,
+        desc_d,
+        dq_acc,
+        dk,
+        dv,
+        N,
+        n_pad,
+        scale * LOG2E,  # c = scale log2(e): P = exp2(S c - L log2 e)
+        scale,
+        BM=BM,
+        HEAD_DIM=d,
+        NUM_CONSUMERS=NC,
+        STAGES=cfg["STAGES"],
+        CAUSAL=bool(causal),
+        CONSUMER_REGS=cfg["CONSUMER_REGS"],
+        DQ_SPLIT=cfg["DQ_SPLIT"],
+        num_warps=4,
+    )
+    dq = torch.empty_like(q)
+    n = dq.numel()
+    _bwd_dq_epilogue[(triton.cdiv(n, 512),)](dq_acc, dq, n, scale, num_warps=4)
+    return dq, dk, dv

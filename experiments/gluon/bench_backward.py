@@ -1,0 +1,267 @@
+"""Check and time the Gluon (FA3-schedule) attention BACKWARD on Hopper against cuDNN's backward
+(SDPA with the cuDNN backend) and the course's `tl` backward. One GPU command:
+
+    python experiments/gluon/bench_backward.py --out DIR       # < 150 s on an H200 (budgeted)
+
+The backward is a first version (notes/gluon_backward.md) that may fault. So every Gluon call
+runs in a child process: first the correctness checks of each config (float64 autograd
+reference, flash-attn's rule: each of dq, dk, dv within 2x SDPA's own error + 1e-5), then, only
+for configs whose checks all passed, its timings. An illegal memory access ends the child, not
+the run: the parent records the child's exit status, its stderr tail and whatever rows it
+finished (the child prints one JSON line per result). cuDNN and the `tl` backward are timed in
+the parent. Shapes: B = 4, H * d = 2048, N = 4K/8K/16K, d = 64/128, causal and not, fp16.
+FLOPs = 2.5 x 4 B H N^2 d (5 GEMMs of the backward), halved for causal; time = median of
+triton.testing.do_bench; the timed call is the whole backward (Gluon: preprocess, zeroing dQ,
+the kernel, the dq conversion; cuDNN: autograd.grad through its SDPA node; `tl`: the course's
+backward op on its own forward's o and lse, with its first config only unless --tl-autotune,
+so its row is a lower bound of the tuned `tl` backward's speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+CHECKS = [  # (B, H, N, d, dtype, causal)
+    *[(1, 2, n, d, "float16", c) for d in (64, 128) for c in (False, True) for n in (17, 1000)],
+    (2, 3, 2053, 128, "bfloat16", True),
+    (2, 3, 2053, 64, "bfloat16", False),
+    (1, 2, 1, 64, "float16", False),
+]
+VARIANTS = {  # config name -> overrides of BACKWARD_CONFIG (the default first)
+    "default": {},
+    "d64 BM=128": dict(BM=128),
+    "stages=3": dict(STAGES=3),
+}
+VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128)}
+
+
+def _emit(**row):
+    print("ROW " + json.dumps(row), flush=True)
+
+
+def _time_ms(fn):
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+
+
+def _flops(B, H, N, d, causal):
+    return 2.5 * 4.0 * B * H * N * N * d * (0.5 if causal else 1.0)
+
+
+def _inputs(B, H, N, d, dtype, seed=0):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    return [torch.randn(B, H, N, d, device="cuda", dtype=dt, generator=g) for _ in range(4)]
+
+
+def _autograd(q, k, v, do, causal, scale, f64):
+    import torch
+    import torch.nn.functional as F
+
+    xs = [x.detach().to(torch.float64 if f64 else x.dtype).requires_grad_() for x in (q, k, v)]
+    if f64:
+        s = xs[0] @ xs[1].transpose(-1, -2) * scale
+        if causal:
+            n = q.shape[2]
+            keep = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            s = s.masked_fill(~keep, float("-inf"))
+        o = torch.softmax(s, -1) @ xs[2]
+    else:
+        o = F.scaled_dot_product_attention(*xs, is_causal=causal, scale=scale)
+    return torch.autograd.grad(o, xs, do.to(o.dtype))
+
+
+# ------------------------------------------------------------------ the child (Gluon calls only)
+def child(variant: str, do_time: bool, dims, Ns):
+    import torch
+
+    from course_kernels.gluon import launch as G
+    from course_kernels.gluon.backward_launch import gluon_attention_backward
+
+    cfg = VARIANTS[variant]
+    for B, H, N, d, dtype, causal in CHECKS:
+        if d not in VARIANT_DIMS[variant]:
+            continue
+        row = dict(kind="check", variant=variant, B=B, H=H, N=N, d=d, dtype=dtype, causal=causal)
+        try:
+            q, k, v, do = _inputs(B, H, N, d, dtype, seed=N + d)
+            scale = 1.0 / math.sqrt(d)
+            ref = _autograd(q, k, v, do, causal, scale, True)
+            sdpa = _autograd(q, k, v, do, causal, scale, False)
+            o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale)
+            torch.empty(16 * q.numel(), device="cuda").fill_(float("nan"))  # poison
+            got = gluon_attention_backward(do, q, k, v, o, lse, causal, scale, **cfg)
+            torch.cuda.synchronize()
+            errs = {}
+            for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
+                errs[name] = [
+                    (g.double() - r).abs().max().item(),
+                    (s.double() - r).abs().max().item(),
+                ]
+            ok = all(math.isfinite(e) and e <= 2 * es + 1e-5 for e, es in errs.values())
+            _emit(**row, errors_kernel_sdpa=errs, ok=ok)
+        except Exception as e:  # a Python-level failure: record it, go on
+            _emit(**row, ok=False, error=f"{type(e).__name__}: {str(e)[:500]}")
+    if not do_time:
+        return
+    for d in dims:
+        if d not in VARIANT_DIMS[variant]:
+            continue
+        for N in Ns:
+            for causal in (False, True):
+                B, H = 4, 2048 // d
+                row = dict(kind="time", provider=f"gluon {variant}", B=B, H=H, N=N, d=d,
+                           dtype="float16", causal=causal)  # fmt: skip
+                try:
+                    ms = _time_gluon(G, gluon_attention_backward, cfg, B, H, N, d, causal)
+                    _emit(**row, ms=ms, tflops=_flops(B, H, N, d, causal) / ms / 1e9)
+                except Exception as e:
+                    _emit(**row, ms=None, error=f"{type(e).__name__}: {str(e)[:500]}")
+
+
+def _time_gluon(G, backward, cfg, B, H, N, d, causal):
+    q, k, v, do = _inputs(B, H, N, d, "float16")
+    o, lse = G.gluon_attention_forward(q, k, v, causal=causal)
+    return _time_ms(lambda: backward(do, q, k, v, o, lse, causal, **cfg))
+
+
+def run_child(args_list, timeout):
+    """Run this script as a child; returns (rows it printed, exit status, stderr tail)."""
+    cmd = [sys.executable, os.path.abspath(__file__), *args_list]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        out, err, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        rc = "timeout"
+    rows = [json.loads(ln[4:]) for ln in out.splitlines() if ln.startswith("ROW ")]
+    return rows, rc, err[-3000:]
+
+
+# ------------------------------------------------------------------------- the parent
+def time_reference(provider, d, N, causal):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, H = 4, 2048 // d
+    scale = 1.0 / math.sqrt(d)
+    row = dict(kind="time", provider=provider, B=B, H=H, N=N, d=d, dtype="float16", causal=causal)
+    try:
+        q, k, v, do = _inputs(B, H, N, d, "float16")
+        if provider == "cudnn":
+            xs = [x.detach().requires_grad_() for x in (q, k, v)]
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    *xs, is_causal=causal, scale=scale
+                )
+            ms = _time_ms(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
+        else:  # the course's tl backward (two kernels, deterministic dQ) on its own forward
+            import course_kernels.triton.flash  # noqa: F401  (registers the ops)
+
+            o, lse = torch.ops.course_kernels.flash_attn_fwd(q, k, v, causal, scale)
+            bwd = torch.ops.course_kernels.flash_attn_bwd
+            ms = _time_ms(lambda: bwd(do, q, k, v, o, lse, causal, scale))
+        row.update(ms=ms, tflops=_flops(B, H, N, d, causal) / ms / 1e9)
+    except Exception as e:
+        row.update(ms=None, error=f"{type(e).__name__}: {str(e)[:500]}")
+    print(row, flush=True)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", default="results", help="directory for the JSON file")
+    ap.add_argument("--tag", default="h200_gluon_backward", help="stem of the JSON file name")
+    ap.add_argument("--Ns", default="4096,8192,16384")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--variants", default="default", help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument(
+        "--tl-autotune",
+        action="store_true",
+        help="let the tl backward autotune (minutes of compiles); default: its first config only",
+    )
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: variant name
+    ap.add_argument("--child-time", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    Ns = [int(x) for x in args.Ns.split(",")]
+    dims = [int(x) for x in args.dims.split(",")]
+    if args.child:
+        child(args.child, args.child_time, dims, Ns)
+        return
+    if not args.tl_autotune:  # read when course_kernels.triton is first imported (below)
+        os.environ["COURSE_KERNELS_AUTOTUNE"] = "0"
+    from course_kernels.bench import environment
+
+    t0 = time.time()
+    env = environment()
+    env["command"] = " ".join(["python", "experiments/gluon/bench_backward.py", *sys.argv[1:]])
+    out = dict(environment=env, checks=[], times=[], children=[], note=(
+        "first version of the Gluon backward (notes/gluon_backward.md); FLOPs 2.5 x 4BHN^2d, "
+        "halved for causal"))  # fmt: skip
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{args.tag}.json")
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+
+    passed = {}
+    for variant in args.variants.split(","):
+        base = ["--child", variant, "--Ns", args.Ns, "--dims", args.dims]
+        rows, rc, err = run_child(base, timeout=75)  # a hang (mbarrier deadlock) ends here
+        out["checks"] += rows
+        out["children"].append(dict(variant=variant, part="check", rc=rc, stderr_tail=err))
+        passed[variant] = rc == 0 and bool(rows) and all(r["ok"] for r in rows)
+        print(f"[{variant}: {sum(r['ok'] for r in rows)}/{len(rows)} checks pass, rc={rc}, "
+              f"{time.time() - t0:.0f}s]", flush=True)  # fmt: skip
+        for r in rows:
+            if not r["ok"]:
+                print("CHECK FAIL", r, flush=True)
+        save()
+    for d in dims:
+        for N in Ns:
+            for causal in (False, True):
+                for provider in ("cudnn", "tl"):
+                    out["times"].append(time_reference(provider, d, N, causal))
+    save()
+    print(f"[references timed at {time.time() - t0:.0f}s]", flush=True)
+    for variant, ok in passed.items():
+        if not ok:
+            out["children"].append(dict(variant=variant, part="time", skipped="checks failed"))
+            continue
+        base = ["--child", variant, "--child-time", "--Ns", args.Ns, "--dims", args.dims]
+        rows, rc, err = run_child(base, timeout=90)
+        out["times"] += [r for r in rows if r["kind"] == "time"]
+        out["children"].append(dict(variant=variant, part="time", rc=rc, stderr_tail=err))
+        save()
+    cudnn = {(r["d"], r["N"], r["causal"]): r.get("tflops") for r in out["times"]
+             if r["provider"] == "cudnn"}  # fmt: skip
+    for r in out["times"]:
+        c = cudnn.get((r["d"], r["N"], r["causal"]))
+        r["ratio_vs_cudnn"] = r["tflops"] / c if r.get("tflops") and c else None
+        print(f"{r['provider']:22s} d={r['d']:3d} N={r['N']:5d} causal={r['causal']!s:5s} "
+              f"{r.get('tflops') or float('nan'):7.1f} TFLOP/s  x{r['ratio_vs_cudnn'] or 0:.3f} "
+              "cuDNN", flush=True)  # fmt: skip
+    save()
+    print("wrote", path, f"[total {time.time() - t0:.0f}s]", flush=True)
+
+
+if __name__ == "__main__":
+    main()

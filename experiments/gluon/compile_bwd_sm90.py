@@ -1,0 +1,161 @@
+"""Compile the Gluon backward for sm_90a on a machine without a GPU: registers, spills and
+shared memory of each config (ptxas of Triton 3.6), plus the small preprocess / dq kernels.
+
+    pip install --no-deps --target /tmp/t36 triton==3.6.0
+    PYTHONPATH=/tmp/t36:. python experiments/gluon/compile_bwd_sm90.py [--ptx-dir DIR]
+
+Reuses compile_sm90.py's PTX normaliser (`_code`); the backward is in
+course_kernels/gluon/backward.py, its design in notes/gluon_backward.md.
+"""
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+import triton  # noqa: E402
+from compile_sm90 import _code  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+
+from course_kernels.gluon import backward as B  # noqa: E402
+from course_kernels.gluon.backward_launch import (  # noqa: E402
+    BACKWARD_CONFIG,
+    BACKWARD_CONSUMER_REGS,
+)
+
+SMEM_LIMIT = 227 * 1024  # per-block opt-in maximum on sm_90
+
+
+def _desc(dt, rows, d):
+    gdt = gl.float16 if dt == "fp16" else gl.bfloat16
+    lay = gl.NVMMASharedLayout.get_default_for([rows, d], gdt)
+    return f"tensordesc<{dt}[{rows}, {d}],{lay!r}>"
+
+
+def _rows(BM):
+    """A 1-D fp32 descriptor of BM rows (the padded L log2 e and D)."""
+    lay = gl.NVMMASharedLayout.get_default_for([BM], gl.float32)
+    return f"tensordesc<fp32[{BM}],{lay!r}>"
+
+
+def _compile(fn, sig, consts, num_warps=4):
+    for name in fn.arg_names:  # the constexprs in the kernel's parameter order
+        if name in consts:
+            sig[name] = "constexpr"
+    src = GluonASTSource(fn, sig, constexprs={(list(sig).index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def build(d=128, dt="fp16", CAUSAL=False, **overrides):
+    """Compile the backward kernel for one config: BACKWARD_CONFIG[d] with ``overrides`` (BM,
+    NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS)."""
+    cfg = {**BACKWARD_CONFIG[d], **overrides}
+    cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
+    BM = cfg["BM"]
+    sig = {
+        "desc_q": _desc(dt, BM, d),
+        "desc_k": _desc(dt, 64, d),
+        "desc_v": _desc(dt, 64, d),
+        "desc_do": _desc(dt, BM, d),
+        "desc_lse": _rows(BM),
+        "desc_d": _rows(BM),
+        "dq_ptr": "*fp32",
+        "dk_ptr": f"*{dt}",
+        "dv_ptr": f"*{dt}",
+        "N": "i32",
+        "N_PAD": "i32",
+        "qk_scale": "fp32",
+        "sm_scale": "fp32",
+    }
+    consts = dict(HEAD_DIM=d, CAUSAL=CAUSAL, **cfg)
+    return _compile(B._attn_bwd_kernel, sig, consts)
+
+
+def ptxas_info(ptx):
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    r = subprocess.run(
+        [ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True, text=True
+    )
+    os.unlink(f.name)
+    return (
+        " | ".join(
+            ln.strip().split("info    : ")[-1]
+            for ln in r.stderr.splitlines()
+            if "registers" in ln or "spill" in ln
+        )
+        or r.stderr[-500:]
+    )
+
+
+CONFIGS = [  # the defaults (BACKWARD_CONFIG) first, then variants
+    dict(d=d, dt=dt, CAUSAL=c) for d in (64, 128) for dt in ("fp16", "bf16") for c in (False, True)
+] + [
+    dict(d=128, DQ_SPLIT=1),
+    dict(d=128, DQ_SPLIT=4),
+    dict(d=128, NUM_CONSUMERS=1),
+    dict(d=128, STAGES=3),
+    dict(d=64, STAGES=3),
+    dict(d=64, DQ_SPLIT=2),
+    dict(d=64, BM=128),
+    dict(d=64, BM=128, DQ_SPLIT=2),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ptx-dir", help="write each config's PTX here")
+    args = ap.parse_args()
+    for cfg in CONFIGS:
+        try:
+            k = build(**cfg)
+            ptx = k.asm["ptx"]
+            h = hashlib.sha256(_code(ptx).encode()).hexdigest()[:16]
+            smem = k.metadata.shared
+            fits = "fits" if smem <= SMEM_LIMIT else "TOO BIG"
+            print(cfg, "PTX", h, f"shared {smem} B ({fits} 227 KB)", ptxas_info(ptx))
+            if args.ptx_dir:
+                os.makedirs(args.ptx_dir, exist_ok=True)
+                name = "_".join(f"{a}{b}" for a, b in cfg.items())
+                with open(os.path.join(args.ptx_dir, name + ".ptx"), "w") as f:
+                    f.write(ptx)
+        except Exception as e:
+            while e.__cause__ is not None:  # the innermost error says what is wrong
+                e = e.__cause__
+            print(cfg, "FAIL", type(e).__name__, str(e)[-3000:])
+    for dt in ("fp16", "bf16"):
+        for d in (64, 128):
+            k = _compile(
+                B._bwd_preprocess,
+                {
+                    "o_ptr": f"*{dt}",
+                    "do_ptr": f"*{dt}",
+                    "lse_ptr": "*fp32",
+                    "delta_ptr": "*fp32",
+                    "lse2_ptr": "*fp32",
+                    "N": "i32",
+                    "N_PAD": "i32",
+                },
+                dict(HEAD_DIM=d),
+                num_warps=8,
+            )
+            print("preprocess", dt, d, ptxas_info(k.asm["ptx"]))
+        k = _compile(
+            B._bwd_dq_epilogue,
+            {"dq_acc_ptr": "*fp32", "dq_ptr": f"*{dt}", "n_elems": "i32", "scale": "fp32"},
+            {},
+        )
+        print("dq epilogue", dt, ptxas_info(k.asm["ptx"]))
+
+
+if __name__ == "__main__":
+    main()
