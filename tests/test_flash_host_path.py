@@ -219,14 +219,20 @@ def test_function_apply_source_is_what_the_direct_apply_copies():
     """flash.attention_c calls the C++ apply as Function.apply does without setup_context and
     outside functorch transforms. If this fails, torch changed Function.apply: re-check."""
     src = inspect.getsource(torch.autograd.Function.apply)
-    for piece in (
-        "_is_setup_context_defined(cls.setup_context)",
-        "if not torch._C._are_functorch_transforms_active():",
-        "args = _functorch.utils.unwrap_dead_wrappers(args)",
-        "return super().apply(*args, **kwargs)",
-    ):
+    for piece in flash.APPLY_SOURCE:
         assert piece in src
+    assert flash._APPLY is not None  # so the import-time check turned the direct apply on
     assert not flash._FlashAttention.__dict__.get("setup_context")
+
+
+def test_direct_apply_is_off_where_function_apply_reads_otherwise(monkeypatch):
+    """Another torch whose Function.apply no longer reads as copied: Function.apply is used."""
+
+    def apply(cls, *args, **kwargs):  # a stand-in with different source
+        return cls.forward(None, *args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd.Function, "apply", classmethod(apply))
+    assert flash._direct_apply() is None
 
 
 @pytest.mark.parametrize("grad_mode", [torch.enable_grad, torch.no_grad])

@@ -176,11 +176,30 @@ def _forward_ad_off() -> bool:
     return getattr(_forward_ad, "_current_level", 0) < 0
 
 
-# torch.autograd.Function.apply (torch 2.13): without a setup_context and outside functorch
-# transforms it unwraps dead functorch wrappers among the arguments and calls the C++ apply;
-# tests/test_flash_host_path.py pins that source. None (use Function.apply) if a name moved.
+# Function.apply without setup_context, outside functorch: unwrap dead wrappers, call the C++
+# apply. _APPLY does that only where the installed torch's source still reads so (else None).
+APPLY_SOURCE = (
+    "_is_setup_context_defined(cls.setup_context)",
+    "if not torch._C._are_functorch_transforms_active():",
+    "args = _functorch.utils.unwrap_dead_wrappers(args)",
+    "return super().apply(*args, **kwargs)",
+)
 _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
-_APPLY = super(torch.autograd.Function, _FlashAttention).apply if _unwrap_if_dead else None
+
+
+def _direct_apply():
+    import inspect
+
+    try:
+        src = inspect.getsource(torch.autograd.Function.apply)
+    except (OSError, TypeError):  # no source (a frozen or stripped install)
+        return None
+    if _unwrap_if_dead is None or not all(piece in src for piece in APPLY_SOURCE):
+        return None
+    return super(torch.autograd.Function, _FlashAttention).apply
+
+
+_APPLY = _direct_apply()
 
 
 def user_lse(lse_c, variant: Variant, scale: float):
