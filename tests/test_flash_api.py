@@ -129,6 +129,8 @@ def test_flash_api_bf16_needs_sm80(monkeypatch):
     """On a pre-Ampere GPU (a T4 is sm_75) bf16 is a clear error, not a crash."""
     monkeypatch.setattr(flash, "INTERPRET", False)
     monkeypatch.setattr(flash, "capability", lambda: (7, 5))
+    # a GPU's capability is fixed in a process; this test changes it: forget the valid signatures
+    monkeypatch.setattr(flash, "VALID", {})
     q, k, v = (x.to(torch.bfloat16) for x in good())
     with pytest.raises(ValueError, match=r"bfloat16 needs.*8.0 or newer.*sm_75.*float16"):
         flash_attention(q, k, v)

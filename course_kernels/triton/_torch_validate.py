@@ -59,3 +59,32 @@ def check_causal(causal) -> bool:
 def check_scale(scale, head_dim: int) -> float:
     """``None`` -> 1/sqrt(d); a real number must be finite (NaN, inf: ValueError)."""
     return resolve_scale(scale, head_dim)
+
+
+# Signatures of q, k, v that passed check_tensors and flash._check_shapes (metadata only: they
+# read no values): a call with a recorded one skips them, ~3 of the ~45 us of a forward call's
+# Python on CPU (notes/kernel.md item 17). Only valid ones are recorded, so bad input raises the
+# same error on every call. Plain tensors only: a subclass may answer dim(), dtype... its own way.
+VALID: dict = {}
+MAX_VALID = 256  # then start over
+
+
+def tensor_signature(q, k, v):
+    """What the checks read (the shape gives dim() and numel()), or None: not memoised."""
+    T = torch.Tensor
+    if type(q) is not T or type(k) is not T or type(v) is not T:
+        return None
+    if torch.compiler.is_compiling():  # traced: a guard on the dict would recompile as it grows
+        return None
+    dt = q.dtype
+    # bf16 on a GPU: _check_shapes reads the current GPU's compute capability
+    bf16_gpu = dt == torch.bfloat16 and _triton_env.HAS_GPU and not _triton_env.INTERPRET
+    gpu = torch.cuda.current_device() if bf16_gpu else None
+    return (q.shape, k.shape, v.shape, dt, k.dtype, v.dtype, q.device, k.device, v.device, gpu)
+
+
+def remember_valid(sig) -> None:
+    if sig is not None:
+        if len(VALID) >= MAX_VALID:
+            VALID.clear()
+        VALID[sig] = True

@@ -20,8 +20,9 @@ A PyTorch op (``torch.library``): ``torch.ops.course_kernels.flash_attn_fwd`` an
 shapes, an autograd formula and autocast rules, so ``torch.compile`` traces a model that calls
 ``flash_attention`` without a graph break (the op is opaque to the compiler: the Triton kernels
 run as they do eagerly). In eager mode ``flash_attention`` takes a shorter path to the same
-``_forward`` / ``_backward`` (a plain ``autograd.Function``): the dispatcher's Python op call
-costs ~20 us per call, which matters at N = 1K (notes/kernel.md). Under ``torch.autocast``
+``_forward`` / ``_backward`` (a plain ``autograd.Function``, or ``_forward`` alone when autograd
+records nothing: :func:`attention_c`): the dispatcher's Python op call costs ~20 us per call,
+which matters at N = 1K (notes/kernel.md items 14, 17). Under ``torch.autocast``
 the inputs are cast to the autocast dtype first, as SDPA's are. Double backward raises.
 
 The kernel launches (``_forward``, ``_backward``, the tuned-config cache) live in
@@ -35,8 +36,10 @@ from ._env import INTERPRET, capability, require_triton  # first: GPU or interpr
 require_triton()
 
 import torch  # noqa: E402
+import torch.autograd.forward_ad as _forward_ad  # noqa: E402
 
-from ._torch_validate import check_causal, check_scale, check_tensors  # noqa: E402
+from ._torch_validate import VALID, check_causal, check_scale, check_tensors  # noqa: E402
+from ._torch_validate import remember_valid, tensor_signature  # noqa: E402
 from .masks import check_alibi, check_variant  # noqa: E402
 from ..numpy.reference import LN2  # noqa: E402
 from .launch import (  # noqa: E402  (re-exported: ring attention, benchmarks, tests)
@@ -58,8 +61,11 @@ MAX_HEAD_DIM = 256
 
 def _check_inputs(q, k, v, causal, scale) -> float:
     """Validate the arguments; return the scale. Raises TypeError / ValueError, never crashes."""
-    check_tensors(q, k, v)
-    _check_shapes(q, k, v)
+    sig = tensor_signature(q, k, v)
+    if sig is None or sig not in VALID:  # memoised: metadata-only checks (_torch_validate)
+        check_tensors(q, k, v)
+        _check_shapes(q, k, v)
+        remember_valid(sig)
     check_causal(causal)
     return check_scale(scale, q.shape[3])
 
@@ -145,6 +151,55 @@ class _FlashAttention(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: make a second backward fail clearly
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, do)
         return dq, dk, dv, None, None, None, None, None
+
+
+def attention_c(q, k, v, variant: Variant, scale: float, return_lse: bool, alibi, varlen=None):
+    """O (and the user's lse) on checked inputs: through :class:`_FlashAttention` when autograd
+    records a node, else ``_forward_c`` alone (no_grad, inference_mode, inputs that do not
+    require grad: the serving case; the same tensors, no ``grad_fn``). Under a functorch
+    transform or a forward-AD level ``_FlashAttention.apply`` decides (it raises)."""
+    if not torch._C._are_functorch_transforms_active():
+        if _forward_ad_off() and not (
+            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        ):
+            o, lse_c = _forward_c(q, k, v, variant, scale, alibi, varlen)
+            return (o, user_lse(lse_c, variant, scale)) if return_lse else o
+        if _APPLY is not None:  # what Function.apply does here, minus its Python (~5 us)
+            q, k, v = _unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v)
+            alibi = alibi if alibi is None else _unwrap_if_dead(alibi)
+            return _APPLY(q, k, v, variant, scale, return_lse, alibi, varlen)
+    return _FlashAttention.apply(q, k, v, variant, scale, return_lse, alibi, varlen)
+
+
+def _forward_ad_off() -> bool:
+    """No forward-AD (dual tensor) level is open, so no input carries a tangent."""
+    return getattr(_forward_ad, "_current_level", 0) < 0
+
+
+# Function.apply without setup_context, outside functorch: unwrap dead wrappers, call the C++
+# apply. _APPLY does that only where the installed torch's source still reads so (else None).
+APPLY_SOURCE = (
+    "_is_setup_context_defined(cls.setup_context)",
+    "if not torch._C._are_functorch_transforms_active():",
+    "args = _functorch.utils.unwrap_dead_wrappers(args)",
+    "return super().apply(*args, **kwargs)",
+)
+_unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+
+
+def _direct_apply():
+    import inspect
+
+    try:
+        src = inspect.getsource(torch.autograd.Function.apply)
+    except (OSError, TypeError):  # no source (a frozen or stripped install)
+        return None
+    if _unwrap_if_dead is None or not all(piece in src for piece in APPLY_SOURCE):
+        return None
+    return super(torch.autograd.Function, _FlashAttention).apply
+
+
+_APPLY = _direct_apply()
 
 
 def user_lse(lse_c, variant: Variant, scale: float):
@@ -239,8 +294,13 @@ for _dev, _dt in (("cuda", torch.float16), ("cpu", torch.bfloat16)):
     torch.library.register_autocast("course_kernels::flash_attn_fwd", _dev, _dt)
 
 
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)  # any device type's
+
+
 def _autocast(q, k, v):
     """Inside ``torch.autocast``: cast q, k, v to its dtype, as SDPA does; else unchanged."""
+    if _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():  # the usual call: ~1 us less
+        return q, k, v
     dev = q.device.type
     if dev not in ("cuda", "cpu") or not torch.is_autocast_enabled(dev):
         return q, k, v
@@ -333,7 +393,7 @@ def flash_attention(
             q, k, v, *_op_args(variant, scale), alibi
         )
         return (o, user_lse(lse_c, variant, scale)) if return_lse else o
-    return _FlashAttention.apply(q, k, v, variant, scale, return_lse, alibi)
+    return attention_c(q, k, v, variant, scale, return_lse, alibi)
 
 
 def _op_args(variant: Variant, scale: float) -> tuple:

@@ -75,9 +75,22 @@ def _gluon_fits(q, k) -> bool:
     )
 
 
+def _environ_get(name: str, default: str) -> str:
+    """``os.environ.get`` without its per-call key encoding (~1 us a forward call): read at every
+    call, so a change of the variable (``monkeypatch.setenv``, a sweep) takes effect at once."""
+    data, encodekey = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if data is None or encodekey is None:  # pragma: no cover (another Python's os.environ)
+        return os.environ.get(name, default)
+    value = data.get(_ENV_KEYS.get(name) or _ENV_KEYS.setdefault(name, encodekey(name)))
+    return default if value is None else os.environ.decodevalue(value)
+
+
+_ENV_KEYS: dict = {}
+
+
 def _use_gluon(q, k) -> bool:
     """Whether ``_forward`` runs the Gluon forward (``$COURSE_KERNELS_FORWARD``, see above)."""
-    choice = os.environ.get(FORWARD_ENV, "auto")
+    choice = _environ_get(FORWARD_ENV, "auto")
     if choice not in FORWARD_CHOICES:
         raise ValueError(f"${FORWARD_ENV}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
     if choice == "triton":
@@ -128,7 +141,7 @@ def _forward_c(q, k, v, variant: Variant, scale: float, alibi=None, varlen=None)
     kv_heads, d) packed; the statistic is then (Hq, total_q). Under the interpreter bf16 is
     computed in fp32 and O rounded to bf16 (triton-lang/triton#11584).
     """
-    plain = varlen is None and alibi is None and variant in (PLAIN, CAUSAL)
+    plain = varlen is None and alibi is None and (variant is PLAIN or variant in (CAUSAL, PLAIN))
     if plain and _use_gluon(q, k):
         o, lse = gluon_attention_forward(q, k, v, causal=variant.causal, scale=scale)
         return o, lse / variant.units(scale)[1]  # natural-log lse -> units of c
@@ -320,7 +333,8 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
         f = (x.float() for x in (do, q, k, v, o))
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
         return tuple(g.to(torch.bfloat16) for g in grads)
-    q, k, v, o, do, lse_c = (x.contiguous() for x in (q, k, v, o, do, lse_c))
+    q, k, v, o, do = q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), do.contiguous()
+    lse_c = lse_c.contiguous()
     key = ("bwd", q.shape, k.shape, q.stride(), k.stride(), q.dtype, k.dtype, v.dtype, o.dtype)
     key = (*key, do.dtype, lse_c.dtype, q.device, *_plan_key(variant, scale, alibi, varlen))
     plan = _PLANS.get(key)

@@ -34,8 +34,8 @@ from .flash import (  # noqa: E402
     MAX_HEAD_DIM,
     _bwd_backward,  # the backward op's own backward raises (no double backward): shared
     _bwd_setup_context,
-    _FlashAttention,
     _autocast,
+    attention_c,
     _op_args,
     _op_variant,
     user_lse,
@@ -305,4 +305,4 @@ def flash_attention_varlen(
             q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, *_op_args(variant, scale), alibi
         )
         return (o, user_lse(lse_c, variant, scale)) if return_lse else o
-    return _FlashAttention.apply(q, k, v, variant, scale, return_lse, alibi, varlen)
+    return attention_c(q, k, v, variant, scale, return_lse, alibi, varlen)
