@@ -59,9 +59,23 @@ def test_atomic_dq_backward_matches_the_package(causal):
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the timing subcommands run")
-@pytest.mark.parametrize("what", ["persistent", "atomic", "n1k", "graphs"])
+@pytest.mark.parametrize("what", ["persistent", "atomic", "graphs"])
 def test_timing_subcommands_refuse_without_a_gpu(what, capsys):
     with pytest.raises(SystemExit) as exc:
         levers.main([what])
+    assert exc.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU it runs")
+@pytest.mark.parametrize("what", ["n1k", "n1k-one"])
+def test_n1k_runs_refuse_without_a_gpu(what, capsys):
+    """experiments/hopper/n1k_runs.py (the N = 1K fresh processes, moved out of this script)."""
+    path = SCRIPT.parent / "n1k_runs.py"
+    spec = importlib.util.spec_from_file_location("n1k_runs", path)
+    n1k = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(n1k)
+    with pytest.raises(SystemExit) as exc:
+        n1k.main([what])
     assert exc.value.code == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
