@@ -188,7 +188,7 @@ def main(argv=None):
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
-    p.add_argument("--budget-s", type=float, default=140.0, help="start no row after this")
+    p.add_argument("--budget-s", type=float, default=110.0, help="start no row after this")
     args = p.parse_args(argv)
 
     import torch
@@ -221,6 +221,9 @@ def main(argv=None):
             if smoke:
                 raise
         if smoke or args.no_flex:
+            continue
+        if time.time() - t0 > args.budget_s:
+            add(case=case, variant="flex", status=f"skipped: past --budget-s {args.budget_s}")
             continue
         try:
             from varlen_diag import kernel_times
