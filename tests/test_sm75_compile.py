@@ -94,6 +94,9 @@ def _source(autotuner, dtype: str, d: int, config, backend):
     )
     if "ATOMIC_DQ" in fn.arg_names:  # the dK/dV kernel's atomic-dQ variant: off, as launched
         constexprs["ATOMIC_DQ"] = False
+    for param in fn.params:  # switches with a default (EVEN_BLOCKS): as launched
+        if param.has_default and param.name not in constexprs:
+            constexprs[param.name] = param.default
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:

@@ -1,0 +1,80 @@
+"""experiments/hopper/bwd_variants.py and the backward kernels' ``EVEN_BLOCKS`` switch (session 8,
+notes/kernel.md), in Triton's interpreter: with every sequence length a multiple of the blocks,
+the switch (no bounds masks on the loads, FlexAttention's ``IS_DIVISIBLE``) gives the default
+kernels' gradients bit for bit, on the three masks the GPU run measures; the script's direct
+launch is the package's backward; and where lengths are not multiples the switch does change the
+result (so the comparison can fail), which is why the script only uses it on divisible shapes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+from course_kernels.triton import _env as _triton_env  # noqa: E402
+from course_kernels.triton import launch  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "hopper" / "bwd_variants.py"
+spec = importlib.util.spec_from_file_location("bwd_variants", SCRIPT)
+bv = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bv)
+
+if _triton_env.device_kind() != "cpu":  # the GPU run is the script itself
+    pytest.skip("interpreter checks (CPU)", allow_module_level=True)
+
+EVEN = {"EVEN_BLOCKS": True}
+
+
+def _run(case, switches, lengths=None):
+    tensors = bv.make_case(case, True, "cpu", torch.float32, seed=3)
+    if lengths is not None:  # other document lengths (packed varlen)
+        q, k, v, do, variant, _ = tensors
+        cu = torch.tensor([0, *__import__("itertools").accumulate(lengths)], dtype=torch.int32)
+        n = sum(lengths)
+        tensors = (q[:n], k[:n], v[:n], do[:n], variant, (cu, cu, max(lengths), max(lengths)))
+    prep = bv.prepare(tensors)
+    return tensors, prep, bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, switches)
+
+
+@pytest.mark.parametrize("case", ["doc128", "window128", "causal128"])
+def test_even_blocks_is_bitwise_the_default(case):
+    tensors, _prep, want = _run(case, {})
+    assert bv.divisible(tensors, [bv.CPU_DKDV, bv.CPU_DQ])
+    _t, _p, got = _run(case, EVEN)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert torch.equal(a, b), name
+    assert min(float(g.abs().max()) for g in got) > 0.05  # not trivially zero
+
+
+@pytest.mark.parametrize("case", ["doc128", "causal128"])
+def test_direct_launch_is_the_package_backward(case):
+    """The script's launch (forced interpreter tiles) is what ``_backward_c`` computes."""
+    tensors, (o, lse_c, *_plans), got = _run(case, {})
+    q, k, v, do, variant, varlen = tensors
+    want = launch._backward_c(do, q, k, v, o, lse_c, variant, q.shape[-1] ** -0.5, None, varlen)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_even_blocks_changes_results_on_ragged_lengths():
+    """Documents of 56 and 40 tokens (not multiples of 16 or 32): without their bounds masks
+    the kernels read the next document's rows and keys as their own (inside the tensors: the
+    last document, 96 tokens, is a multiple), so those gradients differ. The equality test above
+    can fail; the script skips such shapes."""
+    lengths = [56, 40, 96]
+    tensors, _prep, want = _run("doc128", {}, lengths)
+    assert not bv.divisible(tensors, [bv.CPU_DKDV, bv.CPU_DQ])
+    _t, _p, got = _run("doc128", EVEN, lengths)
+    assert any(not torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_cpu_smoke_writes_rows(tmp_path):
+    out = tmp_path / "v.json"
+    record = bv.main(["--cpu-smoke", "--cases", "window128", "--out", str(out)])
+    rows = [r for r in record["rows"] if r.get("variant") in ("default", "even")]
+    assert len(rows) == 2 and all(r["bitwise_equal"] for r in rows)
+    assert out.exists() and "environment" in record
