@@ -78,3 +78,29 @@ def test_cpu_smoke_writes_rows(tmp_path):
     rows = [r for r in record["rows"] if r.get("variant") in ("default", "even")]
     assert len(rows) == 2 and all(r["bitwise_equal"] for r in rows)
     assert out.exists() and "environment" in record
+
+
+def test_the_package_turns_even_blocks_on_only_for_divisible_dense_lengths(monkeypatch):
+    """launch._even: lengths that are multiples of the largest block of both autotuning lists
+    (dense only); the package's backward then equals the masked kernels' bit for bit."""
+    blocks = [v for kern in (launch._attn_bwd_dq, launch._attn_bwd_dkdv)
+              for cfg in kern.configs for v in cfg.kwargs.values()]  # fmt: skip
+    b = max(blocks)
+    assert launch._even(b, 2 * b) and not launch._even(b, b + 16) and not launch._even(b // 2, b)
+    from course_kernels.triton.masks import CAUSAL
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v, do = (torch.randn(1, 2, 2 * b, 16, generator=g) for _ in range(4))
+    o, lse = launch._forward_c(q, k, v, CAUSAL, 0.3)
+    seen = []
+    real = launch._bwd_plans
+    monkeypatch.setattr(launch, "_bwd_plans", lambda *a: seen.append(r := real(*a)) or r)
+    launch._PLANS.clear()
+    got = launch._backward_c(do, q, k, v, o, lse, CAUSAL, 0.3)
+    assert seen and all(p.constexprs["EVEN_BLOCKS"] for p in seen[0][1:])
+    monkeypatch.setattr(launch, "_even", lambda n_q, n_k: False)
+    launch._PLANS.clear()
+    want = launch._backward_c(do, q, k, v, o, lse, CAUSAL, 0.3)
+    launch._PLANS.clear()
+    for a, w in zip(got, want, strict=True):
+        assert torch.equal(a, w)

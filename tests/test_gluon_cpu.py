@@ -105,8 +105,8 @@ def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():
 
 
 def test_causal_calls_add_the_causal_schedule_and_overrides_win():
-    """schedule_config: DEFAULT_CONFIG[d], then CAUSAL_CONFIG[d] for causal calls only, then the
-    caller's keywords (the lever experiments turn each switch off or on explicitly)."""
+    """schedule_config: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d] for causal calls without
+    overrides; with overrides, exactly the caller's schedule (the lever experiments and tests)."""
     from course_kernels.gluon import launch
 
     for d in launch.DEFAULT_CONFIG:
@@ -116,5 +116,8 @@ def test_causal_calls_add_the_causal_schedule_and_overrides_win():
         assert causal["SKIP_DEAD"] is True
         assert launch.schedule_config(d, True, SKIP_DEAD=False)["SKIP_DEAD"] is False
         assert launch.schedule_config(d, False, STAGES=4)["STAGES"] == 4
+        # another lever: exactly the caller's schedule, without the causal switches
+        lpt = launch.schedule_config(d, True, LPT=True)
+        assert lpt == {**launch.DEFAULT_CONFIG[d], "LPT": True} and "SKIP_DEAD" not in lpt
     assert launch.CAUSAL_CONFIG[64]["ALIGN_END"] and "ALIGN_END" not in launch.CAUSAL_CONFIG[128]
     assert launch.DEFAULT_CONFIG[64].get("SKIP_DEAD", False) is False  # non-causal: unchanged

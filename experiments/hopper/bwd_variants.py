@@ -101,6 +101,9 @@ def prepare(case_tensors):
     return o, lse_c, dq_plan, dkdv_plan
 
 
+OFF = {"EVEN_BLOCKS": False}  # the package turns it on for divisible dense lengths; here: asked
+
+
 def backward(case_tensors, prep, dkdv_tile, dq_tile, switches: dict):
     """dq, dk, dv from the two kernels with forced tiles and the given switches (the launch
     ``_backward_c`` makes, minus the autotuner)."""
@@ -117,11 +120,11 @@ def backward(case_tensors, prep, dkdv_tile, dq_tile, switches: dict):
     cfg1 = {"BLOCK_M1": m1, "BLOCK_N1": n1}
     dq_plan.kernel.fn[dq_plan.grid_fn(cfg2)](
         q, k, v, do, o, lse_c, delta, dq, *cu, lse_c, *dq_plan.scalars,
-        **dq_plan.constexprs, **cfg2, **switches, num_warps=w2, num_stages=s2,
+        **{**dq_plan.constexprs, **OFF, **switches}, **cfg2, num_warps=w2, num_stages=s2,
     )  # fmt: skip
     dkdv_plan.kernel.fn[dkdv_plan.grid_fn(cfg1)](
         q, k, v, do, lse_c, delta, dk, dv, dq, *cu, lse_c, *dkdv_plan.scalars,
-        **dkdv_plan.constexprs, **cfg1, **switches, num_warps=w1, num_stages=s1,
+        **{**dkdv_plan.constexprs, **OFF, **switches}, **cfg1, num_warps=w1, num_stages=s1,
     )  # fmt: skip
     return dq, dk, dv
 
