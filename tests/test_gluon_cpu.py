@@ -117,6 +117,11 @@ def test_causal_calls_add_the_causal_schedule_and_overrides_win():
         assert launch.schedule_config(d, True, SKIP_DEAD=False)["SKIP_DEAD"] is False
         assert launch.schedule_config(d, False, STAGES=4)["STAGES"] == 4
         # another lever: exactly the caller's schedule, without the causal switches
+        assert (
+            launch.schedule_config(d, True, 1) == launch.DEFAULT_CONFIG[d]
+        )  # no switches at N = 1
+        with pytest.raises(ValueError, match="N = 1"):
+            launch.schedule_config(d, True, 1, SKIP_DEAD=True)
         lpt = launch.schedule_config(d, True, LPT=True)
         assert lpt == {**launch.DEFAULT_CONFIG[d], "LPT": True} and "SKIP_DEAD" not in lpt
     assert launch.CAUSAL_CONFIG[64]["ALIGN_END"] and "ALIGN_END" not in launch.CAUSAL_CONFIG[128]

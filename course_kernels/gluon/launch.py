@@ -145,12 +145,20 @@ def _check_inputs(q, k, v) -> None:
         )
 
 
-def schedule_config(d: int, causal: bool, **overrides) -> dict:
-    """The schedule a call runs: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d] for a causal call that
-    keeps the default schedule (no overrides: the switches were measured and checked on top of it,
-    not with the other levers), else with the caller's overrides."""
+def schedule_config(d: int, causal: bool, n: int = 2, **overrides) -> dict:
+    """The schedule a call of sequence length n runs: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d]
+    for a causal call that keeps the default schedule (no overrides: the switches were measured
+    and checked on top of it), else the caller's overrides. Not at n = 1: there Triton 3.6 folds
+    N = 1 and one query tile into constants and its LLVM lowering of the switches' arithmetic
+    fails an assertion (reproduced offline, notes/gluon.md); a one-row call gains nothing from
+    them anyway."""
     cfg = dict(DEFAULT_CONFIG[d])
-    cfg.update(CAUSAL_CONFIG[d] if causal and not overrides else overrides)
+    cfg.update(CAUSAL_CONFIG[d] if causal and not overrides and n > 1 else overrides)
+    if n == 1 and (cfg.get("SKIP_DEAD") or cfg.get("ALIGN_END")):
+        raise ValueError(
+            "SKIP_DEAD / ALIGN_END at N = 1 do not compile with Triton 3.6 (an LLVM assertion); "
+            "leave them off for a one-row sequence"
+        )
     return cfg
 
 
@@ -175,7 +183,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     H_kv = k.shape[1]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    cfg = schedule_config(d, causal, **config)
+    cfg = schedule_config(d, causal, N, **config)
     BM = 64
     BN, NC = cfg["BN"], cfg["NUM_CONSUMERS"]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
