@@ -40,3 +40,23 @@ def assert_close_to_reference(x, ref, naive, factor: float = 2.0, what: str = "o
             f"{what}: max abs error {err:.3e} exceeds {factor}x the naive same-dtype error "
             f"(budget {budget:.3e})"
         )
+
+
+def attention_grads(q, k, v, do, causal: bool, scale: float, f64: bool = True):
+    """dq, dk, dv of attention by torch autograd: float64 math (an explicit top-left causal mask
+    and softmax) when ``f64``, else PyTorch's SDPA in the inputs' own dtype (the "naive" side of
+    the rule above on a GPU). q: (B, H, N, d), k and v with the same heads."""
+    import torch
+    import torch.nn.functional as F
+
+    xs = [x.detach().to(torch.float64 if f64 else x.dtype).requires_grad_() for x in (q, k, v)]
+    if f64:
+        s = xs[0] @ xs[1].transpose(-1, -2) * scale
+        if causal:
+            n_q, n_k = s.shape[-2:]
+            keep = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
+            s = s.masked_fill(~keep, float("-inf"))
+        o = torch.softmax(s, -1) @ xs[2]
+    else:
+        o = F.scaled_dot_product_attention(*xs, is_causal=causal, scale=scale)
+    return torch.autograd.grad(o, xs, do.to(o.dtype))

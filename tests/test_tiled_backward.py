@@ -117,3 +117,24 @@ def test_backward_rejects_mismatched_saved_tensors(rng, which, shape, match):
     args[which] = np.ones(shape)
     with pytest.raises(ValueError, match=match):
         flash_attention_numpy_backward(q, k, v, args["out"], args["lse"], args["dout"])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_attention_grads_equal_the_numpy_reference(causal):
+    """course_kernels.testing.attention_grads (the GPU tests' float64 side) against the float64
+    NumPy backward, per (batch, head): a mask on the wrong side or a lost scale fails."""
+    from course_kernels.testing import attention_grads
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v, do = (torch.randn(2, 3, 9, 8, generator=g) for _ in range(4))
+    grads = attention_grads(q, k, v, do, causal, 0.3)
+    for b in range(2):
+        for h in range(3):
+            want = attention_reference_backward(
+                *(x[b, h].numpy() for x in (q, k, v, do)), causal=causal, scale=0.3
+            )
+            for got, w in zip(grads, want, strict=True):
+                np.testing.assert_allclose(got[b, h].numpy(), w, rtol=1e-10, atol=1e-12)
+    sdpa = attention_grads(q, k, v, do, causal, 0.3, f64=False)  # SDPA in float32
+    assert all(s.dtype == torch.float32 for s in sdpa)
+    assert max((s.double() - r).abs().max().item() for s, r in zip(sdpa, grads, strict=True)) < 1e-4

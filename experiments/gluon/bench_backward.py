@@ -68,29 +68,13 @@ def _inputs(B, H, N, d, dtype, seed=0):
     return [torch.randn(B, H, N, d, device="cuda", dtype=dt, generator=g) for _ in range(4)]
 
 
-def _autograd(q, k, v, do, causal, scale, f64):
-    import torch
-    import torch.nn.functional as F
-
-    xs = [x.detach().to(torch.float64 if f64 else x.dtype).requires_grad_() for x in (q, k, v)]
-    if f64:
-        s = xs[0] @ xs[1].transpose(-1, -2) * scale
-        if causal:
-            n = q.shape[2]
-            keep = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            s = s.masked_fill(~keep, float("-inf"))
-        o = torch.softmax(s, -1) @ xs[2]
-    else:
-        o = F.scaled_dot_product_attention(*xs, is_causal=causal, scale=scale)
-    return torch.autograd.grad(o, xs, do.to(o.dtype))
-
-
 # ------------------------------------------------------------------ the child (Gluon calls only)
 def child(variant: str, do_time: bool, dims, Ns):
     import torch
 
     from course_kernels.gluon import launch as G
     from course_kernels.gluon.backward_launch import gluon_attention_backward
+    from course_kernels.testing import attention_grads
 
     cfg = VARIANTS[variant]
     for B, H, N, d, dtype, causal in CHECKS:
@@ -100,8 +84,8 @@ def child(variant: str, do_time: bool, dims, Ns):
         try:
             q, k, v, do = _inputs(B, H, N, d, dtype, seed=N + d)
             scale = 1.0 / math.sqrt(d)
-            ref = _autograd(q, k, v, do, causal, scale, True)
-            sdpa = _autograd(q, k, v, do, causal, scale, False)
+            ref = attention_grads(q, k, v, do, causal, scale, True)
+            sdpa = attention_grads(q, k, v, do, causal, scale, False)
             o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale)
             torch.empty(16 * q.numel(), device="cuda").fill_(float("nan"))  # poison
             got = gluon_attention_backward(do, q, k, v, o, lse, causal, scale, **cfg)

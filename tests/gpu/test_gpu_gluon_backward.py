@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from course_kernels.gluon import backward_launch as GB  # noqa: E402
 from course_kernels.gluon import launch as G  # noqa: E402
+from course_kernels.testing import attention_grads  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,7 +27,6 @@ pytestmark = [
 
 if G.gluon_available():
     import torch
-    import torch.nn.functional as F
 
 
 def _inputs(B, H, N, d, dtype, seed):
@@ -36,21 +36,6 @@ def _inputs(B, H, N, d, dtype, seed):
     ]  # q, k, v, do
 
 
-def _grads(q, k, v, do, causal, scale, dtype=None):
-    """Autograd gradients of attention: float64 math (dtype=torch.float64) or SDPA's own."""
-    xs = [x.detach().to(dtype or x.dtype).requires_grad_() for x in (q, k, v)]
-    if dtype == torch.float64:
-        s = xs[0] @ xs[1].transpose(-1, -2) * scale
-        if causal:
-            n = q.shape[2]
-            keep = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            s = s.masked_fill(~keep, float("-inf"))
-        o = torch.softmax(s, -1) @ xs[2]
-    else:
-        o = F.scaled_dot_product_attention(*xs, is_causal=causal, scale=scale)
-    return torch.autograd.grad(o, xs, do.to(o.dtype))
-
-
 def _poison(nbytes):
     torch.empty(nbytes // 4 + 1024, device="cuda", dtype=torch.float32).fill_(float("nan"))
 
@@ -58,8 +43,8 @@ def _poison(nbytes):
 def _check(B, H, N, d, dtype, causal, seed, **cfg):
     q, k, v, do = _inputs(B, H, N, d, dtype, seed)
     scale = 1.0 / math.sqrt(d)
-    ref = _grads(q, k, v, do, causal, scale, torch.float64)
-    sdpa = _grads(q, k, v, do, causal, scale)
+    ref = attention_grads(q, k, v, do, causal, scale, True)
+    sdpa = attention_grads(q, k, v, do, causal, scale, False)
     o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale)
     _poison(16 * q.numel() * q.element_size())
     got = GB.gluon_attention_backward(do, q, k, v, o, lse, causal=causal, scale=scale, **cfg)
