@@ -64,7 +64,7 @@ def _source(autotuner, dtype: str, d: int, config, backend):
     torch) are pointers divisible by 16, integers equal to 1 become constexprs, other integers
     that are multiples of 16 carry the divisibility hint.
     """
-    from triton.compiler import ASTSource
+    from aot_source import launch_source
 
     fn = autotuner.fn
     H, N = 2, 1024  # the batch size changes the launch grid, not the compiled kernel
@@ -92,29 +92,13 @@ def _source(autotuner, dtype: str, d: int, config, backend):
         DOT_PRECISION="ieee" if dtype == "fp32" else "tf32",
         **config.kwargs,
     )
-    if "ATOMIC_DQ" in fn.arg_names:  # the dK/dV kernel's atomic-dQ variant: off, as launched
-        constexprs["ATOMIC_DQ"] = False
-    for param in fn.params:  # switches with a default (EVEN_BLOCKS): as launched
-        if param.has_default and param.name not in constexprs:
-            constexprs[param.name] = param.default
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in POINTERS or name in FP32_POINTERS or name in I32_POINTERS:
-            kind = "*fp32" if name in FP32_POINTERS else f"*{dtype}"
-            signature[name] = "*i32" if name in I32_POINTERS else kind
-            attrs[(i,)] = backend.parse_attr("D")
-        elif isinstance(values[name], float):
-            signature[name] = "fp32"
-        elif values[name] == 1:
-            signature[name] = "constexpr"
-            constexprs[name] = 1
-        else:
-            signature[name] = "i32"
-            if values[name] % 16 == 0:
-                attrs[(i,)] = backend.parse_attr("D")
-    return ASTSource(fn, signature, constexprs, attrs)
+
+    def pointer_type(name):
+        if name in FP32_POINTERS or name in I32_POINTERS:
+            return "*fp32" if name in FP32_POINTERS else "*i32"
+        return f"*{dtype}" if name in POINTERS else None
+
+    return launch_source(fn, constexprs, values, pointer_type, backend)
 
 
 def _tables():

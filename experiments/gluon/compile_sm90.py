@@ -101,73 +101,42 @@ def build(
     return k
 
 
+# Each config's arguments of build(); the runs of the same session share a base.
+S7 = dict(d=64, NC=3, STAGES=3, DYNAMIC=True)  # session 7: the dynamic persistent scheduler
+S8 = dict(S7, CAUSAL=True, LPT=False, SKIP_DEAD=True, ALIGN_END=True)  # session 8: causal switches
+CONFIGS = [
+    dict(d=128),
+    dict(d=128, CAUSAL=True),
+    dict(d=64, STAGES=3),
+    dict(d=128, OVERLAP=False),
+    dict(d=64, NC=3, STAGES=3),
+    dict(d=128, dt="bf16", CAUSAL=True),
+    dict(d=128, NC=1),
+    dict(d=64, NC=3, STAGES=3, CAUSAL=True, OVERLAP=False),
+    # session 7: the dynamic persistent scheduler (DYNAMIC), head-major and LPT order
+    dict(S7, CAUSAL=True, LPT=False),
+    dict(S7, CAUSAL=False),
+    dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True),
+    dict(d=128, dt="bf16", CAUSAL=True, LPT=True, DYNAMIC=True),
+    dict(S7, OVERLAP=False),
+    # session 8: the d = 64 causal variants (experiments/gluon/session8_levers.py)
+    dict(S8, ALIGN_END=False),
+    S8,
+    dict(S8, CAUSAL=False, LPT=None),
+    dict(S8, dt="bf16"),
+    dict(S8, STAGES=4),
+    dict(S8, STAGES=4, CAUSAL=False, LPT=None),
+    dict(S7, NC=2, CAUSAL=True, LPT=False),
+    dict(S7, NC=2, CAUSAL=False),
+    dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
+    dict(S8, LPT=None, OVERLAP=False),
+]
+
+
 if __name__ == "__main__":
     import re
 
-    for args in [
-        dict(d=128),
-        dict(d=128, CAUSAL=True),
-        dict(d=64, STAGES=3),
-        dict(d=128, OVERLAP=False),
-        dict(d=64, NC=3, STAGES=3),
-        dict(d=128, dt="bf16", CAUSAL=True),
-        dict(d=128, NC=1),
-        dict(d=64, NC=3, STAGES=3, CAUSAL=True, OVERLAP=False),
-        # session 7: the dynamic persistent scheduler (DYNAMIC), head-major and LPT order
-        dict(d=64, NC=3, STAGES=3, CAUSAL=True, LPT=False, DYNAMIC=True),
-        dict(d=64, NC=3, STAGES=3, CAUSAL=False, DYNAMIC=True),
-        dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True),
-        dict(d=128, dt="bf16", CAUSAL=True, LPT=True, DYNAMIC=True),
-        dict(d=64, NC=3, STAGES=3, OVERLAP=False, DYNAMIC=True),
-        # session 8: the d = 64 causal variants (experiments/gluon/session8_levers.py)
-        dict(d=64, NC=3, STAGES=3, CAUSAL=True, LPT=False, DYNAMIC=True, SKIP_DEAD=True),
-        dict(
-            d=64,
-            NC=3,
-            STAGES=3,
-            CAUSAL=True,
-            LPT=False,
-            DYNAMIC=True,
-            SKIP_DEAD=True,
-            ALIGN_END=True,
-        ),
-        dict(d=64, NC=3, STAGES=3, CAUSAL=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
-        dict(
-            d=64,
-            dt="bf16",
-            NC=3,
-            STAGES=3,
-            CAUSAL=True,
-            LPT=False,
-            DYNAMIC=True,
-            SKIP_DEAD=True,
-            ALIGN_END=True,
-        ),
-        dict(
-            d=64,
-            NC=3,
-            STAGES=4,
-            CAUSAL=True,
-            LPT=False,
-            DYNAMIC=True,
-            SKIP_DEAD=True,
-            ALIGN_END=True,
-        ),
-        dict(d=64, NC=3, STAGES=4, CAUSAL=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
-        dict(d=64, NC=2, STAGES=3, CAUSAL=True, LPT=False, DYNAMIC=True),
-        dict(d=64, NC=2, STAGES=3, CAUSAL=False, DYNAMIC=True),
-        dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
-        dict(
-            d=64,
-            NC=3,
-            STAGES=3,
-            CAUSAL=True,
-            OVERLAP=False,
-            DYNAMIC=True,
-            SKIP_DEAD=True,
-            ALIGN_END=True,
-        ),
-    ]:
+    for args in CONFIGS:
         try:
             t0 = time.time()
             k = build(**args)

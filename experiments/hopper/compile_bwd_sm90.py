@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # aot_source: the launch's ASTSource, shared with a test
 os.environ.setdefault("TRITON_INTERPRET", "0")  # compile the real JIT functions
 
 POINTERS = {"Q", "K", "V", "DO", "Out", "DK", "DV"}
@@ -67,7 +68,7 @@ def _values(case: str, d: int):
 def source(fn, case: str, d: int, cfg: dict, extra: dict, backend):
     """The ASTSource of one launch: pointers 16-byte aligned, ints == 1 constexpr, ints % 16 == 0
     with the divisibility hint (what JITFunction.run specializes on)."""
-    from triton.compiler import ASTSource
+    from aot_source import launch_source
 
     vals, strides = _values(case, d)
     constexprs = dict(
@@ -82,31 +83,16 @@ def source(fn, case: str, d: int, cfg: dict, extra: dict, backend):
         **cfg,
         **extra,
     )
-    if "ATOMIC_DQ" in fn.arg_names:
-        constexprs["ATOMIC_DQ"] = False
-    for param in fn.params:  # switches left at their defaults
-        if param.has_default and param.name not in constexprs:
-            constexprs[param.name] = param.default
-    signature, attrs = {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-            continue
-        if name in POINTERS | FP32_POINTERS | I32_POINTERS | {"DQ"}:
-            fp32 = name in FP32_POINTERS or (name == "DQ" and "ATOMIC_DQ" in fn.arg_names)
-            signature[name] = "*i32" if name in I32_POINTERS else ("*fp32" if fp32 else "*fp16")
-            attrs[(i,)] = backend.parse_attr("D")
-            continue
-        v = strides[name[-1]] if name.startswith("stride_") and name not in vals else vals[name]
-        if isinstance(v, float):
-            signature[name] = "fp32"
-        elif v == 1:
-            signature[name], constexprs[name] = "constexpr", 1
-        else:
-            signature[name] = "i32"
-            if v % 16 == 0:
-                attrs[(i,)] = backend.parse_attr("D")
-    return ASTSource(fn, signature, constexprs, attrs)
+
+    def pointer_type(name):
+        if name not in POINTERS | FP32_POINTERS | I32_POINTERS | {"DQ"}:
+            return None
+        fp32 = name in FP32_POINTERS or (name == "DQ" and "ATOMIC_DQ" in fn.arg_names)
+        return "*i32" if name in I32_POINTERS else ("*fp32" if fp32 else "*fp16")
+
+    values = {n: strides[n[-1]] if n.startswith("stride_") and n not in vals else vals.get(n)
+              for n in fn.arg_names}  # fmt: skip
+    return launch_source(fn, constexprs, values, pointer_type, backend)
 
 
 def _code(ptx: str) -> str:
