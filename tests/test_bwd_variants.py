@@ -1,13 +1,18 @@
-"""experiments/hopper/bwd_variants.py and the backward kernels' ``EVEN_BLOCKS`` switch (session 8,
-notes/kernel.md), in Triton's interpreter: with every sequence length a multiple of the blocks,
-the switch (no bounds masks on the loads, FlexAttention's ``IS_DIVISIBLE``) gives the default
-kernels' gradients bit for bit, on the three masks the GPU run measures; the script's direct
-launch is the package's backward; and where lengths are not multiples the switch does change the
-result (so the comparison can fail), which is why the script only uses it on divisible shapes."""
+"""The backward kernels' tail peeling (``PEEL``, session 9, notes/kernel.md) and
+experiments/hopper/bwd_variants.py, in Triton's interpreter.
+
+With ``PEEL`` the dK/dV and dQ kernels put bounds masks only on the block that can cross a
+sequence's end (the loops' tail step, and a program's own tile when its block is the last one);
+``PEEL=False`` is the session-8 kernel, every load masked. Their gradients must agree bit for bit
+on every shape: dense lengths that are and are not multiples of the blocks, causal or not, sliding
+windows, soft cap, GQA, Nq != Nk in both alignments, packed documents of ragged lengths. A peel
+that drops or repeats the tail step, or that leaves a crossing block unmasked, changes them (the
+rows it forgets, or the neighbour document's rows it reads as its own)."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from pathlib import Path
 
 import pytest
@@ -17,34 +22,112 @@ triton = pytest.importorskip("triton")
 
 from course_kernels.triton import _env as _triton_env  # noqa: E402
 from course_kernels.triton import launch  # noqa: E402
+from course_kernels.triton.masks import (  # noqa: E402
+    BIG,
+    CAUSAL,
+    PLAIN,
+    Variant,
+    key_blocks,
+    query_blocks,
+    step_ranges,
+)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "hopper" / "bwd_variants.py"
 spec = importlib.util.spec_from_file_location("bwd_variants", SCRIPT)
 bv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bv)
 
+MASKED = {"PEEL": False}
+
+
+def _blocks(ranges, block):
+    """(block start, step) in visiting order."""
+    return [(s, i) for i, (a, b) in enumerate(ranges) for s in range(a, b, block)]
+
+
+@pytest.mark.parametrize("kind", ["keys", "queries"])
+def test_peeled_steps_visit_the_same_blocks_and_only_the_tail_crosses(kind):
+    """masks.step_ranges (the arithmetic of _step_range): the same blocks in the same order as
+    the three unpeeled steps; every block of steps 0-2 inside [0, n); step 3 at most one block,
+    and only where n is not a multiple. Over all small shapes and windows."""
+    split = key_blocks if kind == "keys" else query_blocks
+    windows = [(-BIG, BIG), (-BIG, 0), (-5, 0), (-20, 3), (0, 7), (-3, 3), (2, 9), (-40, -17)]
+    for (bm, bn), n, n_other, (wl, wh) in itertools.product(
+        [(16, 32), (32, 16), (16, 16)], range(1, 70, 3), (1, 16, 37, 64), windows
+    ):
+        for diag in (0, n - n_other):
+            for start in range(0, n_other, bm):
+                lo, full_lo, full_hi, hi = split(start, n, diag + wl, diag + wh, bm, bn)
+                old = step_ranges(lo, full_lo, full_hi, hi, n, bn, peel=False)
+                new = step_ranges(lo, full_lo, full_hi, hi, n, bn)
+                old_b, new_b = _blocks(old, bn), _blocks(new, bn)
+                assert [s for s, _ in new_b] == [s for s, _ in old_b]
+                assert all(s + bn <= n for s, i in new_b if i < 3)
+                tail = [s for s, i in new_b if i == 3]
+                assert len(tail) <= 1 and (not tail or (tail[0] + bn > n and n % bn))
+                # step 3 revisits nothing the masked steps skipped, and loses no window mask:
+                # its block was in a masked step or (dK/dV) in the middle, never elsewhere
+                assert all(old_b[-1][0] == t for t in tail)
+
+
+# ---- the kernels, peeled against all-masked -------------------------------------------------
+
 if _triton_env.device_kind() != "cpu":  # the GPU run is the script itself
     pytest.skip("interpreter checks (CPU)", allow_module_level=True)
 
-EVEN = {"EVEN_BLOCKS": True}
+# (BLOCK_M1, BLOCK_N1, ...), (BLOCK_N2, BLOCK_M2, ...): "b" swaps the loop and program blocks
+TILES = {"a": (bv.CPU_DKDV, bv.CPU_DQ), "b": ((32, 16, 4, 1), (32, 16, 4, 1))}
+TILE_B = ("causal-50", "window2-45", "br-23x57", "docs-br", "docs-causal")
+BR = Variant(causal=True, bottom_right=True)
+# id: (Nq lengths, Nk lengths, Hq, Hkv, d, variant, varlen); several Nq lengths = documents
+SHAPES = {
+    "plain-50": ([50], [50], 2, 2, 16, PLAIN, False),
+    "plain-64": ([64], [64], 2, 2, 16, PLAIN, False),
+    "causal-50": ([50], [50], 2, 2, 16, CAUSAL, False),
+    "causal-64": ([64], [64], 2, 2, 16, CAUSAL, False),
+    "window-77": ([77], [77], 2, 2, 16, Variant(causal=True, window=(12, 0)), False),
+    "window2-45": ([45], [45], 2, 2, 16, Variant(window=(7, 3)), False),
+    "softcap-d24-40": ([40], [40], 2, 2, 24, Variant(causal=True, softcap=5.0), False),
+    "gqa-41": ([41], [41], 4, 2, 16, CAUSAL, False),
+    "br-23x57": ([23], [57], 2, 2, 16, BR, False),
+    "br-57x23": ([57], [23], 2, 2, 16, BR, False),
+    "brwin-30x70": ([30], [70], 2, 2, 16, Variant(window=(9, 4), bottom_right=True), False),
+    "plain-70x30": ([70], [30], 2, 2, 16, PLAIN, False),
+    "docs-causal": ([37, 64, 5, 32, 50], None, 2, 2, 16, CAUSAL, True),
+    "docs-plain": ([37, 64, 5, 32, 50], None, 2, 2, 16, PLAIN, True),
+    "docs-br": ([20, 33, 16], [45, 16, 29], 2, 2, 16, BR, True),
+    "docs-gqa-window": ([37, 64, 50], None, 4, 2, 16, Variant(causal=True, window=(10, 0)), True),
+}
 
 
-def _run(case, switches, lengths=None):
-    tensors = bv.make_case(case, True, "cpu", torch.float32, seed=3)
-    if lengths is not None:  # other document lengths (packed varlen)
-        q, k, v, do, variant, _ = tensors
-        cu = torch.tensor([0, *__import__("itertools").accumulate(lengths)], dtype=torch.int32)
-        n = sum(lengths)
-        tensors = (q[:n], k[:n], v[:n], do[:n], variant, (cu, cu, max(lengths), max(lengths)))
+def _tensors(shape_id, seed=5):
+    nq, nk, hq, hkv, d, variant, varlen = SHAPES[shape_id]
+    nk = nq if nk is None else nk
+    g = torch.Generator().manual_seed(seed)
+    if varlen:
+        cu_q, cu_k = (
+            torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (nq, nk)
+        )
+        shapes = [(sum(nq), hq, d), (sum(nk), hkv, d), (sum(nk), hkv, d), (sum(nq), hq, d)]
+        lay = (cu_q, cu_k, max(nq), max(nk))
+    else:
+        b = 2 if hq != hkv else 1  # (one batch of two: the GQA row)
+        shapes = [(b, hq, nq[0], d), (b, hkv, nk[0], d), (b, hkv, nk[0], d), (b, hq, nq[0], d)]
+        lay = None
+    q, k, v, do = (torch.randn(s, generator=g) for s in shapes)
+    return q, k, v, do, variant, lay
+
+
+@pytest.mark.parametrize("tiles", list(TILES))
+@pytest.mark.parametrize("shape_id", list(SHAPES))
+def test_peeled_kernels_are_bitwise_the_masked_kernels(shape_id, tiles):
+    if tiles == "b" and shape_id not in TILE_B:
+        pytest.skip("the second tile on a few shapes (the interpreter is slow)")
+    tensors = _tensors(shape_id)
     prep = bv.prepare(tensors)
-    return tensors, prep, bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, switches)
-
-
-@pytest.mark.parametrize("case", ["doc128", "window128", "causal128"])
-def test_even_blocks_is_bitwise_the_default(case):
-    tensors, _prep, want = _run(case, {})
-    assert bv.divisible(tensors, [bv.CPU_DKDV, bv.CPU_DQ])
-    _t, _p, got = _run(case, EVEN)
+    dkdv_tile, dq_tile = TILES[tiles]
+    want = bv.backward(tensors, prep, dkdv_tile, dq_tile, MASKED)
+    got = bv.backward(tensors, prep, dkdv_tile, dq_tile, {})
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert torch.equal(a, b), name
     assert min(float(g.abs().max()) for g in got) > 0.05  # not trivially zero
@@ -52,55 +135,23 @@ def test_even_blocks_is_bitwise_the_default(case):
 
 @pytest.mark.parametrize("case", ["doc128", "causal128"])
 def test_direct_launch_is_the_package_backward(case):
-    """The script's launch (forced interpreter tiles) is what ``_backward_c`` computes."""
-    tensors, (o, lse_c, *_plans), got = _run(case, {})
+    """The script's launch (forced interpreter tiles, no switch) is what ``_backward_c``
+    computes: the package launches the peeled kernels."""
+    tensors = bv.make_case(case, True, "cpu", torch.float32, seed=3)
+    prep = bv.prepare(tensors)
+    got = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, {})
     q, k, v, do, variant, varlen = tensors
+    o, lse_c, dq_plan, dkdv_plan = prep
+    assert "PEEL" not in dq_plan.constexprs and "PEEL" not in dkdv_plan.constexprs  # default: on
     want = launch._backward_c(do, q, k, v, o, lse_c, variant, q.shape[-1] ** -0.5, None, varlen)
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert torch.equal(a, b), name
 
 
-def test_even_blocks_changes_results_on_ragged_lengths():
-    """Documents of 56 and 40 tokens (not multiples of 16 or 32): without their bounds masks
-    the kernels read the next document's rows and keys as their own (inside the tensors: the
-    last document, 96 tokens, is a multiple), so those gradients differ. The equality test above
-    can fail; the script skips such shapes."""
-    lengths = [56, 40, 96]
-    tensors, _prep, want = _run("doc128", {}, lengths)
-    assert not bv.divisible(tensors, [bv.CPU_DKDV, bv.CPU_DQ])
-    _t, _p, got = _run("doc128", EVEN, lengths)
-    assert any(not torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
 def test_cpu_smoke_writes_rows(tmp_path):
     out = tmp_path / "v.json"
-    record = bv.main(["--cpu-smoke", "--cases", "window128", "--out", str(out)])
-    rows = [r for r in record["rows"] if r.get("variant") in ("default", "even")]
+    record = bv.main(["--cpu-smoke", "--cases", "docr128", "--out", str(out)])
+    rows = [r for r in record["rows"] if r.get("variant") in ("masked", "peeled")]
     assert len(rows) == 2 and all(r["bitwise_equal"] for r in rows)
-    assert out.exists() and "environment" in record
-
-
-def test_the_package_turns_even_blocks_on_only_for_divisible_dense_lengths(monkeypatch):
-    """launch._even: lengths that are multiples of the largest block of both autotuning lists
-    (dense only); the package's backward then equals the masked kernels' bit for bit."""
-    blocks = [v for kern in (launch._attn_bwd_dq, launch._attn_bwd_dkdv)
-              for cfg in kern.configs for v in cfg.kwargs.values()]  # fmt: skip
-    b = max(blocks)
-    assert launch._even(b, 2 * b) and not launch._even(b, b + 16) and not launch._even(b // 2, b)
-    from course_kernels.triton.masks import CAUSAL
-
-    g = torch.Generator().manual_seed(11)
-    q, k, v, do = (torch.randn(1, 2, 2 * b, 16, generator=g) for _ in range(4))
-    o, lse = launch._forward_c(q, k, v, CAUSAL, 0.3)
-    seen = []
-    real = launch._bwd_plans
-    monkeypatch.setattr(launch, "_bwd_plans", lambda *a: seen.append(r := real(*a)) or r)
-    launch._PLANS.clear()
-    got = launch._backward_c(do, q, k, v, o, lse, CAUSAL, 0.3)
-    assert seen and all(p.constexprs["EVEN_BLOCKS"] for p in seen[0][1:])
-    monkeypatch.setattr(launch, "_even", lambda n_q, n_k: False)
-    launch._PLANS.clear()
-    want = launch._backward_c(do, q, k, v, o, lse, CAUSAL, 0.3)
-    launch._PLANS.clear()
-    for a, w in zip(got, want, strict=True):
-        assert torch.equal(a, w)
+    assert not rows[0]["divisible"]  # the ragged documents: tail steps run
+    assert out.exists() and "environment" in record and "summary" in record

@@ -61,7 +61,7 @@ from .configs import (  # noqa: E402  (re-exported)
 )
 from .backward_dq import _attn_bwd_dq, _attn_bwd_dq_inner  # noqa: E402,F401  (re-exported)
 from .forward import _load_tile  # noqa: E402
-from .masks import PLAIN, Variant, _query_blocks, _score_mod, _seq, _visible  # noqa: E402
+from .masks import PLAIN, Variant, _query_blocks, _score_mod, _seq, _step_range, _visible  # noqa: E402
 
 __all__ = [
     "DKDV_D128_CONFIGS",
@@ -129,12 +129,13 @@ def _attn_bwd_dkdv_inner(
     ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
-    EVEN_BLOCKS: tl.constexpr = False,
+    BOUNDS: tl.constexpr,
 ):
     """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17).
 
     ``MASKED``: apply the window/causal mask (keys past Nk are never stored, rows past Nq have
-    L = +inf: neither needs a mask). ``EVEN_BLOCKS``: see ``_attn_bwd_dkdv``.
+    L = +inf: neither needs a mask). ``BOUNDS``: a block may hold rows past Nq (the tail block):
+    they load as Q = dO = 0, L = +inf, D = 0; without it every row is inside (no bounds masks).
     """
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
@@ -145,11 +146,11 @@ def _attn_bwd_dkdv_inner(
         m_ok = offs_m < n_q
         # FA2 Alg. 2 line 9: load Q_i, dO_i, L_i, D_i. Rows past Nq: L = +inf gives P = 0.
         row_ptrs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
-        q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, not EVEN_BLOCKS, pad_d)
-        if EVEN_BLOCKS:
-            lse_c = tl.load(lse_base + offs_m)  # (BLOCK_M1,)
+        q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, BOUNDS, pad_d)
+        if BOUNDS:
+            lse_c = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
         else:
-            lse_c = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
+            lse_c = tl.load(lse_base + offs_m)
         # FA2 Alg. 2 lines 10-11, transposed: P^T = exp2((r^T - L) * c log2 e).
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         rT, tT = _score_mod(
@@ -158,13 +159,13 @@ def _attn_bwd_dkdv_inner(
         pT = tl.math.exp2((rT - lse_c[None, :]) * c2)  # (BLOCK_N1, BLOCK_M1)
         if MASKED:
             pT = tl.where(_visible(offs_m[None, :], offs_n[:, None], diag_lo, diag_hi), pT, 0.0)
-        do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, not EVEN_BLOCKS, pad_d)
+        do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, BOUNDS, pad_d)
         # FA2 Alg. 2 line 12: dV_j += P^T dO_i.
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
-        if EVEN_BLOCKS:
-            delta = tl.load(delta_base + offs_m)  # (BLOCK_M1,)
+        if BOUNDS:
+            delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)  # (BLOCK_M1,)
         else:
-            delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
+            delta = tl.load(delta_base + offs_m)
         # FA2 Alg. 2 lines 13-14, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
         dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
@@ -231,7 +232,7 @@ def _attn_bwd_dkdv(
     ATOMIC_DQ: tl.constexpr,
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
-    EVEN_BLOCKS: tl.constexpr = False,
+    PEEL: tl.constexpr = True,
 ):
     """dK, dV for one key block of one (sequence, K/V head).
 
@@ -239,9 +240,11 @@ def _attn_bwd_dkdv(
     K, V, dK, dV share strides (stride_k*); LSE and Delta (stride_l*). Dense and ``VARLEN`` as
     in ``forward._attn_fwd``; a program past its sequence's keys exits at once.
 
-    ``EVEN_BLOCKS`` (session 8, off in the package's launch; notes/kernel.md): the caller
-    promises that every sequence's Nq is a multiple of BLOCK_M1 and Nk of BLOCK_N1, so the loads
-    carry no bounds masks (FlexAttention's ``IS_DIVISIBLE``); the final stores keep theirs.
+    ``PEEL`` (session 9, on in the package's launch; notes/kernel.md): in the query loop only the
+    tail block (the one that can cross Nq) carries bounds masks (``masks._step_range``). K, V
+    and the final stores (once per program) stay masked: a runtime branch between masked and
+    unmasked K, V loads spilled registers on sm_90a at d = 128. Off: every query block masked,
+    the session-8 kernel (a reference for tests and benchmarks).
     """
     start_n = tl.program_id(0) * BLOCK_N1
     off_hz = tl.program_id(1)
@@ -260,8 +263,8 @@ def _attn_bwd_dkdv(
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     kv_ptrs = kv_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     # FA2 Alg. 2 lines 6-7: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
-    k = _load_tile(K + kv_ptrs, n_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
-    v = _load_tile(V + kv_ptrs, n_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
+    k = _load_tile(K + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+    v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
     diag = 0
@@ -278,13 +281,9 @@ def _attn_bwd_dkdv(
         alibi_r = 0.0
         if ALIBI:
             alibi_r = tl.load(ALIBI_R + off_z * stride_az + off_h)
-        for stage in tl.static_range(3):
-            if stage == 0:
-                s_lo, s_hi = lo, full_lo
-            elif stage == 1:
-                s_lo, s_hi = full_lo, full_hi
-            else:
-                s_lo, s_hi = full_hi, hi
+        # Masked edge, unmasked middle, masked edge, then (PEEL) the query block crossing Nq.
+        for stage in tl.static_range(4 if PEEL else 3):
+            s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_q, BLOCK_M1, PEEL)
             dk, dv = _attn_bwd_dkdv_inner(
                 dk,
                 dv,
@@ -315,11 +314,11 @@ def _attn_bwd_dkdv(
                 ALIBI,
                 DOT_PRECISION,
                 ATOMIC_DQ,
-                EVEN_BLOCKS,
+                stage == 3 or not PEEL,  # bounds masks: the tail block (every block unpeeled)
             )
 
     # FA2 Alg. 2 line 18: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.
-    mask = n_ok & d_ok  # (masked whatever EVEN_BLOCKS: once per program, outside the loop)
+    mask = n_ok & d_ok  # (always masked: once per program, outside the loop)
     tl.store(DK + kv_ptrs, (dk * scale).to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + kv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
 

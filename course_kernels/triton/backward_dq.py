@@ -17,7 +17,7 @@ import triton.language as tl  # noqa: E402
 from ._env import autotune_kwargs, prune_configs  # noqa: E402
 from .configs import DQ_IEEE_CONFIG, DQ_SM75, DQ_SMALL_CONFIG, TUNE_KEY, dq_configs  # noqa: E402
 from .forward import _load_tile  # noqa: E402
-from .masks import _key_blocks, _score_mod, _seq, _visible  # noqa: E402
+from .masks import _key_blocks, _score_mod, _seq, _step_range, _visible  # noqa: E402
 
 
 @triton.jit
@@ -45,14 +45,14 @@ def _attn_bwd_dq_inner(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
     MASKED: tl.constexpr,
-    WINDOWED: tl.constexpr,
+    BOUNDS: tl.constexpr,
     SOFTCAP: tl.constexpr,
     ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    EVEN_BLOCKS: tl.constexpr = False,
 ):
     """Add the key blocks [lo, hi) into dQ_i (FA2 Alg. 2 lines 10-15 for one query block).
-    ``EVEN_BLOCKS``: Nk is a multiple of BLOCK_N2, so no key is past Nk (see ``_attn_bwd_dq``)."""
+    ``MASKED``: apply the window/causal mask. ``BOUNDS``: a block may hold keys past Nk (the
+    tail block): they load as 0 and get P = 0; without it no key is past Nk (no bounds masks)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     for start_n in range(lo, hi, BLOCK_N2):
@@ -60,22 +60,20 @@ def _attn_bwd_dq_inner(
         offs_n = start_n + tl.arange(0, BLOCK_N2)  # (BLOCK_N2,)
         n_ok = offs_n[:, None] < n_k  # (BLOCK_N2, 1)
         kv_ptrs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
-        check_n: tl.constexpr = MASKED and not EVEN_BLOCKS
-        k = _load_tile(k_base + kv_ptrs, n_ok, d_ok, check_n, HEAD_DIM != HEAD_DIM_PADDED)
-        v = _load_tile(v_base + kv_ptrs, n_ok, d_ok, check_n, HEAD_DIM != HEAD_DIM_PADDED)
+        k = _load_tile(k_base + kv_ptrs, n_ok, d_ok, BOUNDS, HEAD_DIM != HEAD_DIM_PADDED)
+        v = _load_tile(v_base + kv_ptrs, n_ok, d_ok, BOUNDS, HEAD_DIM != HEAD_DIM_PADDED)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_N2)
         r, t = _score_mod(
             qk, offs_m[:, None], offs_n[None, :], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
         )
         p = tl.math.exp2((r - lse_c[:, None]) * c2)  # FA2 Alg. 2 line 11, in units of c
-        if EVEN_BLOCKS:
-            if MASKED and WINDOWED:  # no key past Nk: only the window/causal mask
-                p = tl.where(_visible(offs_m[:, None], offs_n[None, :], diag_lo, diag_hi), p, 0.0)
-        elif MASKED:
+        if BOUNDS:
             keep = offs_n[None, :] < n_k  # keys past Nk load as 0 but must get P = 0
-            if WINDOWED:
+            if MASKED:
                 keep = keep & _visible(offs_m[:, None], offs_n[None, :], diag_lo, diag_hi)
             p = tl.where(keep, p, 0.0)
+        elif MASKED:  # no key past Nk: only the window/causal mask
+            p = tl.where(_visible(offs_m[:, None], offs_n[None, :], diag_lo, diag_hi), p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # line 13: dP = dO V^T
         ds = p * (dp - delta[:, None])  # line 14: dS = P * (dP - D)
         if SOFTCAP:
@@ -135,16 +133,18 @@ def _attn_bwd_dq(
     DOT_PRECISION: tl.constexpr,
     BLOCK_N2: tl.constexpr,
     BLOCK_M2: tl.constexpr,
-    EVEN_BLOCKS: tl.constexpr = False,
+    PEEL: tl.constexpr = True,
 ):
     """dQ (and D) for one query block of one (sequence, query head).
 
     Grid: (cdiv(Nq or max_seqlen_q, BLOCK_M2), B * Hq). Q, dO, O, dQ share strides (stride_q*);
     K, V share strides (stride_k*); LSE and Delta share strides (stride_l*). Writes D =
     rowsum(dO * O) for the dK/dV kernel. Dense and ``VARLEN`` as in ``forward._attn_fwd``.
-    ``EVEN_BLOCKS`` (session 8, off in the package's launch): the caller promises every
-    sequence's Nq is a multiple of BLOCK_M2 and Nk of BLOCK_N2: no bounds masks on the loads
-    (FlexAttention's ``IS_DIVISIBLE``).
+    ``PEEL`` (session 9, on in the package's launch; notes/kernel.md): in the key loop only the
+    tail block (the one that can cross Nk) carries bounds masks (``masks._step_range``). The
+    program's own rows (Q, dO, O, L, once per program) stay masked: a runtime branch between
+    masked and unmasked loads cost 26 registers on sm_90a. Off: every key block masked, the
+    session-8 kernel (a reference for tests and benchmarks).
     """
     start_m = tl.program_id(0) * BLOCK_M2
     off_hz = tl.program_id(1)
@@ -165,14 +165,14 @@ def _attn_bwd_dq(
     m_ok = offs_m[:, None] < n_q  # (BLOCK_M2, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     q_ptrs = q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
-    q = _load_tile(Q + q_ptrs, m_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
-    do = _load_tile(DO + q_ptrs, m_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
+    q = _load_tile(Q + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+    do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
     row = off_z * stride_lz + off_h * stride_lh + q_start + offs_m  # (BLOCK_M2,)
     lse_c = tl.load(LSE + row, mask=offs_m < n_q, other=float("inf"))
     # FA2 Alg. 2 line 4, fused here: D = rowsum(dO * O) (rows past Nq load as 0), as the
     # diagonal of the dot dO O^T: the same tensor-core sum as dP = dO V^T, so a row with one
     # visible key (O_i = V_j bitwise) gets D_i = dP_ij bitwise and dS = 0 exactly (issue 22).
-    o = _load_tile(Out + q_ptrs, m_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
+    o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
     od = tl.dot(do, tl.trans(o), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_M2)
     rows = tl.arange(0, BLOCK_M2)
     delta = tl.sum(tl.where(rows[:, None] == rows[None, :], od, 0.0), axis=1)  # (BLOCK_M2,)
@@ -187,13 +187,9 @@ def _attn_bwd_dq(
     diag_lo, diag_hi = diag + win_lo, diag + win_hi
 
     lo, full_lo, full_hi, hi = _key_blocks(start_m, n_k, diag_lo, diag_hi, BLOCK_M2, BLOCK_N2)
-    for stage in tl.static_range(3):
-        if stage == 0:
-            s_lo, s_hi = lo, full_lo
-        elif stage == 1:
-            s_lo, s_hi = full_lo, full_hi
-        else:
-            s_lo, s_hi = full_hi, hi
+    # Masked edge, unmasked middle, masked edge, then (PEEL) the key block that crosses Nk.
+    for stage in tl.static_range(4 if PEEL else 3):
+        s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_k, BLOCK_N2, PEEL)
         dq = _attn_bwd_dq_inner(
             dq,
             q,
@@ -217,11 +213,10 @@ def _attn_bwd_dq(
             BLOCK_N2,
             HEAD_DIM,
             HEAD_DIM_PADDED,
-            stage != 1,
-            WINDOWED,
+            WINDOWED and stage != 1,
+            stage == 3 or (not PEEL and stage != 1),  # bounds masks: the tail (all edges unpeeled)
             SOFTCAP,
             ALIBI,
             DOT_PRECISION,
-            EVEN_BLOCKS,
         )
     tl.store(DQ + q_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=m_ok & d_ok)

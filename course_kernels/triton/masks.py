@@ -129,6 +129,34 @@ def _query_blocks(start_n, n_q, diag_lo, diag_hi, BLOCK_N: tl.constexpr, BLOCK_M
     return lo, full_lo, full_hi, hi
 
 
+@triton.jit
+def _step_range(
+    STEP: tl.constexpr, lo, full_lo, full_hi, hi, n, BLOCK: tl.constexpr, PEEL: tl.constexpr
+):
+    """[s_lo, s_hi) of step ``STEP`` of a block loop split by :func:`_key_blocks` or
+    :func:`_query_blocks` (n: Nk or Nq): 0 masked edge, 1 unmasked middle, 2 masked edge.
+
+    Tail peeling (``PEEL``, session 9): the only block that can cross the sequence's end starts
+    at tail = floor(n / BLOCK) * BLOCK. Steps 0-2 stop at tail, so every block they visit lies
+    inside [0, n) and needs no bounds mask; step 3 is [tail, hi), at most that one block, the
+    last one visited before too (same blocks, same order). Nothing here needs n on the host."""
+    if STEP == 0:
+        s_lo, s_hi = lo, full_lo
+    elif STEP == 1:
+        s_lo, s_hi = full_lo, full_hi
+    elif STEP == 2:
+        s_lo, s_hi = full_hi, hi
+    else:
+        s_lo, s_hi = lo, hi
+    if PEEL:
+        tail = (n // BLOCK) * BLOCK
+        if STEP == 3:
+            s_lo = tl.maximum(s_lo, tail)
+        else:
+            s_hi = tl.minimum(s_hi, tail)
+    return s_lo, s_hi
+
+
 def key_blocks(start_m, n_k, diag_lo, diag_hi, block_m, block_n):
     """:func:`_key_blocks` in plain Python (the same integer arithmetic)."""
     lo = (max(start_m + diag_lo, 0) // block_n) * block_n
@@ -147,6 +175,15 @@ def query_blocks(start_n, n_q, diag_lo, diag_hi, block_n, block_m):
     full_lo = min(max(((first + block_m - 1) // block_m) * block_m, lo), hi)
     full_hi = max(min((max(start_n + 1 - diag_lo, 0) // block_m) * block_m, hi), full_lo)
     return lo, full_lo, full_hi, hi
+
+
+def step_ranges(lo, full_lo, full_hi, hi, n, block, peel=True):
+    """:func:`_step_range` in plain Python: (s_lo, s_hi) of every step, in order."""
+    ranges = [(lo, full_lo), (full_lo, full_hi), (full_hi, hi)]
+    if not peel:
+        return ranges
+    tail = (n // block) * block
+    return [(a, min(b, tail)) for a, b in ranges] + [(max(lo, tail), hi)]
 
 
 # ---- the variant a launch computes, and the checks of the public arguments -------------------

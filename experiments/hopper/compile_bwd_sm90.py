@@ -14,7 +14,9 @@ TTGIR ``ttg.convert_layout`` / ``ttg.local_alloc`` / ``ttg.local_load`` counts, 
 the instruction count, local loads/stores (spill traffic) and ``ISETP`` (integer compares:
 bounds masks and loop tests).
 
-``--variants``: the session-8 switch ``EVEN_BLOCKS`` next to the default.
+``--variants``: ``masked`` (``PEEL=False``: every load bounds-masked, the session-8 default)
+next to the default (tail peeling, session 9). Session 8's ``EVEN_BLOCKS`` is gone (the peeled
+kernel's steps are its steps, plus the tail step): its rows are in the session-8 notes.
 """
 
 from __future__ import annotations
@@ -185,10 +187,10 @@ def compile_one(kernel: str, case: str, d: int, tile, extra=None) -> dict:
     }
 
 
-# The session-8 switches (notes/kernel.md): name -> (kernel, constexprs)
+# The switches (notes/kernel.md): name -> (kernel, constexprs)
 VARIANTS = {
     "default": {},
-    "even": {"dkdv": {"EVEN_BLOCKS": True}, "dq": {"EVEN_BLOCKS": True}},
+    "masked": {"dkdv": {"PEEL": False}, "dq": {"PEEL": False}},
 }
 
 
