@@ -7,7 +7,9 @@ sequence's end (the loops' tail step, and a program's own tile when its block is
 on every shape: dense lengths that are and are not multiples of the blocks, causal or not, sliding
 windows, soft cap, GQA, Nq != Nk in both alignments, packed documents of ragged lengths. A peel
 that drops or repeats the tail step, or that leaves a crossing block unmasked, changes them (the
-rows it forgets, or the neighbour document's rows it reads as its own)."""
+rows it forgets, or the neighbour document's rows it reads as its own). Session 8's
+``EVEN_BLOCKS`` (the launch's promise, for dense lengths that are multiples of every block, that
+there is no tail: the tail step is not compiled) is bitwise the same where the promise holds."""
 
 from __future__ import annotations
 
@@ -135,14 +137,15 @@ def test_peeled_kernels_are_bitwise_the_masked_kernels(shape_id, tiles):
 
 @pytest.mark.parametrize("case", ["doc128", "causal128"])
 def test_direct_launch_is_the_package_backward(case):
-    """The script's launch (forced interpreter tiles, no switch) is what ``_backward_c``
-    computes: the package launches the peeled kernels."""
+    """The script's launch (forced interpreter tiles, peeled) is what ``_backward_c`` computes
+    (peeled on the documents; EVEN_BLOCKS on the dense divisible row: bitwise the same)."""
     tensors = bv.make_case(case, True, "cpu", torch.float32, seed=3)
     prep = bv.prepare(tensors)
     got = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, {})
     q, k, v, do, variant, varlen = tensors
     o, lse_c, dq_plan, dkdv_plan = prep
     assert "PEEL" not in dq_plan.constexprs and "PEEL" not in dkdv_plan.constexprs  # default: on
+    assert dkdv_plan.constexprs["EVEN_BLOCKS"] == (varlen is None)
     want = launch._backward_c(do, q, k, v, o, lse_c, variant, q.shape[-1] ** -0.5, None, varlen)
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
         assert torch.equal(a, b), name
@@ -155,3 +158,52 @@ def test_cpu_smoke_writes_rows(tmp_path):
     assert len(rows) == 2 and all(r["bitwise_equal"] for r in rows)
     assert not rows[0]["divisible"]  # the ragged documents: tail steps run
     assert out.exists() and "environment" in record and "summary" in record
+
+
+# ---- EVEN_BLOCKS (session 8): no tail step compiled, for dense lengths multiple of every block
+
+
+@pytest.mark.parametrize("case", ["doc128", "window128", "causal128"])
+def test_even_blocks_is_bitwise_the_masked_kernel(case):
+    tensors = bv.make_case(case, True, "cpu", torch.float32, seed=3)
+    prep = bv.prepare(tensors)
+    assert bv.divisible(tensors, [bv.CPU_DKDV, bv.CPU_DQ])
+    want = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, MASKED)
+    got = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, {"EVEN_BLOCKS": True})
+    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_even_blocks_changes_results_on_ragged_lengths():
+    """Documents of 37, 5 and 50 tokens: without the tail step the kernels read the next
+    document's rows and keys as their own, so the gradients differ (the script runs "even" on
+    divisible lengths only; the launch sets it for dense divisible lengths only)."""
+    tensors = _tensors("docs-plain")
+    prep = bv.prepare(tensors)
+    want = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, MASKED)
+    got = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, {"EVEN_BLOCKS": True})
+    assert any(not torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_the_package_sets_even_blocks_only_for_divisible_dense_lengths(monkeypatch):
+    """launch._even: lengths that are multiples of the largest block of both autotuning lists
+    (dense only); the package's backward then equals the peeled kernels' bit for bit."""
+    blocks = [v for kern in (launch._attn_bwd_dq, launch._attn_bwd_dkdv)
+              for cfg in kern.configs for v in cfg.kwargs.values()]  # fmt: skip
+    b = max(blocks)
+    assert launch._even(b, 2 * b) and not launch._even(b, b + 16) and not launch._even(b // 2, b)
+    g = torch.Generator().manual_seed(11)
+    q, k, v, do = (torch.randn(1, 2, 2 * b, 16, generator=g) for _ in range(4))
+    o, lse = launch._forward_c(q, k, v, CAUSAL, 0.3)
+    seen = []
+    real = launch._bwd_plans
+    monkeypatch.setattr(launch, "_bwd_plans", lambda *a: seen.append(r := real(*a)) or r)
+    launch._PLANS.clear()
+    got = launch._backward_c(do, q, k, v, o, lse, CAUSAL, 0.3)
+    assert seen and all(p.constexprs["EVEN_BLOCKS"] for p in seen[0][1:])
+    monkeypatch.setattr(launch, "_even", lambda n_q, n_k: False)
+    launch._PLANS.clear()
+    want = launch._backward_c(do, q, k, v, o, lse, CAUSAL, 0.3)
+    launch._PLANS.clear()
+    for a, w in zip(got, want, strict=True):
+        assert torch.equal(a, w)

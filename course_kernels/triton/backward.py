@@ -233,6 +233,7 @@ def _attn_bwd_dkdv(
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
     PEEL: tl.constexpr = True,
+    EVEN_BLOCKS: tl.constexpr = False,
 ):
     """dK, dV for one key block of one (sequence, K/V head).
 
@@ -244,7 +245,9 @@ def _attn_bwd_dkdv(
     tail block (the one that can cross Nq) carries bounds masks (``masks._step_range``). K, V
     and the final stores (once per program) stay masked: a runtime branch between masked and
     unmasked K, V loads spilled registers on sm_90a at d = 128. Off: every query block masked,
-    the session-8 kernel (a reference for tests and benchmarks).
+    the session-8 kernel (a reference for tests and benchmarks). ``EVEN_BLOCKS`` (session 8, set
+    by the launch for dense lengths that are multiples of every block): the caller promises no
+    tail, so the tail step is not compiled (fewer registers) and K, V load unmasked.
     """
     start_n = tl.program_id(0) * BLOCK_N1
     off_hz = tl.program_id(1)
@@ -263,8 +266,8 @@ def _attn_bwd_dkdv(
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     kv_ptrs = kv_off + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kk
     # FA2 Alg. 2 lines 6-7: load K_j, V_j; dK_j = dV_j = 0. Rows past Nk load as 0, never stored.
-    k = _load_tile(K + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-    v = _load_tile(V + kv_ptrs, n_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+    k = _load_tile(K + kv_ptrs, n_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
+    v = _load_tile(V + kv_ptrs, n_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
     dk = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N1, HEAD_DIM_PADDED], dtype=tl.float32)
     diag = 0
@@ -282,8 +285,9 @@ def _attn_bwd_dkdv(
         if ALIBI:
             alibi_r = tl.load(ALIBI_R + off_z * stride_az + off_h)
         # Masked edge, unmasked middle, masked edge, then (PEEL) the query block crossing Nq.
-        for stage in tl.static_range(4 if PEEL else 3):
-            s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_q, BLOCK_M1, PEEL)
+        peel: tl.constexpr = PEEL and not EVEN_BLOCKS  # (EVEN_BLOCKS: there is no tail)
+        for stage in tl.static_range(4 if peel else 3):
+            s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_q, BLOCK_M1, peel)
             dk, dv = _attn_bwd_dkdv_inner(
                 dk,
                 dv,
@@ -314,7 +318,7 @@ def _attn_bwd_dkdv(
                 ALIBI,
                 DOT_PRECISION,
                 ATOMIC_DQ,
-                stage == 3 or not PEEL,  # bounds masks: the tail block (every block unpeeled)
+                not EVEN_BLOCKS and (stage == 3 or not PEEL),  # bounds masks: tail, or all
             )
 
     # FA2 Alg. 2 line 18: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.

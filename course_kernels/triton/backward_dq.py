@@ -134,6 +134,7 @@ def _attn_bwd_dq(
     BLOCK_N2: tl.constexpr,
     BLOCK_M2: tl.constexpr,
     PEEL: tl.constexpr = True,
+    EVEN_BLOCKS: tl.constexpr = False,
 ):
     """dQ (and D) for one query block of one (sequence, query head).
 
@@ -144,7 +145,9 @@ def _attn_bwd_dq(
     tail block (the one that can cross Nk) carries bounds masks (``masks._step_range``). The
     program's own rows (Q, dO, O, L, once per program) stay masked: a runtime branch between
     masked and unmasked loads cost 26 registers on sm_90a. Off: every key block masked, the
-    session-8 kernel (a reference for tests and benchmarks).
+    session-8 kernel (a reference for tests and benchmarks). ``EVEN_BLOCKS`` (session 8, set by
+    the launch for dense lengths that are multiples of every block): the caller promises no
+    tail, so the tail step is not compiled and Q, dO, O load unmasked.
     """
     start_m = tl.program_id(0) * BLOCK_M2
     off_hz = tl.program_id(1)
@@ -165,14 +168,14 @@ def _attn_bwd_dq(
     m_ok = offs_m[:, None] < n_q  # (BLOCK_M2, 1)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     q_ptrs = q_off + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
-    q = _load_tile(Q + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
-    do = _load_tile(DO + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+    q = _load_tile(Q + q_ptrs, m_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
+    do = _load_tile(DO + q_ptrs, m_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
     row = off_z * stride_lz + off_h * stride_lh + q_start + offs_m  # (BLOCK_M2,)
     lse_c = tl.load(LSE + row, mask=offs_m < n_q, other=float("inf"))
     # FA2 Alg. 2 line 4, fused here: D = rowsum(dO * O) (rows past Nq load as 0), as the
     # diagonal of the dot dO O^T: the same tensor-core sum as dP = dO V^T, so a row with one
     # visible key (O_i = V_j bitwise) gets D_i = dP_ij bitwise and dS = 0 exactly (issue 22).
-    o = _load_tile(Out + q_ptrs, m_ok, d_ok, True, HEAD_DIM != HEAD_DIM_PADDED)
+    o = _load_tile(Out + q_ptrs, m_ok, d_ok, not EVEN_BLOCKS, HEAD_DIM != HEAD_DIM_PADDED)
     od = tl.dot(do, tl.trans(o), input_precision=DOT_PRECISION)  # (BLOCK_M2, BLOCK_M2)
     rows = tl.arange(0, BLOCK_M2)
     delta = tl.sum(tl.where(rows[:, None] == rows[None, :], od, 0.0), axis=1)  # (BLOCK_M2,)
@@ -188,8 +191,9 @@ def _attn_bwd_dq(
 
     lo, full_lo, full_hi, hi = _key_blocks(start_m, n_k, diag_lo, diag_hi, BLOCK_M2, BLOCK_N2)
     # Masked edge, unmasked middle, masked edge, then (PEEL) the key block that crosses Nk.
-    for stage in tl.static_range(4 if PEEL else 3):
-        s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_k, BLOCK_N2, PEEL)
+    peel: tl.constexpr = PEEL and not EVEN_BLOCKS  # (EVEN_BLOCKS: there is no tail)
+    for stage in tl.static_range(4 if peel else 3):
+        s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_k, BLOCK_N2, peel)
         dq = _attn_bwd_dq_inner(
             dq,
             q,
@@ -214,7 +218,7 @@ def _attn_bwd_dq(
             HEAD_DIM,
             HEAD_DIM_PADDED,
             WINDOWED and stage != 1,
-            stage == 3 or (not PEEL and stage != 1),  # bounds masks: the tail (all edges unpeeled)
+            not EVEN_BLOCKS and (stage == 3 or (not PEEL and stage != 1)),  # bounds masks
             SOFTCAP,
             ALIBI,
             DOT_PRECISION,

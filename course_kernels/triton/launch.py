@@ -362,6 +362,7 @@ def _bwd_plans(q, k, lse_c, variant: Variant, scale: float, alibi, varlen):
     key = (q.device, q.dtype, lay.n_q, lay.n_k, lay.d, variant, group, alibi is not None)
     key = (*key, varlen is not None)
     common, constexprs = bwd_variant_args(q, k, lse_c, variant, scale, alibi, varlen)
+    constexprs["EVEN_BLOCKS"] = varlen is None and _even(lay.n_q, lay.n_k)
     scalars = common[3:]  # after the cu_seqlens and ALiBi tensors
     dq = KernelPlan(
         _attn_bwd_dq,
@@ -378,3 +379,15 @@ def _bwd_plans(q, k, lse_c, variant: Variant, scale: float, alibi, varlen):
         lambda meta: (_cdiv(lay.n_k, meta["BLOCK_N1"]), lay.batch * lay.kv_heads),
     )
     return variant.units(scale)[1], dq, dkdv
+
+
+def _even(n_q: int, n_k: int) -> bool:
+    """Nq and Nk multiples of every block size in the backward kernels' autotuning lists: their
+    loads then need no bounds masks (``EVEN_BLOCKS``, FlexAttention's ``IS_DIVISIBLE``; -14 to
+    -33% on the dK/dV kernel on the H200, notes/kernel.md session 8). Dense calls only; the
+    kernels' tail peeling (``PEEL``) gives other lengths and varlen the same unmasked steps."""
+    kernels = (_attn_bwd_dq, _attn_bwd_dkdv)
+    if not all(getattr(kern, "configs", None) for kern in kernels):
+        return False  # no list to read the blocks from: keep the masks
+    block = max(v for kern in kernels for cfg in kern.configs for v in cfg.kwargs.values())
+    return n_q % block == 0 and n_k % block == 0

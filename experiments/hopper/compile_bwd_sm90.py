@@ -14,9 +14,9 @@ TTGIR ``ttg.convert_layout`` / ``ttg.local_alloc`` / ``ttg.local_load`` counts, 
 the instruction count, local loads/stores (spill traffic) and ``ISETP`` (integer compares:
 bounds masks and loop tests).
 
-``--variants``: ``masked`` (``PEEL=False``: every load bounds-masked, the session-8 default)
-next to the default (tail peeling, session 9). Session 8's ``EVEN_BLOCKS`` is gone (the peeled
-kernel's steps are its steps, plus the tail step): its rows are in the session-8 notes.
+``--variants``: the default (tail peeling, session 9: what varlen and dense lengths that are not
+multiples of 128 get), ``masked`` (``PEEL=False``: every load bounds-masked, the session-8
+default) and ``even`` (``EVEN_BLOCKS``: no tail step compiled, what divisible dense lengths get).
 """
 
 from __future__ import annotations
@@ -191,6 +191,7 @@ def compile_one(kernel: str, case: str, d: int, tile, extra=None) -> dict:
 VARIANTS = {
     "default": {},
     "masked": {"dkdv": {"PEEL": False}, "dq": {"PEEL": False}},
+    "even": {"dkdv": {"EVEN_BLOCKS": True}, "dq": {"EVEN_BLOCKS": True}},
 }
 
 

@@ -155,6 +155,8 @@ def bwd_args(name, q, o, lse, causal=False):
     }[name]
     extra = {"ATOMIC_DQ": False} if name == "_attn_bwd_dkdv" else {}
     extra["PEEL"] = True  # tail peeling, as the package launches it (False: every load masked)
+    extra["EVEN_BLOCKS"] = False  # the tail step compiled (the package skips it for dense
+    # lengths that are multiples of every block)
     tail = (0.1, *q.stride(), *q.stride(), *variant_args(causal), 2, 1, 256, 256)
     return (*pointers, lse, lse, lse, *tail), extra  # cu_seqlens and ALiBi: unused pointers
 
