@@ -79,6 +79,61 @@ def test_the_forward_choice_is_read_from_the_environment(monkeypatch):
             launch._use_gluon(q, q)
 
 
+def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
+    from course_kernels.triton import launch
+
+    q = torch.randn(1, 2, 16, 64, dtype=torch.float16)
+    kv = torch.randn(1, 1, 16, 64, dtype=torch.float16)  # GQA: the Gluon backward refuses it
+    monkeypatch.delenv(launch.BACKWARD_ENV, raising=False)
+    monkeypatch.setattr(launch, "gluon_available", lambda: True)
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    assert launch._use_gluon(q, q) is True  # the forward's auto, everything else equal
+    assert launch._use_gluon(q, q, backward=True) is launch.GLUON_BACKWARD_AUTO
+    monkeypatch.setattr(launch, "GLUON_BACKWARD_AUTO", True)
+    assert launch._use_gluon(q, q, backward=True) is True
+    assert launch._use_gluon(q, kv, backward=True) is False  # auto: GQA keeps the tl backward
+    monkeypatch.setenv(launch.BACKWARD_ENV, "triton")
+    assert launch._use_gluon(q, q, backward=True) is False
+    assert launch._use_gluon(q, q) is True  # the forward's variable is another one
+    monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")
+    assert launch._use_gluon(q, q, backward=True) is True
+    with pytest.raises(ValueError, match="as many K/V heads as query heads; got .* 2 query and 1"):
+        launch._use_gluon(q, kv, backward=True)
+    monkeypatch.setenv(launch.BACKWARD_ENV, "fa3")
+    with pytest.raises(ValueError, match="COURSE_KERNELS_BACKWARD='fa3'.*auto, gluon, triton"):
+        launch._use_gluon(q, q, backward=True)
+
+
+def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
+    """Where the backward choice says Gluon, ``_backward_c`` returns what the Gluon backward
+    returns, given the lse in natural-log units and the causal flag; masks it does not take
+    (windows, bottom-right, ALiBi, varlen) never ask for it."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import CAUSAL, PLAIN, Variant
+
+    asked, calls = [], []
+    monkeypatch.setattr(launch, "_use_gluon", lambda q, k, backward=False: asked.append(1) or True)
+
+    def fake(do, q, k, v, o, lse, causal, scale):
+        calls.append((lse, causal, scale))
+        return "dq", "dk", "dv"
+
+    monkeypatch.setattr(launch, "gluon_attention_backward", fake)
+    q, k, v, o, do = (torch.randn(1, 2, 8, 64) for _ in range(5))
+    lse_c = torch.randn(1, 2, 8)
+    for variant in (PLAIN, CAUSAL):
+        assert launch._backward_c(do, q, k, v, o, lse_c, variant, 0.3) == ("dq", "dk", "dv")
+        lse, causal, scale = calls[-1]
+        assert torch.equal(lse, lse_c * variant.units(0.3)[1]) and causal is variant.causal
+        assert scale == 0.3
+    assert len(asked) == 2
+    window = Variant(causal=True, window=(4, 0))
+    dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, window, 0.3)  # the tl kernels
+    assert len(asked) == 2 and len(calls) == 2 and dq.shape == q.shape
+
+
 def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():
     """The measured rule (course_kernels/data/gluon/h200_dispatch.json): at B = 4, H x d = 2048
     the Gluon forward's host path loses up to N = 2K and wins from N = 4K."""
