@@ -104,3 +104,51 @@ def test_the_package_turns_even_blocks_on_only_for_divisible_dense_lengths(monke
     launch._PLANS.clear()
     for a, w in zip(got, want, strict=True):
         assert torch.equal(a, w)
+
+
+@pytest.mark.parametrize("case", ["doc128", "window128", "causal128"])
+def test_one_loop_is_bitwise_the_three_loops(case):
+    """``ONE_LOOP`` (session 9): the dK/dV kernel's single loop, masking the edge blocks by a
+    run-time test, gives the three-loop kernel's gradients bit for bit (with and without
+    ``EVEN_BLOCKS``), on ragged documents too."""
+    for lengths in (None, [56, 40, 96]) if case == "doc128" else (None,):
+        _t, _p, want = _run(case, {}, lengths)
+        _t, _p, got = _run(case, {"ONE_LOOP": True}, lengths)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+            assert torch.equal(a, b), (name, lengths)
+    _t, _p, want = _run(case, EVEN)
+    _t, _p, got = _run(case, {**EVEN, "ONE_LOOP": True})
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("causal, window", [(True, (80, 0)), (False, (70, 90)), (False, (-1, 60))])
+def test_one_loop_masks_both_edges_of_a_wide_window(causal, window):
+    """Windows wider than the interpreter's blocks (16 query rows, 32 keys), so that a key block
+    has masked query blocks before and after its unmasked ones. Both kernels' forms share the
+    masking step, so each is checked against float64 autograd (not only against the other)."""
+    from course_kernels.triton.masks import Variant
+
+    g = torch.Generator().manual_seed(7)
+    n = 160
+    q, k, v, do = (torch.randn(1, 2, n, 16, generator=g) for _ in range(4))
+    tensors = (q, k, v, do, Variant(causal=causal, window=window), None)
+    x = [t.double().requires_grad_() for t in (q, k, v)]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    left, right = window
+    keep = (j >= i - left if left >= 0 else True) & (j <= i + (0 if causal else right))
+    s = (x[0] @ x[1].transpose(-1, -2) * 16**-0.5).masked_fill(~keep, float("-inf"))
+    (torch.softmax(s, -1) @ x[2]).backward(do.double())
+    prep = bv.prepare(tensors)
+    for switches in ({}, {"ONE_LOOP": True}):
+        got = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, switches)
+        for name, a, ref in zip(("dq", "dk", "dv"), got, x, strict=True):
+            err = float((a.double() - ref.grad).abs().max())
+            assert err < 1e-4, (switches, name, err)
+
+
+def test_the_package_runs_the_one_loop_dkdv_kernel():
+    from course_kernels.triton.masks import CAUSAL
+
+    q = torch.randn(1, 2, 40, 16)
+    _c, dq_plan, dkdv_plan = launch._bwd_plans(q, q, torch.zeros(1, 2, 40), CAUSAL, 0.3, None, None)
+    assert dkdv_plan.constexprs["ONE_LOOP"] is True and "ONE_LOOP" not in dq_plan.constexprs

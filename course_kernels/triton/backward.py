@@ -121,6 +121,8 @@ def _attn_bwd_dkdv_inner(
     alibi_diag,
     diag_lo,
     diag_hi,
+    full_lo,
+    full_hi,
     BLOCK_M1: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PADDED: tl.constexpr,
@@ -133,8 +135,9 @@ def _attn_bwd_dkdv_inner(
 ):
     """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17).
 
-    ``MASKED``: apply the window/causal mask (keys past Nk are never stored, rows past Nq have
-    L = +inf: neither needs a mask). ``EVEN_BLOCKS``: see ``_attn_bwd_dkdv``.
+    ``MASKED``: apply the window/causal mask to the blocks outside [full_lo, full_hi) (keys past
+    Nk are never stored, rows past Nq have L = +inf: neither needs a mask). ``EVEN_BLOCKS``: see
+    ``_attn_bwd_dkdv``.
     """
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
@@ -156,8 +159,9 @@ def _attn_bwd_dkdv_inner(
             qkT, offs_m[None, :], offs_n[:, None], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
         )
         pT = tl.math.exp2((rT - lse_c[None, :]) * c2)  # (BLOCK_N1, BLOCK_M1)
-        if MASKED:
-            pT = tl.where(_visible(offs_m[None, :], offs_n[:, None], diag_lo, diag_hi), pT, 0.0)
+        if MASKED:  # noqa: SIM102 (constexpr, then run time: one loop holds both kinds of block)
+            if (start_m < full_lo) | (start_m >= full_hi):
+                pT = tl.where(_visible(offs_m[None, :], offs_n[:, None], diag_lo, diag_hi), pT, 0.0)
         do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, not EVEN_BLOCKS, pad_d)
         # FA2 Alg. 2 line 12: dV_j += P^T dO_i.
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
@@ -232,6 +236,7 @@ def _attn_bwd_dkdv(
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
     EVEN_BLOCKS: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
 ):
     """dK, dV for one key block of one (sequence, K/V head).
 
@@ -242,6 +247,11 @@ def _attn_bwd_dkdv(
     ``EVEN_BLOCKS`` (session 8, off in the package's launch; notes/kernel.md): the caller
     promises that every sequence's Nq is a multiple of BLOCK_M1 and Nk of BLOCK_N1, so the loads
     carry no bounds masks (FlexAttention's ``IS_DIVISIBLE``); the final stores keep theirs.
+
+    ``ONE_LOOP`` (session 9, on in the package's launch): one loop over all the query blocks, the
+    mask decided per block at run time, instead of three loops (masked edge, unmasked middle,
+    masked edge). With three, ptxas serialises every wgmma of the kernel (warning C7515: the
+    accumulators dK, dV pass between pipelined loops), one wait per tensor-core instruction.
     """
     start_n = tl.program_id(0) * BLOCK_N1
     off_hz = tl.program_id(1)
@@ -278,8 +288,10 @@ def _attn_bwd_dkdv(
         alibi_r = 0.0
         if ALIBI:
             alibi_r = tl.load(ALIBI_R + off_z * stride_az + off_h)
-        for stage in tl.static_range(3):
-            if stage == 0:
+        for stage in tl.static_range(1 if ONE_LOOP else 3):
+            if ONE_LOOP:
+                s_lo, s_hi = lo, hi
+            elif stage == 0:
                 s_lo, s_hi = lo, full_lo
             elif stage == 1:
                 s_lo, s_hi = full_lo, full_hi
@@ -307,10 +319,12 @@ def _attn_bwd_dkdv(
                 n_k - n_q,
                 diag_lo,
                 diag_hi,
+                full_lo,
+                full_hi,
                 BLOCK_M1,
                 HEAD_DIM,
                 HEAD_DIM_PADDED,
-                WINDOWED & (stage != 1),
+                WINDOWED & (ONE_LOOP | (stage != 1)),
                 SOFTCAP,
                 ALIBI,
                 DOT_PRECISION,

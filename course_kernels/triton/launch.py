@@ -378,7 +378,7 @@ def _bwd_plans(q, k, lse_c, variant: Variant, scale: float, alibi, varlen):
         _attn_bwd_dkdv,
         (id(_attn_bwd_dkdv), *key),
         (*scalars, lay.kv_heads, group, lay.n_q, lay.n_k),
-        {**constexprs, "ATOMIC_DQ": False},
+        {**constexprs, "ATOMIC_DQ": False, "ONE_LOOP": True},  # backward.py: no serialised wgmma
         lambda meta: (_cdiv(lay.n_k, meta["BLOCK_N1"]), lay.batch * lay.kv_heads),
     )
     return variant.units(scale)[1], dq, dkdv

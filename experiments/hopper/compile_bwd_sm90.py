@@ -169,6 +169,7 @@ def compile_one(kernel: str, case: str, d: int, tile, extra=None) -> dict:
         "regs": int(regs.group(1)) if regs else None,
         "spill_store_B": int(spill.group(1)) if spill else None,
         "spill_load_B": int(spill.group(2)) if spill else None,
+        "wgmma_serialized": "C7515" in r.stderr,  # ptxas: one wait per wgmma (session 9)
         "shared": ck.metadata.shared,
         "ptx_sha": hashlib.sha256(_code(ptx).encode()).hexdigest()[:12],
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
@@ -187,8 +188,10 @@ def compile_one(kernel: str, case: str, d: int, tile, extra=None) -> dict:
 
 # The session-8 switches (notes/kernel.md): name -> (kernel, constexprs)
 VARIANTS = {
-    "default": {},
-    "even": {"dkdv": {"EVEN_BLOCKS": True}, "dq": {"EVEN_BLOCKS": True}},
+    "default": {"dkdv": {"ONE_LOOP": False}, "dq": {}},  # session 8's kernels
+    "even": {"dkdv": {"EVEN_BLOCKS": True, "ONE_LOOP": False}, "dq": {"EVEN_BLOCKS": True}},
+    "one_loop": {"dkdv": {"ONE_LOOP": True}},
+    "even_one_loop": {"dkdv": {"EVEN_BLOCKS": True, "ONE_LOOP": True}, "dq": {"EVEN_BLOCKS": True}},
 }
 
 
@@ -206,7 +209,7 @@ def main(argv=None):
             for kernel in args.kernels:
                 for tile in DKDV_CFGS if kernel == "dkdv" else DQ_CFGS:
                     for name in args.variants:
-                        extra = VARIANTS[name].get(kernel) if name != "default" else {}
+                        extra = VARIANTS[name].get(kernel)
                         if extra is None:
                             continue
                         try:
