@@ -27,7 +27,7 @@ if HAVE_GLUON:
         (min(row, N - 1) under causal masking, N - 1 otherwise) instead of a key-range and a
         causal compare, and past the block where the warpgroup's rows see all of it (n_free > 0).
         Only for block 0: in the loop's masked steps the same form spilled 84-156 bytes (ptxas,
-        sm_90a, three consumers), the loop-invariant key indices held in registers."""
+        sm_90a, three consumers; notes/gluon.md, session 9)."""
         cols = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
         rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
         last = gl.full([BM], N - 1, gl.int32, layout=gl.SliceLayout(1, s_layout))
