@@ -128,6 +128,12 @@ _SERIAL_BUG = pytest.mark.xfail(
         dict(ALIGN_END=True),
         dict(SKIP_DEAD=True, ALIGN_END=True),
         dict(SKIP_DEAD=True, ALIGN_END=True, STAGES=4, NUM_CONSUMERS=3),
+        # session 9: LPT order in L2-sized sections of heads (0.5 MiB: 1-2 K/V heads here),
+        # block 0 through the one-compare mask
+        dict(DYNAMIC=True, LPT=True, LPT_SECTION_MB=0.5),
+        dict(DYNAMIC=True, LPT=True, LPT_SECTION_MB=0.5, NUM_CONSUMERS=3),
+        dict(ROW_MASK=True),
+        dict(ROW_MASK=True, SKIP_DEAD=True, ALIGN_END=True, NUM_CONSUMERS=3),
     ],
     ids=str,
 )
@@ -158,7 +164,14 @@ def test_lever_variants_are_correct(cfg, causal):
 
 
 @pytest.mark.parametrize(
-    "cfg", [dict(SKIP_DEAD=True), dict(SKIP_DEAD=True, ALIGN_END=True)], ids=str
+    "cfg",
+    [
+        dict(SKIP_DEAD=True),
+        dict(SKIP_DEAD=True, ALIGN_END=True),
+        # session 9: sections of 2 heads and 1 (at N = 200 the last section holds one of 3)
+        dict(SKIP_DEAD=True, ALIGN_END=True, LPT=True, LPT_SECTION_MB=0.1, ROW_MASK=True),
+    ],
+    ids=str,
 )
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
