@@ -135,9 +135,8 @@ def _attn_bwd_dkdv_inner(
 ):
     """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17).
 
-    ``MASKED``: apply the window/causal mask to the blocks outside [full_lo, full_hi) (keys past
-    Nk are never stored, rows past Nq have L = +inf: neither needs a mask). ``EVEN_BLOCKS``: see
-    ``_attn_bwd_dkdv``.
+    ``MASKED``: mask the blocks outside [full_lo, full_hi) (keys past Nk are never stored, rows
+    past Nq have L = +inf: neither needs a mask). ``EVEN_BLOCKS``: see ``_attn_bwd_dkdv``.
     """
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
