@@ -30,10 +30,12 @@ if HAVE_GLUON:
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
 # DQ_SPLIT: the dQ partial computed and added in DQ_SPLIT column chunks (fewer live registers).
 # Chosen from the offline compile only (registers / spills / shared memory; notes/
-# gluon_backward.md), NOT from any measurement. Session 9's dQ switches (overrides, off by
-# default until measured): DQ_VEC = 4 (the dQ partial shuffled into 4 contiguous columns per
-# thread: red.global.add.v4.f32 instead of the accumulator layout's .v2), DQ_SHARED (one [BM, d]
-# dQ partial per CTA step, split by columns across the consumers: half the atomic bytes).
+# gluon_backward.md), NOT from any measurement. Session 9's dQ switches: DQ_VEC = 4 (the dQ
+# partial shuffled into 4 contiguous columns per thread: red.global.add.v4.f32 instead of the
+# accumulator layout's .v2; measured +0 to +5%, not the default), DQ_SHARED (one [BM, d] dQ
+# partial per CTA step, split by columns across the consumers: half the atomic bytes; measured
+# 1.19-1.26x the first version on the H200, every check passed: the default since session 9,
+# experiments/data/gluon/h200_gluon_backward_session9_dq.json).
 BACKWARD_CONFIG = {
     64: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=1),
     128: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=2),
@@ -49,7 +51,7 @@ _ACCEPTED = {
     "DQ_VEC": (2, 4),
     "DQ_SHARED": (False, True),
 }
-BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=False)  # the first version's dQ
+BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True)  # DQ_SHARED=False: the first version
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 
 

@@ -47,12 +47,14 @@ VARIANTS = {  # config name -> overrides of BACKWARD_CONFIG (the default first)
     "d64 BM=128": dict(BM=128),
     "stages=3": dict(STAGES=3),
     # session 9, cheaper dQ (notes/gluon_backward.md): v4 reductions; one dQ partial per CTA step
+    "dq_per_consumer": dict(DQ_SHARED=False),  # the first version (the default before session 9)
     "dq_vec4": dict(DQ_VEC=4),
     "dq_shared": dict(DQ_SHARED=True),
     "dq_shared_vec4": dict(DQ_SHARED=True, DQ_VEC=4),
 }
 VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128),
-                "dq_vec4": (64, 128), "dq_shared": (64, 128), "dq_shared_vec4": (64, 128)}  # fmt: skip
+                "dq_vec4": (64, 128), "dq_shared": (64, 128), "dq_shared_vec4": (64, 128),
+                "dq_per_consumer": (64, 128)}  # fmt: skip
 
 
 def _emit(**row):

@@ -75,13 +75,14 @@ def test_backward_batch_and_heads_are_separate(cfg):
 @pytest.mark.parametrize(
     "cfg",
     [
-        dict(NUM_CONSUMERS=1),
+        dict(NUM_CONSUMERS=1, DQ_SHARED=False),
+        dict(DQ_SHARED=False),
         dict(STAGES=3),
         dict(STAGES=1),
         dict(BM=128),
         dict(DQ_SPLIT=1),
         dict(DQ_SPLIT=2),
-        dict(DQ_SPLIT=4),
+        dict(DQ_SPLIT=4, DQ_SHARED=False),
         # session 9's dQ switches (notes/gluon_backward.md)
         dict(DQ_VEC=4),
         dict(DQ_SHARED=True),
