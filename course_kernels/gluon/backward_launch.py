@@ -35,7 +35,7 @@ if HAVE_GLUON:
 # accumulator layout's .v2; measured +0 to +5%, not the default), DQ_SHARED (one [BM, d] dQ
 # partial per CTA step, split by columns across the consumers: half the atomic bytes; measured
 # 1.19-1.26x the first version on the H200, every check passed: the default since session 9,
-# experiments/data/gluon/h200_gluon_backward_session9_dq.json).
+# course_kernels/data/gluon/h200_gluon_backward_session9_dq.json).
 BACKWARD_CONFIG = {
     64: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=1),
     128: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=2),
