@@ -1,9 +1,10 @@
 """The backward kernels' tail peeling (``PEEL``, session 9, notes/kernel.md) and
 experiments/hopper/bwd_variants.py, in Triton's interpreter.
 
-With ``PEEL`` the dK/dV and dQ kernels put bounds masks only on the block that can cross a
-sequence's end (the loops' tail step, and a program's own tile when its block is the last one);
-``PEEL=False`` is the session-8 kernel, every load masked. Their gradients must agree bit for bit
+With ``PEEL`` (off in the package's launch until measured) the dK/dV and dQ kernels put bounds
+masks only on the block that can cross a sequence's end (the loops' tail step; with ``ONE_LOOP``
+the dK/dV kernel's tail runs after its single loop as straight-line code); the reference is the
+session-8 kernel, three loops, every load masked. Their gradients must agree bit for bit
 on every shape: dense lengths that are and are not multiples of the blocks, causal or not, sliding
 windows, soft cap, GQA, Nq != Nk in both alignments, packed documents of ragged lengths. A peel
 that drops or repeats the tail step, or that leaves a crossing block unmasked, changes them (the
@@ -14,6 +15,7 @@ there is no tail: the tail step is not compiled) is bitwise the same where the p
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 from pathlib import Path
 
@@ -39,7 +41,22 @@ spec = importlib.util.spec_from_file_location("bwd_variants", SCRIPT)
 bv = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bv)
 
-MASKED = {"PEEL": False}
+MASKED = {}  # bwd_variants.OFF: three loops, every load masked (session 8)
+PEELED = {"ONE_LOOP": True, "PEEL": True}  # the single dK/dV loop, its tail after it; dQ peeled
+
+
+EVEN = {"EVEN_BLOCKS": True}
+
+
+def _run(case, switches, lengths=None):
+    tensors = bv.make_case(case, True, "cpu", torch.float32, seed=3)
+    if lengths is not None:  # other document lengths (packed varlen)
+        q, k, v, do, variant, _ = tensors
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        n = sum(lengths)
+        tensors = (q[:n], k[:n], v[:n], do[:n], variant, (cu, cu, max(lengths), max(lengths)))
+    prep = bv.prepare(tensors)
+    return tensors, prep, bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, switches)
 
 
 def _blocks(ranges, block):
@@ -129,22 +146,23 @@ def test_peeled_kernels_are_bitwise_the_masked_kernels(shape_id, tiles):
     prep = bv.prepare(tensors)
     dkdv_tile, dq_tile = TILES[tiles]
     want = bv.backward(tensors, prep, dkdv_tile, dq_tile, MASKED)
-    got = bv.backward(tensors, prep, dkdv_tile, dq_tile, {})
-    for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
-        assert torch.equal(a, b), name
+    for peel in (PEELED, {"PEEL": True}) if tiles == "b" else (PEELED,):  # (b: four loops too)
+        got = bv.backward(tensors, prep, dkdv_tile, dq_tile, peel)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+            assert torch.equal(a, b), (name, peel)
     assert min(float(g.abs().max()) for g in got) > 0.05  # not trivially zero
 
 
 @pytest.mark.parametrize("case", ["doc128", "causal128"])
 def test_direct_launch_is_the_package_backward(case):
-    """The script's launch (forced interpreter tiles, peeled) is what ``_backward_c`` computes
-    (peeled on the documents; EVEN_BLOCKS on the dense divisible row: bitwise the same)."""
+    """The script's launch (forced interpreter tiles, all masked) is what ``_backward_c`` computes
+    (one dK/dV loop, PEEL off; EVEN_BLOCKS on the dense divisible row: bitwise the same)."""
     tensors = bv.make_case(case, True, "cpu", torch.float32, seed=3)
     prep = bv.prepare(tensors)
     got = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, {})
     q, k, v, do, variant, varlen = tensors
     o, lse_c, dq_plan, dkdv_plan = prep
-    assert "PEEL" not in dq_plan.constexprs and "PEEL" not in dkdv_plan.constexprs  # default: on
+    assert "PEEL" not in dq_plan.constexprs and "PEEL" not in dkdv_plan.constexprs  # default: off
     assert dkdv_plan.constexprs["EVEN_BLOCKS"] == (varlen is None)
     want = launch._backward_c(do, q, k, v, o, lse_c, variant, q.shape[-1] ** -0.5, None, varlen)
     for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
@@ -154,8 +172,10 @@ def test_direct_launch_is_the_package_backward(case):
 def test_cpu_smoke_writes_rows(tmp_path):
     out = tmp_path / "v.json"
     record = bv.main(["--cpu-smoke", "--cases", "docr128", "--out", str(out)])
-    rows = [r for r in record["rows"] if r.get("variant") in ("masked", "peeled")]
-    assert len(rows) == 2 and all(r["bitwise_equal"] for r in rows)
+    rows = [
+        r for r in record["rows"] if r.get("variant") in ("masked", "one_loop", "one_loop_peel")
+    ]
+    assert len(rows) == 3 and all(r["bitwise_equal"] for r in rows)
     assert not rows[0]["divisible"]  # the ragged documents: tail steps run
     assert out.exists() and "environment" in record and "summary" in record
 
@@ -207,3 +227,55 @@ def test_the_package_sets_even_blocks_only_for_divisible_dense_lengths(monkeypat
     launch._PLANS.clear()
     for a, w in zip(got, want, strict=True):
         assert torch.equal(a, w)
+
+
+@pytest.mark.parametrize("case", ["doc128", "window128", "causal128"])
+def test_one_loop_is_bitwise_the_three_loops(case):
+    """``ONE_LOOP`` (session 9): the dK/dV kernel's single loop, masking the edge blocks by a
+    run-time test, gives the three-loop kernel's gradients bit for bit (with and without
+    ``EVEN_BLOCKS``), on ragged documents too."""
+    for lengths in (None, [56, 40, 96]) if case == "doc128" else (None,):
+        _t, _p, want = _run(case, {}, lengths)
+        _t, _p, got = _run(case, {"ONE_LOOP": True}, lengths)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want, strict=True):
+            assert torch.equal(a, b), (name, lengths)
+    _t, _p, want = _run(case, EVEN)
+    _t, _p, got = _run(case, {**EVEN, "ONE_LOOP": True})
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("causal, window", [(True, (80, 0)), (False, (70, 90)), (False, (-1, 60))])
+def test_one_loop_masks_both_edges_of_a_wide_window(causal, window):
+    """Windows wider than the interpreter's blocks (16 query rows, 32 keys), so that a key block
+    has masked query blocks before and after its unmasked ones. Both kernels' forms share the
+    masking step, so each is checked against float64 autograd (not only against the other)."""
+    from course_kernels.triton.masks import Variant
+
+    g = torch.Generator().manual_seed(7)
+    n = 150  # (not a multiple of the blocks: PEELED runs its tail step)
+    q, k, v, do = (torch.randn(1, 2, n, 16, generator=g) for _ in range(4))
+    tensors = (q, k, v, do, Variant(causal=causal, window=window), None)
+    x = [t.double().requires_grad_() for t in (q, k, v)]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    left, right = window
+    keep = (j >= i - left if left >= 0 else True) & (j <= i + (0 if causal else right))
+    s = (x[0] @ x[1].transpose(-1, -2) * 16**-0.5).masked_fill(~keep, float("-inf"))
+    (torch.softmax(s, -1) @ x[2]).backward(do.double())
+    prep = bv.prepare(tensors)
+    for switches in ({}, {"ONE_LOOP": True}, PEELED):
+        got = bv.backward(tensors, prep, bv.CPU_DKDV, bv.CPU_DQ, switches)
+        for name, a, ref in zip(("dq", "dk", "dv"), got, x, strict=True):
+            err = float((a.double() - ref.grad).abs().max())
+            assert err < 1e-4, (switches, name, err)
+
+
+def test_the_package_runs_the_one_loop_dkdv_kernel():
+    from course_kernels.triton.masks import CAUSAL
+
+    q = torch.randn(1, 2, 40, 16)
+    _c, dq_plan, dkdv_plan = launch._bwd_plans(q, q, torch.zeros(1, 2, 40), CAUSAL, 0.3, None, None)
+    assert dkdv_plan.constexprs["ONE_LOOP"] is True and "ONE_LOOP" not in dq_plan.constexprs
+    # PEEL (tail peeling in the single loop) is not measured on a GPU yet: off as launched
+    assert all("PEEL" not in p.constexprs for p in (dq_plan, dkdv_plan))
+    for plan in (dq_plan, dkdv_plan):  # the kernels' own default, too
+        assert inspect.signature(plan.kernel.fn.fn).parameters["PEEL"].default is False

@@ -276,6 +276,7 @@ def test_environ_get_reads_every_call(monkeypatch, value):
         monkeypatch.delenv(name, raising=False)
     else:
         monkeypatch.setenv(name, value)
+    assert launch._environ_get is _triton_env.environ_get
     assert launch._environ_get(name, "auto") == os.environ.get(name, "auto")
     monkeypatch.setenv(name, "changed")
     assert launch._environ_get(name, "auto") == "changed"

@@ -1,10 +1,12 @@
 """The Gluon backward's host side on a machine without Hopper (CI): it imports anywhere, refuses
 unsupported inputs with a message that says what is accepted, and says why it cannot run."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from course_kernels.gluon import backward as GB_kernel  # noqa: E402
 from course_kernels.gluon import backward_launch as GB  # noqa: E402
 from course_kernels.gluon import launch as G  # noqa: E402
 
@@ -61,3 +63,135 @@ def test_clear_error_when_unavailable():
         pytest.skip("Gluon is available here")
     with pytest.raises(RuntimeError, match="gluon_attention_backward is unavailable here"):
         GB.gluon_attention_backward(**_args())
+
+
+# ------------------------------------------------ session 9: the dQ switches (DQ_VEC, DQ_SHARED)
+def test_dq_switches_defaults_and_checks():
+    for d in (64, 128):
+        cfg = GB._check_config(d, {})
+        assert (cfg["DQ_VEC"], cfg["DQ_SHARED"]) == (2, True)  # measured faster (session 9)
+        assert GB._check_config(d, dict(DQ_SHARED=False))["DQ_SHARED"] is False  # first version
+    with pytest.raises(ValueError, match=r"DQ_VEC=3 not supported; accepted: \(2, 4\)"):
+        GB.gluon_attention_backward(**_args(), DQ_VEC=3)
+    with pytest.raises(ValueError, match="DQ_SHARED .* needs NUM_CONSUMERS=2"):
+        GB.gluon_attention_backward(**_args(), NUM_CONSUMERS=1)  # DQ_SHARED by default
+    assert GB._check_config(64, dict(NUM_CONSUMERS=1, DQ_SHARED=False))["NUM_CONSUMERS"] == 1
+    with pytest.raises(ValueError, match="dQ chunks of 8 columns .* need at least 16"):
+        GB.gluon_attention_backward(**_args(), DQ_SHARED=True, DQ_SPLIT=4)
+
+
+def test_bench_variants_are_valid_configs():
+    import importlib.util
+    import os
+
+    path = os.path.join(
+        os.path.dirname(__file__), "..", "experiments", "gluon", "bench_backward.py"
+    )
+    spec = importlib.util.spec_from_file_location("bench_backward", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert set(bench.VARIANTS) == set(bench.VARIANT_DIMS) and list(bench.VARIANTS)[0] == "default"
+    for name in ("dq_vec4", "dq_shared", "dq_shared_vec4"):
+        assert name in bench.VARIANTS
+    for name, cfg in bench.VARIANTS.items():
+        for d in bench.VARIANT_DIMS[name]:
+            GB._check_config(d, cfg)
+
+
+def _points(bases, index):
+    """The [row, col] a linear layout maps ``index`` (its bits pick bases, XOR-combined) to."""
+    out = np.zeros(2, dtype=np.int64)
+    for b, basis in enumerate(bases):
+        if index >> b & 1:
+            out ^= np.asarray(basis)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("BM, cols", [(64, 8), (64, 16), (64, 32), (64, 64), (128, 32), (128, 64)])
+def test_dq_vec_layout_owns_4_contiguous_columns_and_the_accumulators_warps(BM, cols):
+    """DQ_VEC = 4's layout (NumPy): a bijection onto [BM, cols]; registers 4k..4k+3 of a thread
+    are 4 contiguous, 16-byte aligned fp32 columns; a warp holds exactly the elements the wgmma
+    accumulator layout gives it (the conversion needs warp shuffles only); one instruction (a
+    register group) of a warp writes whole 32-byte sectors."""
+    L = GB_kernel.DqVecBases(BM, cols)
+    reg, lane, warp = L["reg_bases"], L["lane_bases"], L["warp_bases"]
+    # the wgmma m64nNk16 accumulator: 4 warps x 16 rows, lane = 4 (row % 8) + (col % 8) // 2
+    acc_reg = [[0, 1], [8, 0]] + [[0, 1 << b] for b in range(3, cols.bit_length() - 1)]
+    acc_reg += [[64, 0]] if BM == 128 else []
+    acc_lane = [[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]]
+    seen = set()
+    for w in range(4):
+        mine, acc = set(), set()
+        for t in range(32):
+            base = np.asarray(_points(lane, t)) ^ np.asarray(_points(warp, w))
+            acc_base = np.asarray(_points(acc_lane, t)) ^ np.asarray(_points(warp, w))
+            regs = [tuple(base ^ np.asarray(_points(reg, r))) for r in range(1 << len(reg))]
+            mine |= set(regs)
+            acc |= {tuple(acc_base ^ np.asarray(_points(acc_reg, r))) for r in range(len(regs))}
+            for k in range(0, len(regs), 4):
+                (r0, c0), *rest = regs[k : k + 4]
+                assert c0 % 4 == 0 and rest == [(r0, c0 + 1), (r0, c0 + 2), (r0, c0 + 3)]
+        assert mine == acc, f"warp {w} holds other elements than in the accumulator layout"
+        seen |= mine
+        for k in range(0, 1 << len(reg), 4):  # one red.v4 per register group: whole sectors
+            hit = {}
+            for t in range(32):
+                r, c = np.asarray(_points(lane, t)) ^ np.asarray(_points(warp, w))
+                r, c = np.array([r, c]) ^ np.asarray(_points(reg, k))
+                hit.setdefault((r, c // 8), 0)
+                hit[(r, c // 8)] += 4
+            assert set(hit.values()) == {8}  # every touched 32-byte sector: all 8 floats
+    assert seen == {(r, c) for r in range(BM) for c in range(cols)}
+
+
+def _simulate_dq_shared(seed, steps=6, free_wait=True):
+    """The DQ_SHARED handshake of _bwd_step / _bwd_dq, transcribed: two consumers, mbarriers
+    ds_ready / ds_free (count 2, parity waits as mbarrier.wait: parity p passes once the phase of
+    parity p completed), random interleaving. Returns what every dQ read of a dS^T tile saw."""
+    rng = np.random.default_rng(seed)
+    done = {"ready": 0, "free": 0}  # completed phases
+    pend = {"ready": 0, "free": 0}  # arrivals in the current phase
+
+    def arrive(bar):
+        pend[bar] += 1
+        if pend[bar] == 2:
+            pend[bar], done[bar] = 0, done[bar] + 1
+
+    def passes(bar, parity):
+        return done[bar] % 2 != parity
+
+    tiles, reads = [None, None], []
+
+    def consumer(cid):
+        for jc in range(steps):
+            if free_wait:
+                while not passes("free", (jc & 1) ^ 1):
+                    yield
+            tiles[cid] = jc  # ds_smem.store(dsT)
+            arrive("ready")
+            while not passes("ready", jc & 1):
+                yield
+            yield  # the dQ wgmma reads both tiles (the other consumer may run meanwhile)
+            reads.append((cid, jc, tuple(tiles)))
+            arrive("free")
+
+    runs = {0: consumer(0), 1: consumer(1)}
+    for _ in range(100000):
+        if not runs:
+            return reads
+        cid = list(runs)[rng.integers(len(runs))]
+        try:
+            next(runs[cid])
+        except StopIteration:
+            del runs[cid]
+    raise AssertionError("deadlock: the consumers never finish")
+
+
+def test_dq_shared_handshake_reads_the_right_tiles_and_never_deadlocks():
+    for seed in range(200):
+        reads = _simulate_dq_shared(seed)
+        assert len(reads) == 12
+        assert all(seen == (jc, jc) for _, jc, seen in reads), reads
+    # without the ds_free wait some interleaving overwrites a tile before the other reads it
+    bad = [r for seed in range(200) for r in _simulate_dq_shared(seed, free_wait=False)]
+    assert any(seen != (jc, jc) for _, jc, seen in bad)

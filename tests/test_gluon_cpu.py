@@ -79,6 +79,61 @@ def test_the_forward_choice_is_read_from_the_environment(monkeypatch):
             launch._use_gluon(q, q)
 
 
+def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
+    from course_kernels.triton import launch
+
+    q = torch.randn(1, 2, 16, 64, dtype=torch.float16)
+    kv = torch.randn(1, 1, 16, 64, dtype=torch.float16)  # GQA: the Gluon backward refuses it
+    monkeypatch.delenv(launch.BACKWARD_ENV, raising=False)
+    monkeypatch.setattr(launch, "gluon_available", lambda: True)
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    assert launch._use_gluon(q, q) is True  # the forward's auto, everything else equal
+    assert launch._use_gluon(q, q, backward=True) is launch.GLUON_BACKWARD_AUTO
+    monkeypatch.setattr(launch, "GLUON_BACKWARD_AUTO", True)
+    assert launch._use_gluon(q, q, backward=True) is True
+    assert launch._use_gluon(q, kv, backward=True) is False  # auto: GQA keeps the tl backward
+    monkeypatch.setenv(launch.BACKWARD_ENV, "triton")
+    assert launch._use_gluon(q, q, backward=True) is False
+    assert launch._use_gluon(q, q) is True  # the forward's variable is another one
+    monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")
+    assert launch._use_gluon(q, q, backward=True) is True
+    with pytest.raises(ValueError, match="as many K/V heads as query heads; got .* 2 query and 1"):
+        launch._use_gluon(q, kv, backward=True)
+    monkeypatch.setenv(launch.BACKWARD_ENV, "fa3")
+    with pytest.raises(ValueError, match="COURSE_KERNELS_BACKWARD='fa3'.*auto, gluon, triton"):
+        launch._use_gluon(q, q, backward=True)
+
+
+def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
+    """Where the backward choice says Gluon, ``_backward_c`` returns what the Gluon backward
+    returns, given the lse in natural-log units and the causal flag; masks it does not take
+    (windows, bottom-right, ALiBi, varlen) never ask for it."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import CAUSAL, PLAIN, Variant
+
+    asked, calls = [], []
+    monkeypatch.setattr(launch, "_use_gluon", lambda q, k, backward=False: asked.append(1) or True)
+
+    def fake(do, q, k, v, o, lse, causal, scale):
+        calls.append((lse, causal, scale))
+        return "dq", "dk", "dv"
+
+    monkeypatch.setattr(launch, "gluon_attention_backward", fake)
+    q, k, v, o, do = (torch.randn(1, 2, 8, 64) for _ in range(5))
+    lse_c = torch.randn(1, 2, 8)
+    for variant in (PLAIN, CAUSAL):
+        assert launch._backward_c(do, q, k, v, o, lse_c, variant, 0.3) == ("dq", "dk", "dv")
+        lse, causal, scale = calls[-1]
+        assert torch.equal(lse, lse_c * variant.units(0.3)[1]) and causal is variant.causal
+        assert scale == 0.3
+    assert len(asked) == 2
+    window = Variant(causal=True, window=(4, 0))
+    dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, window, 0.3)  # the tl kernels
+    assert len(asked) == 2 and len(calls) == 2 and dq.shape == q.shape
+
+
 def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():
     """The measured rule (course_kernels/data/gluon/h200_dispatch.json): at B = 4, H x d = 2048
     the Gluon forward's host path loses up to N = 2K and wins from N = 4K."""
@@ -126,3 +181,116 @@ def test_causal_calls_add_the_causal_schedule_and_overrides_win():
         assert lpt == {**launch.DEFAULT_CONFIG[d], "LPT": True} and "SKIP_DEAD" not in lpt
     assert launch.CAUSAL_CONFIG[64]["ALIGN_END"] and "ALIGN_END" not in launch.CAUSAL_CONFIG[128]
     assert launch.DEFAULT_CONFIG[64].get("SKIP_DEAD", False) is False  # non-causal: unchanged
+
+
+def test_lpt_section_fits_the_budget_in_powers_of_two_of_kv_heads():
+    """Session 9: heads per section of the sectioned LPT order (FA3's L2-sized sections)."""
+    from course_kernels.gluon.launch import lpt_section
+
+    mib = 2**20
+    # d = 64, N = 4K, fp16: 1 MiB of K and V per K/V head; 16 MiB -> 16 heads
+    assert lpt_section(4096, 64, 1, 128, 2, 16) == 16
+    assert lpt_section(8192, 64, 1, 128, 2, 16) == 8
+    assert lpt_section(16384, 128, 1, 64, 2, 16) == 2
+    assert lpt_section(4096, 64, 1, 128, 2, 12) == 8  # 12 heads fit: rounded down to 8
+    assert lpt_section(4096, 64, 1, 128, 2, 0.25) == 1  # less than one head: still one
+    assert lpt_section(4096, 64, 4, 128, 2, 16) == 64  # GQA: 16 K/V heads x 4 query heads
+    assert lpt_section(1000, 64, 1, 10, 2, 1) == 4  # 256,000 B per head: 4 fit in 1 MiB
+    assert lpt_section(200, 64, 2, 4, 2, 16) == 4  # never more than B x H
+    for n, d, g, bh, mb in [(4096, 64, 1, 128, 16), (777, 128, 2, 48, 3), (64, 64, 1, 9, 1)]:
+        s = lpt_section(n, d, g, bh, 2, mb)
+        kv = s // g
+        assert s % g == 0 or s == bh
+        if s < bh:
+            assert kv & (kv - 1) == 0  # a power of two of K/V heads
+            assert kv == 1 or kv * 2 * n * d * 2 <= mb * mib < 2 * kv * 2 * n * d * 2
+
+
+def _order(section, num_pid_m, n_hz, causal=True):
+    from course_kernels.gluon import scheduler
+
+    if not scheduler.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    fn = scheduler._tile_coords.fn  # the kernel's own code, run on Python ints
+    lpt = section is not None
+    return [
+        fn(t, num_pid_m, num_pid_m * n_hz, causal, lpt, section or 0)
+        for t in range(num_pid_m * n_hz)
+    ]
+
+
+@pytest.mark.parametrize(
+    "section, num_pid_m, n_hz",
+    [(4, 22, 128), (16, 22, 128), (4, 5, 10), (3, 7, 8), (8, 4, 8), (16, 3, 5), (1, 6, 4)],
+)
+def test_sectioned_lpt_order_is_heaviest_first_within_l2_sections(section, num_pid_m, n_hz):
+    """Every tile exactly once; the heads in consecutive sections of `section` heads (the last
+    may hold fewer); within a section the heaviest query blocks (largest pid_m under causal
+    masking) of all its heads first, heads innermost: exactly FA3's order."""
+    order = _order(section, num_pid_m, n_hz)
+    assert sorted(order) == [(m, h) for m in range(num_pid_m) for h in range(n_hz)]
+    expect = []
+    for first in range(0, n_hz, section):
+        heads = range(first, min(first + section, n_hz))
+        expect += [(m, h) for m in reversed(range(num_pid_m)) for h in heads]
+    assert order == expect
+
+
+def test_lpt_order_without_sections_and_head_major_order_are_unchanged():
+    npm, n_hz = 5, 6
+    assert _order(None, npm, n_hz) == [(npm - 1 - t % npm, t // npm) for t in range(npm * n_hz)]
+    assert _order(None, npm, n_hz, causal=False) == [(t % npm, t // npm) for t in range(npm * n_hz)]
+    assert _order(0, npm, n_hz) == [(npm - 1 - t // n_hz, t % n_hz) for t in range(npm * n_hz)]
+    # one section holding every head is the all-heads LPT order
+    assert _order(n_hz, npm, n_hz) == _order(0, npm, n_hz)
+
+
+def test_session9_levers_are_overrides_and_off_by_default():
+    from course_kernels.gluon import launch
+
+    for d in launch.DEFAULT_CONFIG:
+        for causal in (False, True):
+            cfg = launch.schedule_config(d, causal, 4096)
+            assert not cfg.get("ROW_MASK") and not cfg.get("LPT_SECTION_MB")
+        cfg = launch.schedule_config(d, True, 4096, LPT=True, LPT_SECTION_MB=16, ROW_MASK=True)
+        assert cfg["LPT"] and cfg["LPT_SECTION_MB"] == 16 and cfg["ROW_MASK"]
+
+
+def test_session9_script_keeps_the_causal_switches_and_takes_the_worst_of_three():
+    """experiments/gluon/session9_forward.py: a lever's overrides keep the default's causal
+    switches (overrides replace them), the table takes the worst process per row, and the
+    candidates run on the rows below 1.0 (at least the 4 lowest causal ones)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gluon" / "session9_forward.py"
+    spec = importlib.util.spec_from_file_location("session9_forward", path)
+    s9 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(s9)
+    from course_kernels.gluon import launch
+
+    assert len(s9.ROWS) == 24 and len(set(s9.ROWS)) == 24
+    for name in s9.LEVERS:
+        for d in (64, 128):
+            cfg = s9.lever_cfg(name, d, True)
+            assert {k: cfg[k] for k in launch.CAUSAL_CONFIG[d]} == launch.CAUSAL_CONFIG[d]
+    assert s9.lever_cfg("sect8", 64, False) is None
+    assert s9.lever_cfg("rowmask", 64, False) == {"ROW_MASK": True}
+    assert s9.lever_cfg("sect8", 64, True, check=True)["LPT_SECTION_MB"] == s9.CHECK_SECTION_MB
+
+    def row(N, causal, ratio):
+        return dict(N=N, dtype="float16", d=64, causal=causal, ratio_vs_cudnn=dict(default=ratio),
+                    tflops=dict(cudnn=400.0))  # fmt: skip
+
+    passes = [
+        dict(rows=[row(4096, True, 0.99), row(8192, True, 1.05), row(4096, False, 1.1)]),
+        dict(rows=[row(4096, True, 1.02), row(8192, True, 0.97), row(4096, False, 1.2)]),
+        dict(rows=[row(4096, True, 1.01), row(8192, True, 1.03)]),  # one row missing
+    ]
+    table = {s9.row_key(t): t for t in s9.aggregate(passes, ["default"])}
+    assert table[(4096, "float16", 64, True)]["worst"]["default"] == 0.99
+    assert table[(8192, "float16", 64, True)]["worst"]["default"] == 0.97
+    assert not table[(4096, "float16", 64, False)]["complete"]["default"]
+    rows, below = s9.pick_rows(list(table.values()))
+    assert rows == [(8192, "float16", 64, True), (4096, "float16", 64, True)]
+    assert len(below) == 2  # the incomplete row is not judged

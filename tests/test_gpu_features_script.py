@@ -46,3 +46,26 @@ def test_dry_run_lists_rows_without_a_gpu():
     ).stdout
     rows = [json.loads(line) for line in out.splitlines()]
     assert rows and all(r["d"] == 128 and r["gflop"] > 0 for r in rows)
+
+
+def test_backward_timing_differentiates_the_graphs_own_inputs(monkeypatch):
+    """The timed backward is ``torch.autograd.grad`` with respect to the tensors each provider's
+    graph starts from (the packed copies for varlen calls), so no gradient accumulates into
+    ``.grad`` between timed calls (no add kernels timed). On the CPU, course kernel only."""
+    import argparse
+
+    import torch
+
+    monkeypatch.setattr(gpu_features, "DEVICE", ["cpu"])
+    args = argparse.Namespace(window=16, batch=1, hidden=64)
+    for mask in ("causal", "window", "document"):
+        row = {"mask": mask, "n": 96, "d": 32, "provider": "course"}
+        q, k, v, do = gpu_features._inputs(row, args)
+        fn = gpu_features.make_fn(row, args, q, k, v)
+        leaves = getattr(fn, "leaves", (q, k, v))
+        out = fn()
+        grads = torch.autograd.grad(out, leaves, do.transpose(1, 2).reshape(out.shape)
+                                    if out.shape != do.shape else do)  # fmt: skip
+        assert [g.shape for g in grads] == [x.shape for x in leaves]
+        assert all(x.grad is None for x in (q, k, v, *leaves))
+        assert (mask == "document") == (leaves[0] is not q)

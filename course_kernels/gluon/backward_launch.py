@@ -30,7 +30,12 @@ if HAVE_GLUON:
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
 # DQ_SPLIT: the dQ partial computed and added in DQ_SPLIT column chunks (fewer live registers).
 # Chosen from the offline compile only (registers / spills / shared memory; notes/
-# gluon_backward.md), NOT from any measurement.
+# gluon_backward.md), NOT from any measurement. Session 9's dQ switches: DQ_VEC = 4 (the dQ
+# partial shuffled into 4 contiguous columns per thread: red.global.add.v4.f32 instead of the
+# accumulator layout's .v2; measured +0 to +5%, not the default), DQ_SHARED (one [BM, d] dQ
+# partial per CTA step, split by columns across the consumers: half the atomic bytes; measured
+# 1.19-1.26x the first version on the H200, every check passed: the default since session 9,
+# course_kernels/data/gluon/h200_gluon_backward_session9_dq.json).
 BACKWARD_CONFIG = {
     64: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=1),
     128: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=2),
@@ -43,7 +48,10 @@ _ACCEPTED = {
     "STAGES": (1, 2, 3, 4),
     "DQ_SPLIT": (1, 2, 4),
     "CONSUMER_REGS": (168, 184, 200, 216, 232, 240),
+    "DQ_VEC": (2, 4),
+    "DQ_SHARED": (False, True),
 }
+BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True)  # DQ_SHARED=False: the first version
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 
 
@@ -84,6 +92,16 @@ def _check_config(d: int, config: dict) -> dict:
             raise ValueError(f"{key}={val!r} not supported; accepted: {_ACCEPTED[key]}")
         cfg[key] = val
     cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
+    for key, val in BACKWARD_DQ_DEFAULTS.items():
+        cfg.setdefault(key, val)
+    if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
+        raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
+    cols = d // cfg["DQ_SPLIT"] // (cfg["NUM_CONSUMERS"] if cfg["DQ_SHARED"] else 1)
+    if cols < 16:
+        raise ValueError(
+            f"dQ chunks of {cols} columns (d={d}, DQ_SPLIT={cfg['DQ_SPLIT']}, DQ_SHARED="
+            f"{cfg['DQ_SHARED']}): need at least 16; lower DQ_SPLIT"
+        )
     return cfg
 
 
@@ -100,7 +118,8 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
-    experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS (see BACKWARD_CONFIG).
+    experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED (see
+    BACKWARD_CONFIG).
     dq is summed with fp32 atomics in whatever order the CTAs finish: not bit-reproducible.
     """
     _check_backward_inputs(do, q, k, v, o, lse)
@@ -157,6 +176,8 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         CAUSAL=bool(causal),
         CONSUMER_REGS=cfg["CONSUMER_REGS"],
         DQ_SPLIT=cfg["DQ_SPLIT"],
+        DQ_VEC=cfg["DQ_VEC"],
+        DQ_SHARED=bool(cfg["DQ_SHARED"]),
         num_warps=4,
     )
     dq = torch.empty_like(q)

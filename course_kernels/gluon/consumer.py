@@ -11,7 +11,7 @@ if HAVE_GLUON:
     from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma_wait
     from .producer import _a_operand_layout, _mma_layout
     from .scheduler import _kv_range, _live_blocks, _read_tile, _tile_coords, _tile_start
-    from .steps import _pv, _qk, _skip_blocks, _softmax, _step_overlap, _step_serial
+    from .steps import _mask_first, _pv, _qk, _skip_blocks, _softmax, _step_overlap, _step_serial
 
     # ---------------------------------------------------------------- epilogue
     @gluon.jit
@@ -70,6 +70,7 @@ if HAVE_GLUON:
         STAGES: gl.constexpr,
         CAUSAL: gl.constexpr,
         OVERLAP: gl.constexpr,
+        ROW_MASK: gl.constexpr,
     ):
         """One warpgroup's K/V blocks [0, n_blocks) of a tile from ring slot kc (blocks
         [0, n_free) without a mask), and its epilogue.  Returns the next ring slot."""
@@ -81,12 +82,15 @@ if HAVE_GLUON:
         l_i = gl.full([BM], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
         if OVERLAP:
-            # prologue: block 0 (always masked: cheap, and covers N < BN)
+            # prologue: block 0 (always masked: covers N < BN and the diagonal; ROW_MASK: by one
+            # compare per score, which keeps all of it where this warpgroup's rows see it all)
             qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
             mbarrier.arrive(k_empty.index(kc % STAGES), count=1)
+            if ROW_MASK:
+                qk = _mask_first(qk, n_free, off_m, N, CAUSAL, BM, BN, s_layout)
             p, alpha, m_i, l_i = _softmax(
-                qk, m_i, l_i, qk_scale, 0, off_m, N, True, CAUSAL, BM, BN, s_layout
+                qk, m_i, l_i, qk_scale, 0, off_m, N, not ROW_MASK, CAUSAL, BM, BN, s_layout
             )
             p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
             kc += 1
@@ -226,12 +230,14 @@ if HAVE_GLUON:
         LPT: gl.constexpr,
         SKIP_DEAD: gl.constexpr,
         ALIGN_END: gl.constexpr,
+        SECTION: gl.constexpr,
+        ROW_MASK: gl.constexpr,
     ):
         """Tile t for this warpgroup (its 64-row slice CID): the main loop over the K/V ring
         from slot kc, the epilogue, and the release of Q stage qc.  Returns the next ring slot."""
         q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
-        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT)
+        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT, SECTION)
         off_m_tile = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, ALIGN_END)
         off_m = off_m_tile + CID * BM  # this warpgroup's rows
         n_blocks = _kv_range(off_m_tile, N, BM_TILE, BN, CAUSAL)
@@ -252,13 +258,13 @@ if HAVE_GLUON:
                 kc = _tile_blocks(
                     desc_o, o_ptr, lse_ptr, bufs, kc, n_live, gl.minimum(n_free, n_live), off_hz,
                     off_m, N, qk_scale,
-                    BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP,
+                    BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK,
                 )  # fmt: skip
             kc = _skip_blocks(bufs, kc, n_blocks - n_live, STAGES)
         else:
             kc = _tile_blocks(
                 desc_o, o_ptr, lse_ptr, bufs, kc, n_blocks, n_free, off_hz, off_m, N, qk_scale,
-                BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP,
+                BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK,
             )  # fmt: skip
         mbarrier.arrive(q_empty.index(qs), count=1)
         return kc
@@ -286,6 +292,8 @@ if HAVE_GLUON:
         DYNAMIC: gl.constexpr,
         SKIP_DEAD: gl.constexpr,
         ALIGN_END: gl.constexpr,
+        SECTION: gl.constexpr,
+        ROW_MASK: gl.constexpr,
     ):
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
         # the tile id of each Q stage), one tuple
@@ -297,7 +305,7 @@ if HAVE_GLUON:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
                     CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-                    SKIP_DEAD, ALIGN_END,
+                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK,
                 )  # fmt: skip
                 qc += 1
                 t = _read_tile(ring[9], ring[3], qc, QSTAGES)
@@ -306,6 +314,6 @@ if HAVE_GLUON:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
                     CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-                    SKIP_DEAD, ALIGN_END,
+                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)

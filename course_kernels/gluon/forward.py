@@ -28,6 +28,9 @@ dynamic persistent scheduler (:mod:`.scheduler`: tiles drawn from an atomic coun
 the tile id handed to the consumers through shared memory). ``SKIP_DEAD``: a consumer only waits
 for and releases the K/V blocks wholly masked for its own rows; ``ALIGN_END``: the query tiles
 end at the last row, so the partial tile is the first (both off by default; session 8).
+Session 9 (off by default): ``SECTION`` (> 0, with ``LPT``) orders the tiles heaviest-first within
+sections of that many heads (FA3's L2-sized sections); ``ROW_MASK`` masks block 0 with one compare
+per score against each row's last visible key, and not at all where the rows see the whole block.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
@@ -74,6 +77,8 @@ if HAVE_GLUON:
         DYNAMIC: gl.constexpr,
         SKIP_DEAD: gl.constexpr,
         ALIGN_END: gl.constexpr,
+        SECTION: gl.constexpr = 0,
+        ROW_MASK: gl.constexpr = False,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -131,6 +136,7 @@ if HAVE_GLUON:
                             LPT,
                             DYNAMIC,
                             ALIGN_END,
+                            SECTION,
                         ),
                     ),
                     (
@@ -157,6 +163,8 @@ if HAVE_GLUON:
                             DYNAMIC,
                             SKIP_DEAD,
                             ALIGN_END,
+                            SECTION,
+                            ROW_MASK,
                         ),
                     ),
                 ],
@@ -188,6 +196,7 @@ if HAVE_GLUON:
                             LPT,
                             DYNAMIC,
                             ALIGN_END,
+                            SECTION,
                         ),
                     ),
                     (
@@ -214,6 +223,8 @@ if HAVE_GLUON:
                             DYNAMIC,
                             SKIP_DEAD,
                             ALIGN_END,
+                            SECTION,
+                            ROW_MASK,
                         ),
                     ),
                     (
@@ -240,6 +251,8 @@ if HAVE_GLUON:
                             DYNAMIC,
                             SKIP_DEAD,
                             ALIGN_END,
+                            SECTION,
+                            ROW_MASK,
                         ),
                     ),
                 ],
@@ -271,6 +284,7 @@ if HAVE_GLUON:
                             LPT,
                             DYNAMIC,
                             ALIGN_END,
+                            SECTION,
                         ),
                     ),
                     (
@@ -297,6 +311,8 @@ if HAVE_GLUON:
                             DYNAMIC,
                             SKIP_DEAD,
                             ALIGN_END,
+                            SECTION,
+                            ROW_MASK,
                         ),
                     ),
                     (
@@ -323,6 +339,8 @@ if HAVE_GLUON:
                             DYNAMIC,
                             SKIP_DEAD,
                             ALIGN_END,
+                            SECTION,
+                            ROW_MASK,
                         ),
                     ),
                     (
@@ -349,6 +367,8 @@ if HAVE_GLUON:
                             DYNAMIC,
                             SKIP_DEAD,
                             ALIGN_END,
+                            SECTION,
+                            ROW_MASK,
                         ),
                     ),
                 ],

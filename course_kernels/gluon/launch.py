@@ -162,6 +162,16 @@ def schedule_config(d: int, causal: bool, n: int = 2, **overrides) -> dict:
     return cfg
 
 
+def lpt_section(n: int, d: int, g: int, bh: int, elem_bytes: int, mib: float) -> int:
+    """Query heads per section of the sectioned LPT tile order (FA3's dynamic tile scheduler):
+    the largest power of two of K/V heads whose K and V (2 x n x d elements each) fit in ``mib``
+    MiB, at least one, times the g query heads that share each K/V head; at most bh (the number of
+    batch x query heads: then one section holds them all)."""
+    per_kv_head = 2 * n * d * elem_bytes
+    kv = max(1, int(mib * 2**20) // per_kv_head)
+    return min((1 << (kv.bit_length() - 1)) * g, bh)
+
+
 def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, **config):
     """Attention forward with the FA3 schedule.  q: (B, H, N, d); k, v: (B, H_kv, N, d)
     with H a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128}; causal is
@@ -170,8 +180,11 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     Keyword overrides of the schedule (for the lever experiments): BN,
     NUM_CONSUMERS (1-3), STAGES, QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC
     (dynamic persistent scheduling: a grid of #SMs, tiles drawn from an atomic counter),
-    SKIP_DEAD (a consumer warpgroup skips the K/V blocks wholly masked for its rows) and
-    ALIGN_END (query tiles aligned to the end of the sequence: the partial tile is the first)."""
+    SKIP_DEAD (a consumer warpgroup skips the K/V blocks wholly masked for its rows),
+    ALIGN_END (query tiles aligned to the end of the sequence: the partial tile is the first),
+    LPT_SECTION_MB (with LPT, causal: heaviest tiles first within sections of heads whose K and
+    V fit in that many MiB, :func:`lpt_section`) and ROW_MASK (block 0 masked by one compare per
+    score against each row's last visible key; not at all where the rows see the whole block)."""
     _check_inputs(q, k, v)
     if not gluon_available():
         raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
@@ -207,6 +220,10 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     if sched_key not in _SCHED:
         _SCHED[sched_key] = torch.zeros(2, device=q.device, dtype=torch.int32)
     persistent = cfg["persistent"] or dynamic
+    lpt = bool(cfg["LPT"] and causal)
+    section = 0
+    if lpt and cfg.get("LPT_SECTION_MB"):
+        section = lpt_section(N, d, H // H_kv, B * H, q.element_size(), cfg["LPT_SECTION_MB"])
     grid = (min(num_tiles, _NUM_SMS[dev]) if persistent else num_tiles,)
     _attn_fwd_kernel[grid](
         desc_q,
@@ -231,10 +248,12 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         CAUSAL=bool(causal),
         OVERLAP=bool(cfg["OVERLAP"]),
         CONSUMER_REGS=cfg.get("CONSUMER_REGS", CONSUMER_REGS[NC]),
-        LPT=bool(cfg["LPT"] and causal),
+        LPT=lpt,
         DYNAMIC=dynamic,
         SKIP_DEAD=bool(cfg.get("SKIP_DEAD", False)),
         ALIGN_END=bool(cfg.get("ALIGN_END", False)),
+        SECTION=section,
+        ROW_MASK=bool(cfg.get("ROW_MASK", False)),
         num_warps=4,
     )
     return o, lse

@@ -58,12 +58,13 @@ if HAVE_GLUON:
         LPT: gl.constexpr,
         DYNAMIC: gl.constexpr,
         ALIGN_END: gl.constexpr,
+        SECTION: gl.constexpr,
     ):
         """Issue the TMA loads of tile t: its Q tile into Q stage qc, then its K/V blocks into
         the ring from slot kc on.  Returns the next ring counter."""
         q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
-        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT)
+        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT, SECTION)
         off_m = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, ALIGN_END)
         # GQA: query head h reads K/V head h // G of the same batch.
         kv_row = (off_hz // H * (H // G) + (off_hz % H) // G) * N
@@ -122,6 +123,7 @@ if HAVE_GLUON:
         LPT: gl.constexpr,
         DYNAMIC: gl.constexpr,
         ALIGN_END: gl.constexpr,
+        SECTION: gl.constexpr,
     ):
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
         # the tile id of each Q stage), one tuple
@@ -133,7 +135,7 @@ if HAVE_GLUON:
                 t_next = _draw_tile(sched_ptr)  # early: its latency hides behind the loads
                 kc = _load_tile(
                     desc_q, desc_k, desc_v, ring, t, qc, kc, N, H, G, num_pid_m, num_tiles,
-                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END,
+                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END, SECTION,
                 )  # fmt: skip
                 qc += 1
                 t = t_next
@@ -143,6 +145,6 @@ if HAVE_GLUON:
             for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
                 kc = _load_tile(
                     desc_q, desc_k, desc_v, ring, t, qc, kc, N, H, G, num_pid_m, num_tiles,
-                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END,
+                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END, SECTION,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)

@@ -26,16 +26,31 @@ if HAVE_GLUON:
     _ID_SMEM_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
     @gluon.jit
-    def _tile_coords(t, num_pid_m, num_tiles, CAUSAL: gl.constexpr, LPT: gl.constexpr):
+    def _tile_coords(
+        t, num_pid_m, num_tiles, CAUSAL: gl.constexpr, LPT: gl.constexpr, SECTION: gl.constexpr
+    ):
         """Tile t -> (query block, batch*head).  Head-major so the CTAs running at
         the same time share one head's K/V in L2; under causal masking the
         heaviest block of each head (the last rows) comes first.  LPT (causal):
         heaviest blocks of ALL heads first (longest-processing-time order, better
-        balance, less L2 sharing)."""
+        balance, less L2 sharing); with SECTION > 0, FA3's sectioned order instead: the heads
+        in consecutive sections of SECTION heads (the last may hold fewer), and within a section
+        heaviest blocks first, heads innermost (a section's K/V is sized to stay in L2).
+        Plain integer arithmetic only, so the CPU tests run it on Python ints (``.fn``)."""
         if LPT:
             n_hz = num_tiles // num_pid_m
-            off_hz = t % n_hz
-            pid_m = num_pid_m - 1 - t // n_hz
+            if SECTION > 0:
+                per_sec = SECTION * num_pid_m
+                first = t // per_sec * SECTION  # the section's first head
+                rem = t - first * num_pid_m
+                n_sec = n_hz - first  # heads in this section
+                if n_sec > SECTION:
+                    n_sec = SECTION
+                off_hz = first + rem % n_sec
+                pid_m = num_pid_m - 1 - rem // n_sec
+            else:
+                off_hz = t % n_hz
+                pid_m = num_pid_m - 1 - t // n_hz
         else:
             off_hz = t // num_pid_m
             r = t % num_pid_m

@@ -197,3 +197,16 @@ def capability() -> tuple[int, int] | None:
     import torch
 
     return torch.cuda.get_device_capability()
+
+
+def environ_get(name: str, default: str) -> str:
+    """``os.environ.get`` without its per-call key encoding (~1 us a forward call): read at every
+    call, so a change of the variable (``monkeypatch.setenv``, a sweep) takes effect at once."""
+    data, encodekey = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if data is None or encodekey is None:  # pragma: no cover (another Python's os.environ)
+        return os.environ.get(name, default)
+    value = data.get(_ENV_KEYS.get(name) or _ENV_KEYS.setdefault(name, encodekey(name)))
+    return default if value is None else os.environ.decodevalue(value)
+
+
+_ENV_KEYS: dict = {}

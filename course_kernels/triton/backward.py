@@ -99,83 +99,89 @@ def _attn_bwd_preprocess(
 
 
 @triton.jit
-def _attn_bwd_dkdv_inner(
-    dk,
-    dv,
-    k,
-    v,  # (BLOCK_N1, D) x 4
-    q_base,
-    do_base,
-    lse_base,
-    delta_base,
-    dq_base,
-    stride_qm,
-    stride_qk,
-    offs_n,
-    lo,
-    hi,
-    n_q,
-    qk_mul,
-    c2,
-    alibi_r,
-    alibi_diag,
-    diag_lo,
-    diag_hi,
-    BLOCK_M1: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
-    MASKED: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
-    BOUNDS: tl.constexpr,
-):
-    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17).
-
-    ``MASKED``: apply the window/causal mask (keys past Nk are never stored, rows past Nq have
-    L = +inf: neither needs a mask). ``BOUNDS``: a block may hold rows past Nq (the tail block):
-    they load as Q = dO = 0, L = +inf, D = 0; without it every row is inside (no bounds masks).
-    """
+def _attn_bwd_dkdv_step(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_qk, offs_n,
+    start_m, n_q, qk_mul, c2, alibi_r, alibi_diag, diag_lo, diag_hi, full_lo, full_hi,
+    BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, BOUNDS: tl.constexpr,
+):  # fmt: skip
+    """One query block of :func:`_attn_bwd_dkdv_inner` (FA2 Alg. 2 lines 9-17)."""
     offs_d = tl.arange(0, HEAD_DIM_PADDED)
     d_ok = offs_d[None, :] < HEAD_DIM  # (1, D)
     pad_d: tl.constexpr = HEAD_DIM != HEAD_DIM_PADDED
-    for start_m in range(lo, hi, BLOCK_M1):
-        start_m = tl.multiple_of(start_m, BLOCK_M1)
-        offs_m = start_m + tl.arange(0, BLOCK_M1)  # (BLOCK_M1,)
-        m_ok = offs_m < n_q
-        # FA2 Alg. 2 line 9: load Q_i, dO_i, L_i, D_i. Rows past Nq: L = +inf gives P = 0.
-        row_ptrs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
-        q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, BOUNDS, pad_d)
-        if BOUNDS:
-            lse_c = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
-        else:
-            lse_c = tl.load(lse_base + offs_m)
-        # FA2 Alg. 2 lines 10-11, transposed: P^T = exp2((r^T - L) * c log2 e).
-        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
-        rT, tT = _score_mod(
-            qkT, offs_m[None, :], offs_n[:, None], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
-        )
-        pT = tl.math.exp2((rT - lse_c[None, :]) * c2)  # (BLOCK_N1, BLOCK_M1)
-        if MASKED:
+    start_m = tl.multiple_of(start_m, BLOCK_M1)
+    offs_m = start_m + tl.arange(0, BLOCK_M1)  # (BLOCK_M1,)
+    m_ok = offs_m < n_q
+    # FA2 Alg. 2 line 9: load Q_i, dO_i, L_i, D_i. Rows past Nq: L = +inf gives P = 0.
+    row_ptrs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qk
+    q = _load_tile(q_base + row_ptrs, m_ok[:, None], d_ok, BOUNDS, pad_d)
+    if BOUNDS:
+        lse_c = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))  # (BLOCK_M1,)
+    else:
+        lse_c = tl.load(lse_base + offs_m)
+    # FA2 Alg. 2 lines 10-11, transposed: P^T = exp2((r^T - L) * c log2 e).
+    qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
+    rT, tT = _score_mod(
+        qkT, offs_m[None, :], offs_n[:, None], qk_mul, alibi_r, alibi_diag, SOFTCAP, ALIBI
+    )
+    pT = tl.math.exp2((rT - lse_c[None, :]) * c2)  # (BLOCK_N1, BLOCK_M1)
+    if MASKED:  # noqa: SIM102 (constexpr, then run time: one loop holds both kinds of block)
+        if (start_m < full_lo) | (start_m >= full_hi):
             pT = tl.where(_visible(offs_m[None, :], offs_n[:, None], diag_lo, diag_hi), pT, 0.0)
-        do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, BOUNDS, pad_d)
-        # FA2 Alg. 2 line 12: dV_j += P^T dO_i.
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
-        if BOUNDS:
-            delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)  # (BLOCK_M1,)
-        else:
-            delta = tl.load(delta_base + offs_m)
-        # FA2 Alg. 2 lines 13-14, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
-        dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
-        if SOFTCAP:
-            dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(x / softcap)) / dx
-        # FA2 Alg. 2 line 16: dK_j += dS^T Q_i (the scale is applied once at the end).
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
-        if ATOMIC_DQ:  # FA2 Alg. 2 line 15 as the paper has it: dQ_i += dS K_j, in fp32 atomics
-            dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION)
-            tl.atomic_add(dq_base + row_ptrs, dq, mask=m_ok[:, None] & d_ok, sem="relaxed")
+    do = _load_tile(do_base + row_ptrs, m_ok[:, None], d_ok, BOUNDS, pad_d)
+    # FA2 Alg. 2 line 12: dV_j += P^T dO_i.
+    dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
+    if BOUNDS:
+        delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)  # (BLOCK_M1,)
+    else:
+        delta = tl.load(delta_base + offs_m)
+    # FA2 Alg. 2 lines 13-14, transposed: dP^T = V dO^T, dS^T = P^T * (dP^T - D).
+    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N1, BLOCK_M1)
+    dsT = pT * (dpT - delta[None, :])  # (BLOCK_N1, BLOCK_M1)
+    if SOFTCAP:
+        dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(x / softcap)) / dx
+    # FA2 Alg. 2 line 16: dK_j += dS^T Q_i (the scale is applied once at the end).
+    dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)  # (BLOCK_N1, D)
+    if ATOMIC_DQ:  # FA2 Alg. 2 line 15 as the paper has it: dQ_i += dS K_j, in fp32 atomics
+        dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=DOT_PRECISION)
+        tl.atomic_add(dq_base + row_ptrs, dq, mask=m_ok[:, None] & d_ok, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, k, v,  # (BLOCK_N1, D) x 4
+    q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_qk, offs_n,
+    lo, hi, n_q, qk_mul, c2, alibi_r, alibi_diag, diag_lo, diag_hi, full_lo, full_hi,
+    BLOCK_M1: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PADDED: tl.constexpr,
+    MASKED: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr, BOUNDS: tl.constexpr,
+    TAIL: tl.constexpr = False,
+):  # fmt: skip
+    """Add the query blocks [lo, hi) of one query head into dK, dV (FA2 Alg. 2 lines 8-17).
+
+    ``MASKED``: mask the blocks outside [full_lo, full_hi) (keys past Nk are never stored, rows
+    past Nq have L = +inf: neither needs a mask). ``BOUNDS``: a block may hold rows past Nq (the
+    tail block): they load as Q = dO = 0, L = +inf, D = 0; without it no bounds masks. ``TAIL``:
+    [lo, hi) is at most one block, run as straight-line code (no loop carrying dK, dV).
+    """
+    if TAIL:  # at most one block, no loop: dK, dV pass no loop boundary (C7515)
+        if lo < hi:
+            dk, dv = _attn_bwd_dkdv_step(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_qk,
+                offs_n, lo, n_q, qk_mul, c2, alibi_r, alibi_diag, diag_lo, diag_hi, full_lo,
+                full_hi, BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED, MASKED, SOFTCAP, ALIBI,
+                DOT_PRECISION, ATOMIC_DQ, BOUNDS,
+            )  # fmt: skip
+    else:
+        for start_m in range(lo, hi, BLOCK_M1):
+            dk, dv = _attn_bwd_dkdv_step(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, stride_qm, stride_qk,
+                offs_n, start_m, n_q, qk_mul, c2, alibi_r, alibi_diag, diag_lo, diag_hi, full_lo,
+                full_hi, BLOCK_M1, HEAD_DIM, HEAD_DIM_PADDED, MASKED, SOFTCAP, ALIBI,
+                DOT_PRECISION, ATOMIC_DQ, BOUNDS,
+            )  # fmt: skip
     return dk, dv
 
 
@@ -232,8 +238,9 @@ def _attn_bwd_dkdv(
     ATOMIC_DQ: tl.constexpr,
     BLOCK_M1: tl.constexpr,
     BLOCK_N1: tl.constexpr,
-    PEEL: tl.constexpr = True,
+    PEEL: tl.constexpr = False,
     EVEN_BLOCKS: tl.constexpr = False,
+    ONE_LOOP: tl.constexpr = False,
 ):
     """dK, dV for one key block of one (sequence, K/V head).
 
@@ -241,13 +248,15 @@ def _attn_bwd_dkdv(
     K, V, dK, dV share strides (stride_k*); LSE and Delta (stride_l*). Dense and ``VARLEN`` as
     in ``forward._attn_fwd``; a program past its sequence's keys exits at once.
 
-    ``PEEL`` (session 9, on in the package's launch; notes/kernel.md): in the query loop only the
-    tail block (the one that can cross Nq) carries bounds masks (``masks._step_range``). K, V
-    and the final stores (once per program) stay masked: a runtime branch between masked and
-    unmasked K, V loads spilled registers on sm_90a at d = 128. Off: every query block masked,
-    the session-8 kernel (a reference for tests and benchmarks). ``EVEN_BLOCKS`` (session 8, set
-    by the launch for dense lengths that are multiples of every block): the caller promises no
-    tail, so the tail step is not compiled (fewer registers) and K, V load unmasked.
+    ``ONE_LOOP`` (session 9, on in the package's launch): one loop over all the query blocks, the
+    mask decided per block at run time, instead of three loops (masked edge, unmasked middle,
+    masked edge). With three, ptxas serialises every wgmma of the kernel (warning C7515: the
+    accumulators dK, dV pass between pipelined loops), one wait per tensor-core instruction.
+    ``PEEL`` (session 9, off in the package's launch: not measured yet; notes/kernel.md): only
+    the query block that can cross Nq carries bounds masks (``masks._step_range``); with
+    ``ONE_LOOP`` that block runs after the loop as straight-line code. K, V and the final stores
+    (once per program) stay masked. ``EVEN_BLOCKS`` (session 8): the caller promises no tail, so
+    no bounds masks at all (FlexAttention's ``IS_DIVISIBLE``); the final stores keep theirs.
     """
     start_n = tl.program_id(0) * BLOCK_N1
     off_hz = tl.program_id(1)
@@ -284,10 +293,15 @@ def _attn_bwd_dkdv(
         alibi_r = 0.0
         if ALIBI:
             alibi_r = tl.load(ALIBI_R + off_z * stride_az + off_h)
-        # Masked edge, unmasked middle, masked edge, then (PEEL) the query block crossing Nq.
+        # ONE_LOOP: the query blocks [lo, hi); else masked edge, unmasked middle, masked edge. PEEL:
+        # those stop at the block crossing Nq, a last step (TAIL: no loop with ONE_LOOP) takes it.
         peel: tl.constexpr = PEEL and not EVEN_BLOCKS  # (EVEN_BLOCKS: there is no tail)
-        for stage in tl.static_range(4 if peel else 3):
-            s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_q, BLOCK_M1, peel)
+        n_steps: tl.constexpr = (1 if ONE_LOOP else 3) + (1 if peel else 0)
+        for stage in tl.static_range(n_steps):
+            if ONE_LOOP:  # stage 1 (PEEL): the tail, _step_range's step 3
+                s_lo, s_hi = _step_range(3 * stage, lo, hi, hi, hi, n_q, BLOCK_M1, peel)
+            else:
+                s_lo, s_hi = _step_range(stage, lo, full_lo, full_hi, hi, n_q, BLOCK_M1, peel)
             dk, dv = _attn_bwd_dkdv_inner(
                 dk,
                 dv,
@@ -310,15 +324,18 @@ def _attn_bwd_dkdv(
                 n_k - n_q,
                 diag_lo,
                 diag_hi,
+                full_lo,
+                full_hi,
                 BLOCK_M1,
                 HEAD_DIM,
                 HEAD_DIM_PADDED,
-                WINDOWED & (stage != 1),
+                WINDOWED & (ONE_LOOP | (stage != 1)),
                 SOFTCAP,
                 ALIBI,
                 DOT_PRECISION,
                 ATOMIC_DQ,
-                not EVEN_BLOCKS and (stage == 3 or not PEEL),  # bounds masks: tail, or all
+                not EVEN_BLOCKS and (stage == n_steps - 1 or not peel),  # bounds: the tail, or all
+                ONE_LOOP and peel and stage == 1,  # the tail: straight-line code (C7515)
             )
 
     # FA2 Alg. 2 line 18: write dK_j, dV_j. S = scale * Q K^T, so dK carries the scale.

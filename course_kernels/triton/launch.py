@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 from . import _env as _triton_env  # first: decides GPU vs interpreter before any kernel is defined
 from ._env import INTERPRET, require_triton
+from ._env import environ_get as _environ_get
 
 require_triton()
 
 import torch  # noqa: E402
 
+from ..gluon.backward_launch import gluon_attention_backward  # noqa: E402
 from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _one_key_closed_form  # noqa: E402
 from .backward import _backward_one_key as _backward_one_key  # noqa: E402
@@ -48,7 +49,10 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: a Hopper
 # GPU with the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, and at least GLUON_MIN_WORK;
 # the tl kernel elsewhere), "gluon" (always; an error where it cannot) or "triton" (always tl).
+# The backward has its own variable with the same choices (the Gluon backward also needs as many
+# K/V heads as query heads); its "auto" takes the tl backward while GLUON_BACKWARD_AUTO is False.
 FORWARD_ENV = "COURSE_KERNELS_FORWARD"
+BACKWARD_ENV = "COURSE_KERNELS_BACKWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
 
 # The Gluon forward's host path (four TMA descriptors and a warp-specialised launch per call)
@@ -75,37 +79,33 @@ def _gluon_fits(q, k) -> bool:
     )
 
 
-def _environ_get(name: str, default: str) -> str:
-    """``os.environ.get`` without its per-call key encoding (~1 us a forward call): read at every
-    call, so a change of the variable (``monkeypatch.setenv``, a sweep) takes effect at once."""
-    data, encodekey = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
-    if data is None or encodekey is None:  # pragma: no cover (another Python's os.environ)
-        return os.environ.get(name, default)
-    value = data.get(_ENV_KEYS.get(name) or _ENV_KEYS.setdefault(name, encodekey(name)))
-    return default if value is None else os.environ.decodevalue(value)
+# The Gluon backward (course_kernels/gluon/backward.py) measured at 0.52-0.72x cuDNN on the H200,
+# below the tl backward (experiments/data/gluon/h200_gluon_backward_session9.json): not the default.
+GLUON_BACKWARD_AUTO = False
 
 
-_ENV_KEYS: dict = {}
-
-
-def _use_gluon(q, k) -> bool:
-    """Whether ``_forward`` runs the Gluon forward (``$COURSE_KERNELS_FORWARD``, see above)."""
-    choice = _environ_get(FORWARD_ENV, "auto")
+def _use_gluon(q, k, backward: bool = False) -> bool:
+    """Whether the forward (or ``backward``) runs the Gluon kernel (``$COURSE_KERNELS_FORWARD``,
+    ``$COURSE_KERNELS_BACKWARD``, see above)."""
+    env, what = (BACKWARD_ENV, "backward") if backward else (FORWARD_ENV, "forward")
+    choice = _environ_get(env, "auto")
     if choice not in FORWARD_CHOICES:
-        raise ValueError(f"${FORWARD_ENV}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
-    if choice == "triton":
+        raise ValueError(f"${env}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
+    if choice == "triton" or (backward and choice == "auto" and not GLUON_BACKWARD_AUTO):
         return False
+    fits = _gluon_fits(q, k) and (not backward or q.shape[1] == k.shape[1])
     if choice == "gluon":
         if not gluon_available():
-            raise RuntimeError(f"${FORWARD_ENV}=gluon, but {why_unavailable()}")
-        if not _gluon_fits(q, k):
+            raise RuntimeError(f"${env}=gluon, but {why_unavailable()}")
+        if not fits:
             raise ValueError(
-                f"${FORWARD_ENV}=gluon: the Gluon forward takes CUDA fp16/bf16 inputs with "
-                f"d = 64 or 128 and Nq = Nk; got {q.dtype}, d = {q.shape[3]}, "
-                f"Nq = {q.shape[2]}, Nk = {k.shape[2]} on {q.device}"
+                f"${env}=gluon: the Gluon {what} takes CUDA fp16/bf16 inputs with d = 64 or 128 "
+                f"and Nq = Nk{' and as many K/V heads as query heads' if backward else ''}; got "
+                f"{q.dtype}, d = {q.shape[3]}, Nq = {q.shape[2]}, Nk = {k.shape[2]}, "
+                f"{q.shape[1]} query and {k.shape[1]} K/V heads on {q.device}"
             )
         return True
-    return not INTERPRET and _gluon_fits(q, k) and _gluon_pays(q, k) and gluon_available()
+    return not INTERPRET and fits and _gluon_pays(q, k) and gluon_available()
 
 
 def lse_to_base2(lse_c, variant: Variant, scale: float):
@@ -329,6 +329,9 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
     if _one_key_closed_form(k, variant, alibi, varlen):
         return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
+    if varlen is None and alibi is None and variant in (PLAIN, CAUSAL) and _use_gluon(q, k, True):
+        lse = lse_c * variant.units(scale)[1]  # units of c -> the natural-log lse it takes
+        return gluon_attention_backward(do, q, k, v, o, lse, causal=variant.causal, scale=scale)
     if INTERPRET and q.dtype == torch.bfloat16:
         f = (x.float() for x in (do, q, k, v, o))
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
@@ -375,7 +378,7 @@ def _bwd_plans(q, k, lse_c, variant: Variant, scale: float, alibi, varlen):
         _attn_bwd_dkdv,
         (id(_attn_bwd_dkdv), *key),
         (*scalars, lay.kv_heads, group, lay.n_q, lay.n_k),
-        {**constexprs, "ATOMIC_DQ": False},
+        {**constexprs, "ATOMIC_DQ": False, "ONE_LOOP": True},  # backward.py: no serialised wgmma
         lambda meta: (_cdiv(lay.n_k, meta["BLOCK_N1"]), lay.batch * lay.kv_heads),
     )
     return variant.units(scale)[1], dq, dkdv
@@ -385,7 +388,7 @@ def _even(n_q: int, n_k: int) -> bool:
     """Nq and Nk multiples of every block size in the backward kernels' autotuning lists: their
     loads then need no bounds masks (``EVEN_BLOCKS``, FlexAttention's ``IS_DIVISIBLE``; -14 to
     -33% on the dK/dV kernel on the H200, notes/kernel.md session 8). Dense calls only; the
-    kernels' tail peeling (``PEEL``) gives other lengths and varlen the same unmasked steps."""
+    kernels' tail peeling (``PEEL``, off until measured) would give other lengths the same."""
     kernels = (_attn_bwd_dq, _attn_bwd_dkdv)
     if not all(getattr(kern, "configs", None) for kern in kernels):
         return False  # no list to read the blocks from: keep the masks

@@ -2,10 +2,14 @@
 (SDPA with the cuDNN backend) and the course's `tl` backward. One GPU command:
 
     python experiments/gluon/bench_backward.py --out DIR       # < 150 s on an H200 (budgeted)
+    python experiments/gluon/bench_backward.py --out DIR --Ns 8192 \
+        --variants default,dq_vec4,dq_shared,dq_shared_vec4   # session 9's dQ switches, < 200 s
 
 The backward is a first version (notes/gluon_backward.md) that may fault. So every Gluon call
-runs in a child process: first the correctness checks of each config (float64 autograd
-reference, flash-attn's rule: each of dq, dk, dv within 2x SDPA's own error + 1e-5), then, only
+runs in a child process: first the correctness checks of each config (the configs' check children
+run at once and then compile the timed shapes, all ended at 150 s; float64 autograd reference,
+flash-attn's rule: each of dq, dk, dv within 2x SDPA's own error + 1e-5), then, one config at a
+time and only
 for configs whose checks all passed, its timings. An illegal memory access ends the child, not
 the run: the parent records the child's exit status, its stderr tail and whatever rows it
 finished (the child prints one JSON line per result). cuDNN and the `tl` backward are timed in
@@ -42,8 +46,15 @@ VARIANTS = {  # config name -> overrides of BACKWARD_CONFIG (the default first)
     "default": {},
     "d64 BM=128": dict(BM=128),
     "stages=3": dict(STAGES=3),
+    # session 9, cheaper dQ (notes/gluon_backward.md): v4 reductions; one dQ partial per CTA step
+    "dq_per_consumer": dict(DQ_SHARED=False),  # the first version (the default before session 9)
+    "dq_vec4": dict(DQ_VEC=4),
+    "dq_shared": dict(DQ_SHARED=True),
+    "dq_shared_vec4": dict(DQ_SHARED=True, DQ_VEC=4),
 }
-VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128)}
+VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128),
+                "dq_vec4": (64, 128), "dq_shared": (64, 128), "dq_shared_vec4": (64, 128),
+                "dq_per_consumer": (64, 128)}  # fmt: skip
 
 
 def _emit(**row):
@@ -77,6 +88,7 @@ def child(variant: str, do_time: bool, dims, Ns):
     from course_kernels.testing import attention_grads
 
     cfg = VARIANTS[variant]
+    all_ok = True
     for B, H, N, d, dtype, causal in CHECKS:
         if d not in VARIANT_DIMS[variant]:
             continue
@@ -99,8 +111,12 @@ def child(variant: str, do_time: bool, dims, Ns):
             ok = all(math.isfinite(e) and e <= 2 * es + 1e-5 for e, es in errs.values())
             _emit(**row, errors_kernel_sdpa=errs, ok=ok)
         except Exception as e:  # a Python-level failure: record it, go on
+            ok = False
             _emit(**row, ok=False, error=f"{type(e).__name__}: {str(e)[:500]}")
+        all_ok = all_ok and ok
     if not do_time:
+        if all_ok:  # compile the timed shapes now, in parallel with the other variants' checks:
+            _warm(G, gluon_attention_backward, cfg, variant, dims, Ns)  # (Triton's disk cache)
         return
     for d in dims:
         if d not in VARIANT_DIMS[variant]:
@@ -117,24 +133,56 @@ def child(variant: str, do_time: bool, dims, Ns):
                     _emit(**row, ms=None, error=f"{type(e).__name__}: {str(e)[:500]}")
 
 
+def _warm(G, backward, cfg, variant, dims, Ns):
+    """One untimed call per timed shape, so that the timing child finds its kernels compiled."""
+    import torch
+
+    for d in dims:
+        for N in Ns:
+            for causal in (False, True):
+                if d not in VARIANT_DIMS[variant]:
+                    continue
+                try:
+                    q, k, v, do = _inputs(4, 2048 // d, N, d, "float16")
+                    o, lse = G.gluon_attention_forward(q, k, v, causal=causal)
+                    backward(do, q, k, v, o, lse, causal, **cfg)
+                    torch.cuda.synchronize()
+                except Exception as e:  # the timing child records it
+                    print(f"warm-up d={d} N={N} causal={causal}: {e!r}"[:300], file=sys.stderr)
+
+
 def _time_gluon(G, backward, cfg, B, H, N, d, causal):
     q, k, v, do = _inputs(B, H, N, d, "float16")
     o, lse = G.gluon_attention_forward(q, k, v, causal=causal)
     return _time_ms(lambda: backward(do, q, k, v, o, lse, causal, **cfg))
 
 
-def run_child(args_list, timeout):
-    """Run this script as a child; returns (rows it printed, exit status, stderr tail)."""
+def start_child(args_list):
+    """Start this script as a child (its own process group, so a timeout ends all of it)."""
     cmd = [sys.executable, os.path.abspath(__file__), *args_list]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def finish_child(p, deadline):
+    """Wait for a child until ``deadline`` (time.time()); returns (rows it printed, exit status,
+    stderr tail). Past the deadline (a hang: an mbarrier deadlock) the child is killed."""
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        out, err, rc = p.stdout, p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, err = p.communicate()
         rc = "timeout"
     rows = [json.loads(ln[4:]) for ln in out.splitlines() if ln.startswith("ROW ")]
     return rows, rc, err[-3000:]
+
+
+def run_child(args_list, timeout):
+    """Run this script as a child; returns (rows it printed, exit status, stderr tail)."""
+    return finish_child(start_child(args_list), time.time() + timeout)
 
 
 # ------------------------------------------------------------------------- the parent
@@ -167,6 +215,27 @@ def time_reference(provider, d, N, causal):
     return row
 
 
+def run_checks(variants, ns_of, dims, out, save, t0):
+    """Every variant's checks at once (compiles dominate; 16 CPU cores), each in its own child,
+    which then compiles the variant's timed shapes (one untimed call each); all ended at 150 s (a
+    hang: an mbarrier deadlock). Returns {variant: all its checks passed}."""
+    passed = {}
+    kids = {v: start_child(["--child", v, "--Ns", ns_of(v), "--dims", dims]) for v in variants}
+    deadline = time.time() + 150
+    for variant in variants:
+        rows, rc, err = finish_child(kids[variant], deadline)
+        out["checks"] += rows
+        out["children"].append(dict(variant=variant, part="check", rc=rc, stderr_tail=err))
+        passed[variant] = rc == 0 and bool(rows) and all(r["ok"] for r in rows)
+        print(f"[{variant}: {sum(r['ok'] for r in rows)}/{len(rows)} checks pass, rc={rc}, "
+              f"{time.time() - t0:.0f}s]", flush=True)  # fmt: skip
+        for r in rows:
+            if not r["ok"]:
+                print("CHECK FAIL", r, flush=True)
+        save()
+    return passed
+
+
 def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -176,6 +245,11 @@ def main():
     ap.add_argument("--Ns", default="4096,8192,16384")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--variants", default="default", help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument(
+        "--variant-Ns",
+        help="N values timed for the variants other than 'default' (default: --Ns); the "
+        "references are timed at the union",
+    )
     ap.add_argument(
         "--tl-autotune",
         action="store_true",
@@ -206,21 +280,19 @@ def main():
         with open(path, "w") as f:
             json.dump(out, f, indent=1)
 
-    passed = {}
-    for variant in args.variants.split(","):
-        base = ["--child", variant, "--Ns", args.Ns, "--dims", args.dims]
-        rows, rc, err = run_child(base, timeout=75)  # a hang (mbarrier deadlock) ends here
-        out["checks"] += rows
-        out["children"].append(dict(variant=variant, part="check", rc=rc, stderr_tail=err))
-        passed[variant] = rc == 0 and bool(rows) and all(r["ok"] for r in rows)
-        print(f"[{variant}: {sum(r['ok'] for r in rows)}/{len(rows)} checks pass, rc={rc}, "
-              f"{time.time() - t0:.0f}s]", flush=True)  # fmt: skip
-        for r in rows:
-            if not r["ok"]:
-                print("CHECK FAIL", r, flush=True)
-        save()
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    var_Ns = args.variant_Ns or args.Ns
+
+    def ns_of(variant):
+        return args.Ns if variant == "default" else var_Ns
+
+    passed = run_checks(variants, ns_of, args.dims, out, save, t0)
+    all_Ns = sorted({int(n) for v in variants for n in ns_of(v).split(",")})
     for d in dims:
-        for N in Ns:
+        for N in all_Ns:
             for causal in (False, True):
                 for provider in ("cudnn", "tl"):
                     out["times"].append(time_reference(provider, d, N, causal))
@@ -230,7 +302,7 @@ def main():
         if not ok:
             out["children"].append(dict(variant=variant, part="time", skipped="checks failed"))
             continue
-        base = ["--child", variant, "--child-time", "--Ns", args.Ns, "--dims", args.dims]
+        base = ["--child", variant, "--child-time", "--Ns", ns_of(variant), "--dims", args.dims]
         rows, rc, err = run_child(base, timeout=90)
         out["times"] += [r for r in rows if r["kind"] == "time"]
         out["children"].append(dict(variant=variant, part="time", rc=rc, stderr_tail=err))

@@ -2,15 +2,23 @@
 shared memory of each config (ptxas of Triton 3.6), plus the small preprocess / dq kernels.
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
-    PYTHONPATH=/tmp/t36:. python experiments/gluon/compile_bwd_sm90.py [--ptx-dir DIR]
+    PYTHONPATH=/tmp/t36:. python experiments/gluon/compile_bwd_sm90.py [--ptx-dir DIR] [--no-hints]
+
+Pointer arguments carry the 16-byte divisibility hint that a launch with torch tensors gives
+them, and N, N_PAD the one a launch at N = 4K/8K/16K gives (multiples of 16); without the
+pointer hint Triton cannot prove the dQ atomics' alignment and emits scalar fp32 atomics instead
+of the .v2 that the H200 runs (--no-hints: the session 8 record's compile). Each line ends with
+the fp32 atomics in the PTX (``atom.global...add[.vN].f32``: ptxas makes them REDs).
 
 Reuses compile_sm90.py's PTX normaliser (`_code`); the backward is in
 course_kernels/gluon/backward.py, its design in notes/gluon_backward.md.
 """
 
 import argparse
+import collections
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 import triton  # noqa: E402
 from compile_sm90 import _code  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import make_backend  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
@@ -32,6 +41,8 @@ from course_kernels.gluon.backward_launch import (  # noqa: E402
 )
 
 SMEM_LIMIT = 227 * 1024  # per-block opt-in maximum on sm_90
+TARGET = GPUTarget("cuda", 90, 32)
+HINTS = True  # the launch's divisibility hints (main's --no-hints turns them off)
 
 
 def _desc(dt, rows, d):
@@ -47,16 +58,28 @@ def _rows(BM):
 
 
 def _compile(fn, sig, consts, num_warps=4):
+    consts = dict(consts)
+    for param in fn.params:  # switches with a default (DQ_VEC, DQ_SHARED): as launched
+        if param.has_default and param.name not in consts:
+            consts[param.name] = param.default
     for name in fn.arg_names:  # the constexprs in the kernel's parameter order
         if name in consts:
             sig[name] = "constexpr"
-    src = GluonASTSource(fn, sig, constexprs={(list(sig).index(k),): v for k, v in consts.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    hinted = [i for i, n in enumerate(sig) if sig[n].startswith("*") or n in ("N", "N_PAD")]
+    attrs = {(i,): make_backend(TARGET).parse_attr("D") for i in hinted} if HINTS else {}
+    constexprs = {(list(sig).index(k),): v for k, v in consts.items()}
+    src = GluonASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps})
+
+
+def atomics(ptx):
+    """The fp32 atomic adds in the PTX, e.g. {'atom.global.gpu.relaxed.add.v2.f32': 128}."""
+    return dict(collections.Counter(re.findall(r"\batom\.global\.[\w.]*add[\w.]*\.f32\b", ptx)))
 
 
 def build(d=128, dt="fp16", CAUSAL=False, **overrides):
     """Compile the backward kernel for one config: BACKWARD_CONFIG[d] with ``overrides`` (BM,
-    NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS)."""
+    NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED)."""
     cfg = {**BACKWARD_CONFIG[d], **overrides}
     cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
     BM = cfg["BM"]
@@ -97,32 +120,57 @@ def ptxas_info(ptx):
     )
 
 
-CONFIGS = [  # the defaults (BACKWARD_CONFIG) first, then variants
-    dict(d=d, dt=dt, CAUSAL=c) for d in (64, 128) for dt in ("fp16", "bf16") for c in (False, True)
-] + [
-    dict(d=128, DQ_SPLIT=1),
-    dict(d=128, DQ_SPLIT=4),
-    dict(d=128, NUM_CONSUMERS=1),
-    dict(d=128, STAGES=3),
-    dict(d=64, STAGES=3),
-    dict(d=64, DQ_SPLIT=2),
-    dict(d=64, BM=128),
-    dict(d=64, BM=128, DQ_SPLIT=2),
-]
+CONFIGS = (
+    [  # the defaults (BACKWARD_CONFIG) first, then variants
+        dict(d=d, dt=dt, CAUSAL=c)
+        for d in (64, 128)
+        for dt in ("fp16", "bf16")
+        for c in (False, True)
+    ]
+    + [
+        dict(d=128, DQ_SPLIT=1),
+        dict(d=128, DQ_SPLIT=4),
+        dict(d=128, NUM_CONSUMERS=1),
+        dict(d=128, STAGES=3),
+        dict(d=64, STAGES=3),
+        dict(d=64, DQ_SPLIT=2),
+        dict(d=64, BM=128),
+        dict(d=64, BM=128, DQ_SPLIT=2),
+    ]
+    + [  # session 9: cheaper dQ (notes/gluon_backward.md)
+        dict(d=d, CAUSAL=c, **sw)
+        for sw in (dict(DQ_VEC=4), dict(DQ_SHARED=True), dict(DQ_SHARED=True, DQ_VEC=4))
+        for d in (64, 128)
+        for c in (False, True)
+    ]
+    + [
+        dict(d=128, DQ_SHARED=True, DQ_SPLIT=1),
+        dict(d=128, DQ_SHARED=True, DQ_SPLIT=1, DQ_VEC=4),
+        dict(d=64, DQ_SHARED=True, DQ_SPLIT=2, DQ_VEC=4),
+        dict(d=64, BM=128, DQ_VEC=4),
+        dict(d=64, BM=128, DQ_SHARED=True, DQ_VEC=4),
+    ]
+)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ptx-dir", help="write each config's PTX here")
+    ap.add_argument("--no-hints", action="store_true", help="no divisibility hints (session 8)")
+    ap.add_argument("--only", help="substring of the config's printed dict to select configs")
     args = ap.parse_args()
+    global HINTS
+    HINTS = not args.no_hints
     for cfg in CONFIGS:
+        if args.only and args.only not in str(cfg):
+            continue
         try:
             k = build(**cfg)
             ptx = k.asm["ptx"]
             h = hashlib.sha256(_code(ptx).encode()).hexdigest()[:16]
             smem = k.metadata.shared
             fits = "fits" if smem <= SMEM_LIMIT else "TOO BIG"
-            print(cfg, "PTX", h, f"shared {smem} B ({fits} 227 KB)", ptxas_info(ptx))
+            print(cfg, "PTX", h, f"shared {smem} B ({fits} 227 KB)", ptxas_info(ptx), atomics(ptx))
             if args.ptx_dir:
                 os.makedirs(args.ptx_dir, exist_ok=True)
                 name = "_".join(f"{a}{b}" for a, b in cfg.items())

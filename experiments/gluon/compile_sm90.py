@@ -73,6 +73,8 @@ def build(
     DYNAMIC=False,
     SKIP_DEAD=False,
     ALIGN_END=False,
+    SECTION=0,
+    ROW_MASK=False,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
@@ -91,6 +93,8 @@ def build(
         DYNAMIC=DYNAMIC,
         SKIP_DEAD=SKIP_DEAD,
         ALIGN_END=ALIGN_END,
+        SECTION=SECTION,
+        ROW_MASK=ROW_MASK,
     )
     for kk in consts:
         s[kk] = "constexpr"
@@ -130,6 +134,14 @@ CONFIGS = [
     dict(S7, NC=2, CAUSAL=False),
     dict(d=128, CAUSAL=True, LPT=False, DYNAMIC=True, SKIP_DEAD=True, ALIGN_END=True),
     dict(S8, LPT=None, OVERLAP=False),
+    # session 9 (experiments/gluon/session9_forward.py): sectioned LPT order, block 0's one-compare mask
+    dict(S8, LPT=True, SECTION=8),
+    dict(S8, ROW_MASK=True),
+    dict(S8, LPT=True, SECTION=8, ROW_MASK=True),
+    dict(S8, LPT=True, SECTION=4, ROW_MASK=True, dt="bf16"),
+    dict(S7, CAUSAL=False, ROW_MASK=True),
+    dict(d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=4, ROW_MASK=True),
+    dict(d=128, DYNAMIC=True, ROW_MASK=True),
 ]
 
 

@@ -1,15 +1,16 @@
-"""Tail peeling in the backward kernels against the all-masked kernels and FlexAttention (one GPU run).
+"""Tail peeling in the single-loop dK/dV kernel against its siblings and Flex (one GPU run).
 
-notes/kernel.md, "Session 9": the dK/dV and dQ kernels put bounds masks only on the block that
-can cross a sequence's end (``PEEL``, a constexpr of ``_attn_bwd_dkdv`` and ``_attn_bwd_dq``, on
-in the package's launch, dense and varlen alike); ``PEEL=False`` is the session-8 kernel with
-every load masked. Session 8's ``EVEN_BLOCKS`` ("even", set by the launch for dense lengths that
-are multiples of every block) runs the same unmasked steps but compiles no tail step (fewer
-registers: the peeled d = 128 dK/dV kernel spills 72-104 B outside its middle loop, the even one
-none); this run says whether it is still worth its host-side check. The script forces each
-config (no autotuning), launches both backward kernels directly, all-masked ("masked"), peeled
-("peeled") and, on divisible lengths, "even", checks the gradients against the masked ones bit
-for bit, and reads each kernel's GPU time from ``torch.profiler``
+notes/kernel.md, "Session 9": the dK/dV and dQ kernels can put bounds masks only on the block
+that can cross a sequence's end (``PEEL``, a constexpr of ``_attn_bwd_dkdv`` and ``_attn_bwd_dq``,
+off in the package's launch until this run). ``ONE_LOOP`` (dK/dV kernel, on in the package's
+launch) runs one loop with the mask decided per block instead of three loops, whose hand-over of
+the dK/dV accumulators made ptxas serialise every wgmma (warning C7515); with ``PEEL`` that loop
+stops before the block crossing Nq, which runs after it as straight-line code. Variants: "masked"
+(three loops, every load masked: session 8, the bitwise reference), "one_loop" (the package's
+dK/dV kernel today), "even_one_loop" (``EVEN_BLOCKS``, divisible lengths only) and
+"one_loop_peel" (both kernels peeled). The script forces each config (no autotuning), launches
+both backward kernels directly, checks the gradients against "masked" bit for bit, and reads
+each kernel's GPU time from ``torch.profiler``
 (``varlen_diag.kernel_times``); FlexAttention's compiled backward on the same mask, in the same
 process (built as ``scripts/gpu_features.py`` builds it), gives the ratio.
 
@@ -53,8 +54,12 @@ DKDV_TILES = {
 }
 DQ_TILE = (64, 128, 8, 3)  # (BLOCK_N2, BLOCK_M2, warps, stages), chosen on every row
 CPU_DKDV, CPU_DQ = (16, 32, 4, 1), (16, 32, 4, 1)  # the interpreter's tiles (configs.py)
-SWITCHES = {"masked": {"PEEL": False}, "peeled": {}, "even": {"EVEN_BLOCKS": True}}
-# (the first is the bitwise reference; "even" only where every length is a multiple)
+SWITCHES = {  # over OFF; the first is the bitwise reference; EVEN_BLOCKS only where it holds
+    "masked": {},
+    "one_loop": {"ONE_LOOP": True},
+    "even_one_loop": {"EVEN_BLOCKS": True, "ONE_LOOP": True},
+    "one_loop_peel": {"ONE_LOOP": True, "PEEL": True},
+}
 
 
 def _lengths(case: str, smoke: bool) -> list[int]:
@@ -116,12 +121,12 @@ def prepare(case_tensors):
     return o, lse_c, dq_plan, dkdv_plan
 
 
-OFF = {"EVEN_BLOCKS": False}  # the launch sets it for divisible dense lengths; here: asked
+OFF = {"EVEN_BLOCKS": False, "ONE_LOOP": False, "PEEL": False}  # here every switch is asked
 
 
 def backward(case_tensors, prep, dkdv_tile, dq_tile, switches: dict):
     """dq, dk, dv from the two kernels with forced tiles and the given switches (the launch
-    ``_backward_c`` makes, minus the autotuner; ``{}``: the peeled kernels)."""
+    ``_backward_c`` makes, minus the autotuner; ``{}``: three loops, all masked)."""
     import torch
 
     q, k, v, do, _variant, varlen = case_tensors
@@ -133,13 +138,18 @@ def backward(case_tensors, prep, dkdv_tile, dq_tile, switches: dict):
     n2, m2, w2, s2 = dq_tile
     cfg2 = {"BLOCK_N2": n2, "BLOCK_M2": m2}
     cfg1 = {"BLOCK_M1": m1, "BLOCK_N1": n1}
+
+    def flags(plan):  # the plan's constexprs, then OFF and the switches this kernel takes
+        names = plan.kernel.fn.arg_names
+        return {k: v for k, v in {**plan.constexprs, **OFF, **switches}.items() if k in names}
+
     dq_plan.kernel.fn[dq_plan.grid_fn(cfg2)](
         q, k, v, do, o, lse_c, delta, dq, *cu, lse_c, *dq_plan.scalars,
-        **{**dq_plan.constexprs, **OFF, **switches}, **cfg2, num_warps=w2, num_stages=s2,
+        **flags(dq_plan), **cfg2, num_warps=w2, num_stages=s2,
     )  # fmt: skip
     dkdv_plan.kernel.fn[dkdv_plan.grid_fn(cfg1)](
         q, k, v, do, lse_c, delta, dk, dv, dq, *cu, lse_c, *dkdv_plan.scalars,
-        **{**dkdv_plan.constexprs, **OFF, **switches}, **cfg1, num_warps=w1, num_stages=s1,
+        **flags(dkdv_plan), **cfg1, num_warps=w1, num_stages=s1,
     )  # fmt: skip
     return dq, dk, dv
 
@@ -176,7 +186,7 @@ def flex_backward(case: str, case_tensors):
 
 
 def course_rows(case, case_tensors, smoke, add):
-    """Masked and peeled backward per tile; times (GPU, per kernel) and diffs against masked."""
+    """Every variant per tile; times (GPU, per kernel) and diffs against "masked"."""
     from varlen_diag import kernel_times
 
     prep = prepare(case_tensors)
@@ -206,22 +216,23 @@ def course_rows(case, case_tensors, smoke, add):
 
 
 def summary(rows) -> list[dict]:
-    """Per case and tile: peeled / masked kernel times, and FlexAttention / peeled."""
+    """Per case and tile: each variant's kernel times over "masked", "one_loop_peel" over
+    "one_loop" (the launch's today), and FlexAttention over each."""
     flex = {r["case"]: r.get("bwd_kernels_us") for r in rows if r.get("variant") == "flex"}
     by = {(r["case"], tuple(r["dkdv_tile"]), r["variant"]): r for r in rows if "dkdv_us" in r}
     out = []
-    for (case, tile, variant), peeled in by.items():
-        masked = by.get((case, tile, "masked"))
-        if variant != "peeled" or masked is None:
+    for (case, tile, variant), r in by.items():
+        masked, one = by.get((case, tile, "masked")), by.get((case, tile, "one_loop"))
+        if variant == "masked" or masked is None:
             continue
-        row = {"case": case, "dkdv_tile": list(tile), "bitwise_equal": peeled["bitwise_equal"]}
+        row = {"case": case, "dkdv_tile": list(tile), "variant": variant}
+        row["bitwise_equal"] = r["bitwise_equal"]
         for k in ("dkdv_us", "dq_us", "bwd_kernels_us"):
-            row[f"{k[:-3]}_peeled_over_masked"] = round(peeled[k] / masked[k], 3)
-            if (even := by.get((case, tile, "even"))) is not None:
-                row[f"{k[:-3]}_peeled_over_even"] = round(peeled[k] / even[k], 3)
+            row[f"{k[:-3]}_over_masked"] = round(r[k] / masked[k], 3)
+            if variant == "one_loop_peel" and one is not None:
+                row[f"{k[:-3]}_over_one_loop"] = round(r[k] / one[k], 3)
         if flex.get(case):
-            row["flex_over_peeled"] = round(flex[case] / peeled["bwd_kernels_us"], 3)
-            row["flex_over_masked"] = round(flex[case] / masked["bwd_kernels_us"], 3)
+            row["flex_over_this"] = round(flex[case] / r["bwd_kernels_us"], 3)
         out.append(row)
     return out
 
@@ -232,7 +243,7 @@ def main(argv=None):
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes in the interpreter")
     p.add_argument("--no-flex", action="store_true", help="skip FlexAttention")
-    p.add_argument("--budget-s", type=float, default=125.0, help="start no row after this")
+    p.add_argument("--budget-s", type=float, default=150.0, help="start no row after this")
     args = p.parse_args(argv)
 
     import torch

@@ -14,9 +14,10 @@ TTGIR ``ttg.convert_layout`` / ``ttg.local_alloc`` / ``ttg.local_load`` counts, 
 the instruction count, local loads/stores (spill traffic) and ``ISETP`` (integer compares:
 bounds masks and loop tests).
 
-``--variants``: the default (tail peeling, session 9: what varlen and dense lengths that are not
-multiples of 128 get), ``masked`` (``PEEL=False``: every load bounds-masked, the session-8
-default) and ``even`` (``EVEN_BLOCKS``: no tail step compiled, what divisible dense lengths get).
+``--variants``: ``default`` (three dK/dV loops, every load masked: session 8), ``even``
+(``EVEN_BLOCKS``), ``one_loop`` (the package's launch), ``even_one_loop``, ``peel`` (``PEEL``: four
+dK/dV loops, the tail last) and ``one_loop_peel`` (the single loop, the tail after it as
+straight-line code); both peeled variants peel the dQ kernel's loops too. Session 9, notes/kernel.md.
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ def compile_one(kernel: str, case: str, d: int, tile, extra=None) -> dict:
         "regs": int(regs.group(1)) if regs else None,
         "spill_store_B": int(spill.group(1)) if spill else None,
         "spill_load_B": int(spill.group(2)) if spill else None,
+        "wgmma_serialized": "C7515" in r.stderr,  # ptxas: one wait per wgmma (session 9)
         "shared": ck.metadata.shared,
         "ptx_sha": hashlib.sha256(_code(ptx).encode()).hexdigest()[:12],
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
@@ -189,9 +191,12 @@ def compile_one(kernel: str, case: str, d: int, tile, extra=None) -> dict:
 
 # The switches (notes/kernel.md): name -> (kernel, constexprs)
 VARIANTS = {
-    "default": {},
-    "masked": {"dkdv": {"PEEL": False}, "dq": {"PEEL": False}},
-    "even": {"dkdv": {"EVEN_BLOCKS": True}, "dq": {"EVEN_BLOCKS": True}},
+    "default": {"dkdv": {"ONE_LOOP": False}, "dq": {}},  # session 8's kernels
+    "even": {"dkdv": {"EVEN_BLOCKS": True, "ONE_LOOP": False}, "dq": {"EVEN_BLOCKS": True}},
+    "one_loop": {"dkdv": {"ONE_LOOP": True}},  # the package's launch
+    "even_one_loop": {"dkdv": {"EVEN_BLOCKS": True, "ONE_LOOP": True}, "dq": {"EVEN_BLOCKS": True}},
+    "peel": {"dkdv": {"PEEL": True, "ONE_LOOP": False}, "dq": {"PEEL": True}},  # four loops
+    "one_loop_peel": {"dkdv": {"PEEL": True, "ONE_LOOP": True}, "dq": {"PEEL": True}},
 }
 
 
@@ -209,13 +214,13 @@ def main(argv=None):
             for kernel in args.kernels:
                 for tile in DKDV_CFGS if kernel == "dkdv" else DQ_CFGS:
                     for name in args.variants:
-                        extra = VARIANTS[name].get(kernel) if name != "default" else {}
+                        extra = VARIANTS[name].get(kernel)
                         if extra is None:
                             continue
                         try:
                             row = compile_one(kernel, case, d, tile, extra)
                         except Exception as e:  # noqa: BLE001 - report and go on
-                            row = {"kernel": kernel, "case": case, "d": d, "error": repr(e)[:500]}
+                            row = {"kernel": kernel, "case": case, "d": d, "error": repr(e)[-1500:]}
                         row["variant"] = name
                         rows.append(row)
                         print(json.dumps(row), flush=True)

@@ -154,7 +154,7 @@ def bwd_args(name, q, o, lse, causal=False):
         "_attn_bwd_dq": (q, q, q, q, o, lse, lse, o),  # Q K V dO O LSE D dQ
     }[name]
     extra = {"ATOMIC_DQ": False} if name == "_attn_bwd_dkdv" else {}
-    extra["PEEL"] = True  # tail peeling, as the package launches it (False: every load masked)
+    extra["PEEL"] = False  # every load masked, as the package launches it (True: tail peeling)
     extra["EVEN_BLOCKS"] = False  # the tail step compiled (the package skips it for dense
     # lengths that are multiples of every block)
     tail = (0.1, *q.stride(), *q.stride(), *variant_args(causal), 2, 1, 256, 256)

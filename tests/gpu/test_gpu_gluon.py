@@ -128,6 +128,12 @@ _SERIAL_BUG = pytest.mark.xfail(
         dict(ALIGN_END=True),
         dict(SKIP_DEAD=True, ALIGN_END=True),
         dict(SKIP_DEAD=True, ALIGN_END=True, STAGES=4, NUM_CONSUMERS=3),
+        # session 9: LPT order in L2-sized sections of heads (0.5 MiB: 1-2 K/V heads here),
+        # block 0 through the one-compare mask
+        dict(DYNAMIC=True, LPT=True, LPT_SECTION_MB=0.5),
+        dict(DYNAMIC=True, LPT=True, LPT_SECTION_MB=0.5, NUM_CONSUMERS=3),
+        dict(ROW_MASK=True),
+        dict(ROW_MASK=True, SKIP_DEAD=True, ALIGN_END=True, NUM_CONSUMERS=3),
     ],
     ids=str,
 )
@@ -158,7 +164,14 @@ def test_lever_variants_are_correct(cfg, causal):
 
 
 @pytest.mark.parametrize(
-    "cfg", [dict(SKIP_DEAD=True), dict(SKIP_DEAD=True, ALIGN_END=True)], ids=str
+    "cfg",
+    [
+        dict(SKIP_DEAD=True),
+        dict(SKIP_DEAD=True, ALIGN_END=True),
+        # session 9: sections of 2 heads and 1 (at N = 200 the last section holds one of 3)
+        dict(SKIP_DEAD=True, ALIGN_END=True, LPT=True, LPT_SECTION_MB=0.1, ROW_MASK=True),
+    ],
+    ids=str,
 )
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -242,3 +255,37 @@ def test_rejects_bad_inputs():
     q, k, v = _inputs(1, 2, 2, 64, 96, torch.float16, 0)
     with pytest.raises(ValueError):
         G.gluon_attention_forward(q, k, v)  # d = 96
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_attention_takes_the_gluon_backward_when_asked(monkeypatch, d, causal):
+    """``$COURSE_KERNELS_BACKWARD=gluon``: ``flash_attention``'s autograd backward runs the Gluon
+    backward (its gradients differ from the tl backward's, and pass flash-attn's rule against
+    float64); GQA is refused with a message saying why."""
+    from course_kernels import flash_attention
+    from course_kernels.testing import attention_grads
+    from course_kernels.triton import launch
+
+    monkeypatch.setenv(launch.FORWARD_ENV, "gluon")
+    q, k, v = _inputs(1, 2, 2, 1000, d, torch.float16, seed=21)
+    do = torch.randn_like(q)
+    scale = 1.0 / math.sqrt(d)
+    ref = attention_grads(q, k, v, do, causal, scale, True)
+    sdpa = attention_grads(q, k, v, do, causal, scale, False)
+    grads = {}
+    for choice in ("gluon", "triton"):
+        monkeypatch.setenv(launch.BACKWARD_ENV, choice)
+        x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        flash_attention(*x, causal=causal, scale=scale).backward(do)
+        grads[choice] = [t.grad for t in x]
+        for name, g, r, s in zip(("dq", "dk", "dv"), grads[choice], ref, sdpa, strict=True):
+            err, err_sdpa = (g.double() - r).abs().max().item(), (s.double() - r).abs().max().item()
+            assert err <= 2 * err_sdpa + 1e-5, f"{choice} {name}: {err:.3e} vs SDPA {err_sdpa:.3e}"
+    assert not all(torch.equal(a, b) for a, b in zip(grads["gluon"], grads["triton"], strict=True))
+    monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")
+    q, k, v = _inputs(1, 4, 2, 256, d, torch.float16, seed=22)
+    x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*x, causal=causal, scale=scale)
+    with pytest.raises(ValueError, match="as many K/V heads as query heads"):
+        out.backward(torch.ones_like(out))

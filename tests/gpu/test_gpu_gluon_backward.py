@@ -64,23 +64,31 @@ def test_backward_matches_float64(N, causal, d, dtype):
     _check(1, 2, N, d, getattr(torch, dtype), causal, seed=hash((N, causal, d, dtype)) % 2**31)
 
 
-def test_backward_batch_and_heads_are_separate():
+@pytest.mark.parametrize("cfg", [{}, dict(DQ_SHARED=True, DQ_VEC=4)], ids=str)
+def test_backward_batch_and_heads_are_separate(cfg):
     """B = 2, H = 3 at a ragged N: a wrong head/batch offset (or the next head's rows leaking
     through a ragged tail: the TMA descriptors span all heads) shows up here."""
-    _check(2, 3, 333, 64, torch.float16, True, seed=5)
-    _check(2, 3, 333, 128, torch.bfloat16, False, seed=6)
+    _check(2, 3, 333, 64, torch.float16, True, seed=5, **cfg)
+    _check(2, 3, 333, 128, torch.bfloat16, False, seed=6, **cfg)
 
 
 @pytest.mark.parametrize(
     "cfg",
     [
-        dict(NUM_CONSUMERS=1),
+        dict(NUM_CONSUMERS=1, DQ_SHARED=False),
+        dict(DQ_SHARED=False),
         dict(STAGES=3),
         dict(STAGES=1),
         dict(BM=128),
         dict(DQ_SPLIT=1),
         dict(DQ_SPLIT=2),
-        dict(DQ_SPLIT=4),
+        dict(DQ_SPLIT=4, DQ_SHARED=False),
+        # session 9's dQ switches (notes/gluon_backward.md)
+        dict(DQ_VEC=4),
+        dict(DQ_SHARED=True),
+        dict(DQ_SHARED=True, DQ_VEC=4),
+        dict(DQ_SHARED=True, DQ_SPLIT=1),
+        dict(BM=128, DQ_SHARED=True, DQ_VEC=4),
     ],
     ids=str,
 )
