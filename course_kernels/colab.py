@@ -272,8 +272,8 @@ LISTINGS = {
     "gluon.consumer": ("course_kernels.gluon.consumer", "_consumer"),
     "gluon.consumer_tile": ("course_kernels.gluon.consumer", "_consumer_tile"),
     "gluon.attn_fwd_kernel": ("course_kernels.gluon.forward", "_attn_fwd_kernel"),
-    "gluon.bwd_step": ("course_kernels.gluon.backward", "_bwd_step"),
-    "gluon.bwd_dq": ("course_kernels.gluon.backward", "_bwd_dq"),
+    "gluon.bwd_step": ("course_kernels.gluon.backward_steps", "_bwd_step"),
+    "gluon.bwd_dq": ("course_kernels.gluon.backward_steps", "_bwd_dq"),
 }
 
 

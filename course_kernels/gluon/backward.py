@@ -13,8 +13,10 @@ One CTA per (key block of ``BN = 64 * NUM_CONSUMERS`` keys, batch x head). Roles
                      dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q, and dQ += dS K added
                      to an fp32 dQ in global memory with relaxed atomics (dS^T goes through
                      shared memory, its transpose is the wgmma's A operand; ``_bwd_dq``, with
-                     session 9's switches DQ_VEC (v4 reductions) and DQ_SHARED (one dQ
-                     partial per CTA step, split by columns across the consumers)).
+                     session 9's switches DQ_VEC (v4 reductions), DQ_SHARED (one dQ
+                     partial per CTA step, split by columns across the consumers) and
+                     OVERLAP_DQ (dQ's atomics during the dV/dK wgmmas); both functions in
+                     :mod:`.backward_steps`).
 * ``_bwd_epilogue``  dK *= scale; dK, dV stored in the input dtype (rows < N).
 * ``_bwd_preprocess`` D = rowsum(dO * O) (a separate small kernel, FA2's preprocessing);
   ``_bwd_dq_epilogue`` dq = (scale * dQ_acc).to(dtype) (another one).
@@ -29,37 +31,14 @@ instead of FA3's dedicated dQ warpgroup with TMA reduce-add. Host side:
 from __future__ import annotations
 
 from ._lang import HAVE_GLUON
-
-
-class DqVecBases(dict):
-    """The bases (as ``gl.DistributedLinearLayout`` takes them, coordinates [row, col]) of the
-    ``DQ_VEC = 4`` layout of a [BM, cols] fp32 dQ partial: the wgmma accumulator layout (4 warps
-    of 16 rows, +64 rows in registers at BM = 128; lane = 4 (row % 8) + (col % 8) // 2; the
-    registers hold col % 2, row bit 8 and col // 8) with its register basis "row + 8" swapped for
-    the lane basis "col + 2". So every thread owns 4 contiguous columns (one 16-byte
-    ``red.global.add.v4.f32``), every warp owns the same elements as in the accumulator (the
-    conversion is warp shuffles, no shared memory), and one warp instruction covers 16 rows x 8
-    columns: 16 whole 32-byte sectors (the accumulator layout's ``.v2`` covers 8 rows).
-    A dict subclass, not a function: Triton's jit dependency scan refuses plain functions
-    referenced from a ``constexpr_function``; this one is plain Python for the CPU tests."""
-
-    def __init__(self, BM: int, cols: int):
-        if BM not in (64, 128) or cols < 8 or cols & (cols - 1):
-            raise ValueError(f"BM in (64, 128) and cols a power of two >= 8, got {BM}, {cols}")
-        reg = [[0, 1], [0, 2]] + [[0, 1 << b] for b in range(3, cols.bit_length() - 1)]
-        if BM == 128:
-            reg.append([64, 0])
-        lanes = [[8, 0], [0, 4], [1, 0], [2, 0], [4, 0]]
-        super().__init__(reg_bases=reg, lane_bases=lanes, warp_bases=[[16, 0], [32, 0]],
-                         block_bases=[], shape=[BM, cols])  # fmt: skip
+from .backward_steps import DqVecBases  # noqa: F401 (the dQ layout's bases, for the tests)
 
 
 if HAVE_GLUON:
-    from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma
-    from ._lang import warpgroup_mma_wait
-    from .producer import _a_operand_layout, _mma_layout
+    from ._lang import gl, gluon, mbarrier, tma
+    from .backward_steps import KEYS, _bwd_step
+    from .producer import _mma_layout
 
-    KEYS = gl.constexpr(64)  # keys per consumer warpgroup: the wgmma's M
     LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
     _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
     _FLAT_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
@@ -67,10 +46,6 @@ if HAVE_GLUON:
     @gluon.constexpr_function
     def _ds_smem_layout(BM, dtype):
         return gl.NVMMASharedLayout.get_default_for([64, BM], dtype)
-
-    @gluon.constexpr_function
-    def _dq_vec_layout(BM, cols):
-        return gl.DistributedLinearLayout(**DqVecBases(BM, cols))
 
     # ---------------------------------------------------------- small kernels
     @gluon.jit
@@ -163,115 +138,6 @@ if HAVE_GLUON:
                 desc_d, [rowp + i * BM], q_ready.index(s), d_bufs.index(s)
             )
 
-    # ------------------------------------------------------------ consumer step
-    @gluon.jit
-    def _bwd_step(
-        bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
-        MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
-        HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
-        CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
-        DQ_SHARED: gl.constexpr,
-    ):  # fmt: skip
-        """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0."""
-        q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_smem, ds_bufs, q_ready, q_empty, ds_bars = bufs
-        k_smem = k_bufs.index(CID)
-        ds_smem = ds_bufs.index(CID)
-        st_layout: gl.constexpr = _mma_layout(KEYS, BM, dtype)  # S^T, dP^T: [64 keys, BM]
-        kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)  # dK, dV: [64, d]
-        s = jc % STAGES
-        mbarrier.wait(q_ready.index(s), (jc // STAGES) & 1)
-        q_smem = q_bufs.index(s)
-        do_smem = do_bufs.index(s)
-        zero = gl.zeros([KEYS, BM], gl.float32, layout=st_layout)
-        sT = warpgroup_mma(k_smem, q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
-        dpT = warpgroup_mma(v_smem, do_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
-        sT = warpgroup_mma_wait(num_outstanding=1, deps=(sT,))
-        # L log2 e and D of the block's rows from the ring (rows past N: +inf and 0, so P = 0)
-        col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
-        pT = gl.exp2(sT * qk_scale - l_bufs.index(s).load(col_layout)[None, :])
-        if MASK:
-            key = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
-            keep = (key < N)[:, None]
-            if CAUSAL:
-                qrow = i * BM + gl.arange(0, BM, layout=col_layout)
-                keep = keep & (key[:, None] <= qrow[None, :])
-            pT = gl.where(keep, pT, 0.0)
-        dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dpT,))
-        delta = d_bufs.index(s).load(col_layout)
-        dsT = (pT * (dpT - delta[None, :])).to(dtype)
-        if DQ_SHARED:  # both consumers' dQ wgmmas of the previous block have read our dS^T tile
-            mbarrier.wait(ds_bars.index(1), (jc & 1) ^ 1)
-        a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)
-        pT_a = gl.convert_layout(pT.to(dtype), a_layout)
-        dsT_a = gl.convert_layout(dsT, a_layout)
-        dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
-        dk = warpgroup_mma(dsT_a, q_smem, dk, is_async=True)
-        ds_smem.store(dsT)  # without DQ_SHARED: our previous dQ wgmma has been waited for
-        fence_async_shared()
-        gl.thread_barrier()
-        if DQ_SHARED:  # our dS^T is in shared memory, visible to the other consumer's wgmma
-            mbarrier.arrive(ds_bars.index(0), count=1)
-        dv, dk, pT_a, dsT_a = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pT_a, dsT_a))
-        mbarrier.arrive(q_empty.index(s), count=1)  # Q_i, dO_i no longer read
-        _bwd_dq(
-            ds_bufs, k_bufs, ds_bars, jc, i, dq_ptr, row0, N, BM, HEAD_DIM, DQ_SPLIT, dtype,
-            CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED,
-        )  # fmt: skip
-        return dk, dv
-
-    @gluon.jit
-    def _bwd_dq(
-        ds_bufs, k_bufs, ds_bars, jc, i, dq_ptr, row0, N,
-        BM: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
-        CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
-        DQ_SHARED: gl.constexpr,
-    ):  # fmt: skip
-        """dQ_i += dS K, added to the fp32 dQ in global memory, in DQ_SPLIT column chunks (a
-        smaller accumulator, fewer live atomic addresses). A = (dS^T in shared memory)^T.
-        Default: B = this warpgroup's K slice, the [BM, d] partial of its 64 keys.
-        DQ_SHARED: this warpgroup's d / NUM_CONSUMERS columns of the partial of ALL the CTA's
-        keys (two chained wgmmas over both consumers' dS^T tiles and K slices): one [BM, d]
-        partial per CTA step instead of one per consumer, half the atomic bytes (FA3's split).
-        DQ_VEC = 4: the partial moved (warp shuffles) into a layout where every thread owns 4
-        contiguous columns, so the atomics are red.global.add.v4.f32 instead of .v2."""
-        if DQ_SHARED:
-            OWN: gl.constexpr = HEAD_DIM // NUM_CONSUMERS
-            COL0: gl.constexpr = CID * OWN
-            mbarrier.wait(ds_bars.index(0), jc & 1)  # every consumer's dS^T is in shared memory
-        else:
-            OWN: gl.constexpr = HEAD_DIM
-            COL0: gl.constexpr = 0
-        DQ_COLS: gl.constexpr = OWN // DQ_SPLIT
-        dq_layout: gl.constexpr = _mma_layout(BM, DQ_COLS, dtype)  # the wgmma's accumulator
-        if DQ_VEC == 4:
-            red_layout: gl.constexpr = _dq_vec_layout(BM, DQ_COLS)
-        else:
-            red_layout: gl.constexpr = dq_layout
-        drow = i * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, red_layout))
-        dcol = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, red_layout))
-        dq_rows = dq_ptr + (row0 + drow).to(gl.int64)[:, None] * HEAD_DIM  # int64 row bases
-        for h in gl.static_range(DQ_SPLIT):
-            dq0 = gl.zeros([BM, DQ_COLS], gl.float32, layout=dq_layout)
-            if DQ_SHARED:
-                for c in gl.static_range(NUM_CONSUMERS):
-                    kh = k_bufs.index(c).slice(COL0 + h * DQ_COLS, DQ_COLS, dim=1)
-                    dq0 = warpgroup_mma(
-                        ds_bufs.index(c).permute((1, 0)), kh, dq0, use_acc=c > 0, is_async=True
-                    )  # fmt: skip
-            else:
-                k_smem = k_bufs.index(CID)
-                kh = k_smem.slice(COL0 + h * DQ_COLS, DQ_COLS, dim=1) if DQ_SPLIT > 1 else k_smem
-                dq0 = warpgroup_mma(
-                    ds_bufs.index(CID).permute((1, 0)), kh, dq0, use_acc=False, is_async=True
-                )  # fmt: skip
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq0,))
-            if DQ_SHARED and h == DQ_SPLIT - 1:  # both dS^T tiles read: free them
-                mbarrier.arrive(ds_bars.index(1), count=1)
-            if DQ_VEC == 4:
-                dq = gl.convert_layout(dq, red_layout)
-            ptrs = dq_rows + (COL0 + h * DQ_COLS + dcol)[None, :]
-            gl.atomic_add(ptrs, dq, mask=(drow < N)[:, None], sem="relaxed")
-
     # ----------------------------------------------------------------- epilogue
     @gluon.jit
     def _bwd_epilogue(
@@ -294,6 +160,7 @@ if HAVE_GLUON:
         CID: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
         NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
+        OVERLAP_DQ: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -313,13 +180,13 @@ if HAVE_GLUON:
             dk, dv = _bwd_step(
                 bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
                 True, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-                DQ_VEC, DQ_SHARED,
+                DQ_VEC, DQ_SHARED, OVERLAP_DQ,
             )  # fmt: skip
         for i in range(mid, n_blocks):
             dk, dv = _bwd_step(
                 bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
                 False, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-                DQ_VEC, DQ_SHARED,
+                DQ_VEC, DQ_SHARED, OVERLAP_DQ,
             )  # fmt: skip
         _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype)
 
@@ -331,6 +198,7 @@ if HAVE_GLUON:
         BM: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr = 2, DQ_SHARED: gl.constexpr = False,
+        OVERLAP_DQ: gl.constexpr = False,
     ):  # fmt: skip
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
@@ -368,7 +236,7 @@ if HAVE_GLUON:
                                      N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -380,10 +248,10 @@ if HAVE_GLUON:
                                      N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 1,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

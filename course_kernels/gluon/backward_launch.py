@@ -50,8 +50,11 @@ _ACCEPTED = {
     "CONSUMER_REGS": (168, 184, 200, 216, 232, 240),
     "DQ_VEC": (2, 4),
     "DQ_SHARED": (False, True),
+    "OVERLAP_DQ": (False, True),
 }
-BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True)  # DQ_SHARED=False: the first version
+# OVERLAP_DQ (session 9, lever (b); not measured, off): block i's last dQ chunk left in flight
+# while block i+1's S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED)
+BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False)
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 
 
@@ -96,6 +99,8 @@ def _check_config(d: int, config: dict) -> dict:
         cfg.setdefault(key, val)
     if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
         raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
+    if cfg["OVERLAP_DQ"] and not cfg["DQ_SHARED"]:
+        raise ValueError("OVERLAP_DQ is implemented with DQ_SHARED only: it needs DQ_SHARED=True")
     cols = d // cfg["DQ_SPLIT"] // (cfg["NUM_CONSUMERS"] if cfg["DQ_SHARED"] else 1)
     if cols < 16:
         raise ValueError(
@@ -118,8 +123,8 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
-    experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED (see
-    BACKWARD_CONFIG).
+    experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
+    OVERLAP_DQ (see BACKWARD_CONFIG).
     dq is summed with fp32 atomics in whatever order the CTAs finish: not bit-reproducible.
     """
     _check_backward_inputs(do, q, k, v, o, lse)
@@ -178,6 +183,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         DQ_SPLIT=cfg["DQ_SPLIT"],
         DQ_VEC=cfg["DQ_VEC"],
         DQ_SHARED=bool(cfg["DQ_SHARED"]),
+        OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]),
         num_warps=4,
     )
     dq = torch.empty_like(q)

@@ -79,7 +79,7 @@ def atomics(ptx):
 
 def build(d=128, dt="fp16", CAUSAL=False, **overrides):
     """Compile the backward kernel for one config: BACKWARD_CONFIG[d] with ``overrides`` (BM,
-    NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED)."""
+    NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED, OVERLAP_DQ)."""
     cfg = {**BACKWARD_CONFIG[d], **overrides}
     cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
     BM = cfg["BM"]
@@ -149,6 +149,18 @@ CONFIGS = (
         dict(d=64, DQ_SHARED=True, DQ_SPLIT=2, DQ_VEC=4),
         dict(d=64, BM=128, DQ_VEC=4),
         dict(d=64, BM=128, DQ_SHARED=True, DQ_VEC=4),
+    ]
+    + [  # session 9, lever (b): the last dQ chunk in flight across the step
+        dict(d=d, dt=dt, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=True)
+        for d in (64, 128)
+        for dt in ("fp16", "bf16")
+        for c in (False, True)
+    ]
+    + [
+        dict(d=128, DQ_SHARED=True, OVERLAP_DQ=True, DQ_SPLIT=1),
+        dict(d=64, DQ_SHARED=True, OVERLAP_DQ=True, DQ_VEC=4),
+        dict(d=128, DQ_SHARED=True, OVERLAP_DQ=True, DQ_VEC=4),
+        dict(d=128, DQ_SHARED=True, OVERLAP_DQ=True, STAGES=1),
     ]
 )
 

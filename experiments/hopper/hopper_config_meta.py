@@ -153,10 +153,11 @@ def bwd_args(name, q, o, lse, causal=False):
         "_attn_bwd_dkdv": (q, q, q, q, lse, lse, o, o, o),  # Q K V dO LSE D dK dV dQ
         "_attn_bwd_dq": (q, q, q, q, o, lse, lse, o),  # Q K V dO O LSE D dQ
     }[name]
-    extra = {"ATOMIC_DQ": False} if name == "_attn_bwd_dkdv" else {}
+    extra = (
+        {"ATOMIC_DQ": False, "ONE_LOOP": True} if name == "_attn_bwd_dkdv" else {}
+    )  # as launched
+    extra["EVEN_BLOCKS"] = False  # the masked loads (the package sets it for divisible lengths)
     extra["PEEL"] = False  # every load masked, as the package launches it (True: tail peeling)
-    extra["EVEN_BLOCKS"] = False  # the tail step compiled (the package skips it for dense
-    # lengths that are multiples of every block)
     tail = (0.1, *q.stride(), *q.stride(), *variant_args(causal), 2, 1, 256, 256)
     return (*pointers, lse, lse, lse, *tail), extra  # cu_seqlens and ALiBi: unused pointers
 

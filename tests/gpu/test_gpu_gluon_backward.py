@@ -64,7 +64,9 @@ def test_backward_matches_float64(N, causal, d, dtype):
     _check(1, 2, N, d, getattr(torch, dtype), causal, seed=hash((N, causal, d, dtype)) % 2**31)
 
 
-@pytest.mark.parametrize("cfg", [{}, dict(DQ_SHARED=True, DQ_VEC=4)], ids=str)
+@pytest.mark.parametrize(
+    "cfg", [{}, dict(DQ_SHARED=True, DQ_VEC=4), dict(OVERLAP_DQ=True)], ids=str
+)
 def test_backward_batch_and_heads_are_separate(cfg):
     """B = 2, H = 3 at a ragged N: a wrong head/batch offset (or the next head's rows leaking
     through a ragged tail: the TMA descriptors span all heads) shows up here."""
@@ -89,6 +91,11 @@ def test_backward_batch_and_heads_are_separate(cfg):
         dict(DQ_SHARED=True, DQ_VEC=4),
         dict(DQ_SHARED=True, DQ_SPLIT=1),
         dict(BM=128, DQ_SHARED=True, DQ_VEC=4),
+        # session 9, lever (b): OVERLAP_DQ (notes/gluon_backward.md)
+        dict(OVERLAP_DQ=True),
+        dict(OVERLAP_DQ=True, DQ_VEC=4),
+        dict(OVERLAP_DQ=True, DQ_SPLIT=1),
+        dict(OVERLAP_DQ=True, STAGES=1),
     ],
     ids=str,
 )

@@ -1,0 +1,218 @@
+"""The consumer's per-query-block work of the Gluon backward (:mod:`.backward`): ``_bwd_step``
+(S^T, P^T, dP^T, dS^T, dV, dK of one query block), ``_bwd_dq`` (its dQ wgmma(s) and atomics),
+and session 9's lever (b), ``OVERLAP_DQ``: the last dQ chunk of block i left in flight, waited
+and added by ``_bwd_dq_flush`` after block i+1's S^T / dP^T wgmmas are issued (design in
+notes/gluon_backward.md, "Session 9: lever (b)").
+"""
+
+from __future__ import annotations
+
+from ._lang import HAVE_GLUON
+
+
+class DqVecBases(dict):
+    """The bases (as ``gl.DistributedLinearLayout`` takes them, coordinates [row, col]) of the
+    ``DQ_VEC = 4`` layout of a [BM, cols] fp32 dQ partial: the wgmma accumulator layout (4 warps
+    of 16 rows, +64 rows in registers at BM = 128; lane = 4 (row % 8) + (col % 8) // 2; the
+    registers hold col % 2, row bit 8 and col // 8) with its register basis "row + 8" swapped for
+    the lane basis "col + 2". So every thread owns 4 contiguous columns (one 16-byte
+    ``red.global.add.v4.f32``), every warp owns the same elements as in the accumulator (the
+    conversion is warp shuffles, no shared memory), and one warp instruction covers 16 rows x 8
+    columns: 16 whole 32-byte sectors (the accumulator layout's ``.v2`` covers 8 rows).
+    A dict subclass, not a function: Triton's jit dependency scan refuses plain functions
+    referenced from a ``constexpr_function``; this one is plain Python for the CPU tests."""
+
+    def __init__(self, BM: int, cols: int):
+        if BM not in (64, 128) or cols < 8 or cols & (cols - 1):
+            raise ValueError(f"BM in (64, 128) and cols a power of two >= 8, got {BM}, {cols}")
+        reg = [[0, 1], [0, 2]] + [[0, 1 << b] for b in range(3, cols.bit_length() - 1)]
+        if BM == 128:
+            reg.append([64, 0])
+        lanes = [[8, 0], [0, 4], [1, 0], [2, 0], [4, 0]]
+        super().__init__(reg_bases=reg, lane_bases=lanes, warp_bases=[[16, 0], [32, 0]],
+                         block_bases=[], shape=[BM, cols])  # fmt: skip
+
+
+if HAVE_GLUON:
+    from ._lang import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma
+    from ._lang import warpgroup_mma_wait
+    from .producer import _a_operand_layout, _mma_layout
+
+    KEYS = gl.constexpr(64)  # keys per consumer warpgroup: the wgmma's M
+
+    @gluon.constexpr_function
+    def _dq_vec_layout(BM, cols):
+        return gl.DistributedLinearLayout(**DqVecBases(BM, cols))
+
+    # ------------------------------------------------------------ consumer step
+    @gluon.jit
+    def _bwd_step(
+        bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
+        MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+        HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
+        CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
+        DQ_SHARED: gl.constexpr, OVERLAP_DQ: gl.constexpr,
+    ):  # fmt: skip
+        """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0."""
+        q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_smem, ds_bufs, q_ready, q_empty, ds_bars = bufs
+        k_smem = k_bufs.index(CID)
+        ds_smem = ds_bufs.index(CID)
+        st_layout: gl.constexpr = _mma_layout(KEYS, BM, dtype)  # S^T, dP^T: [64 keys, BM]
+        kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)  # dK, dV: [64, d]
+        s = jc % STAGES
+        mbarrier.wait(q_ready.index(s), (jc // STAGES) & 1)
+        q_smem = q_bufs.index(s)
+        do_smem = do_bufs.index(s)
+        zero = gl.zeros([KEYS, BM], gl.float32, layout=st_layout)
+        sT = warpgroup_mma(k_smem, q_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dpT = warpgroup_mma(v_smem, do_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+        sT = warpgroup_mma_wait(num_outstanding=1, deps=(sT,))
+        # L log2 e and D of the block's rows from the ring (rows past N: +inf and 0, so P = 0)
+        col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
+        pT = gl.exp2(sT * qk_scale - l_bufs.index(s).load(col_layout)[None, :])
+        if MASK:
+            key = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
+            keep = (key < N)[:, None]
+            if CAUSAL:
+                qrow = i * BM + gl.arange(0, BM, layout=col_layout)
+                keep = keep & (key[:, None] <= qrow[None, :])
+            pT = gl.where(keep, pT, 0.0)
+        dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dpT,))
+        delta = d_bufs.index(s).load(col_layout)
+        dsT = (pT * (dpT - delta[None, :])).to(dtype)
+        if DQ_SHARED:  # both consumers' dQ wgmmas of the previous block have read our dS^T tile
+            mbarrier.wait(ds_bars.index(1), (jc & 1) ^ 1)
+        a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)
+        pT_a = gl.convert_layout(pT.to(dtype), a_layout)
+        dsT_a = gl.convert_layout(dsT, a_layout)
+        if OVERLAP_DQ:
+            return _bwd_dkdv_dq(
+                pT_a, dsT_a, dsT, dk, dv, q_smem, do_smem, ds_bufs, k_bufs, ds_bars,
+                q_empty.index(s), jc, i, dq_ptr, row0, N, BM, HEAD_DIM, DQ_SPLIT, dtype, CID,
+                NUM_CONSUMERS, DQ_VEC,
+            )  # fmt: skip
+        dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
+        dk = warpgroup_mma(dsT_a, q_smem, dk, is_async=True)
+        ds_smem.store(dsT)  # without DQ_SHARED: our previous dQ wgmma has been waited for
+        fence_async_shared()
+        gl.thread_barrier()
+        if DQ_SHARED:  # our dS^T is in shared memory, visible to the other consumer's wgmma
+            mbarrier.arrive(ds_bars.index(0), count=1)
+        dv, dk, pT_a, dsT_a = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pT_a, dsT_a))
+        mbarrier.arrive(q_empty.index(s), count=1)  # Q_i, dO_i no longer read
+        _bwd_dq(
+            ds_bufs, k_bufs, ds_bars, jc, i, dq_ptr, row0, N, BM, HEAD_DIM, DQ_SPLIT, dtype,
+            CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED,
+        )  # fmt: skip
+        return dk, dv
+
+    @gluon.jit
+    def _bwd_dq(
+        ds_bufs, k_bufs, ds_bars, jc, i, dq_ptr, row0, N,
+        BM: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
+        CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
+        DQ_SHARED: gl.constexpr,
+    ):  # fmt: skip
+        """dQ_i += dS K, added to the fp32 dQ in global memory, in DQ_SPLIT column chunks (a
+        smaller accumulator, fewer live atomic addresses). A = (dS^T in shared memory)^T.
+        Default: B = this warpgroup's K slice, the [BM, d] partial of its 64 keys.
+        DQ_SHARED: this warpgroup's d / NUM_CONSUMERS columns of the partial of ALL the CTA's
+        keys (two chained wgmmas over both consumers' dS^T tiles and K slices): one [BM, d]
+        partial per CTA step instead of one per consumer, half the atomic bytes (FA3's split).
+        DQ_VEC = 4: red.global.add.v4.f32 instead of .v2 (``_bwd_dq_add``)."""
+        if DQ_SHARED:
+            mbarrier.wait(ds_bars.index(0), jc & 1)  # every consumer's dS^T is in shared memory
+        for h in gl.static_range(DQ_SPLIT):
+            dq0, col0 = _bwd_dq_issue(
+                ds_bufs, k_bufs, h, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_SHARED
+            )  # fmt: skip
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq0,))
+            if DQ_SHARED and h == DQ_SPLIT - 1:  # both dS^T tiles read: free them
+                mbarrier.arrive(ds_bars.index(1), count=1)
+            _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+
+    @gluon.jit
+    def _bwd_dkdv_dq(
+        pT_a, dsT_a, dsT, dk, dv, q_smem, do_smem, ds_bufs, k_bufs, ds_bars, q_free, jc, i,
+        dq_ptr, row0, N, BM: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr,
+        dtype: gl.constexpr, CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+        DQ_VEC: gl.constexpr,
+    ):  # fmt: skip
+        """OVERLAP_DQ (with DQ_SHARED): the end of ``_bwd_step`` with the dQ atomics overlapped
+        with the dV / dK wgmmas. dS^T stored and exchanged first; then dQ chunk 0, dV, dK (and
+        chunk h + 1 before chunk h's atomics) are issued back to back; each chunk is waited with
+        the newer wgmma groups still running (they retire in order) and added meanwhile. The dS^T
+        tiles are freed after the last chunk, the Q/dO slot after dV and dK, as before."""
+        G: gl.constexpr = NUM_CONSUMERS  # wgmma groups per dQ chunk
+        ds_bufs.index(CID).store(dsT)  # the previous block's dQ wgmmas are done (ds_free)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_bars.index(0), count=1)
+        mbarrier.wait(ds_bars.index(0), jc & 1)  # every consumer's dS^T is in shared memory
+        dq0, col0 = _bwd_dq_issue(ds_bufs, k_bufs, 0, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, G, True)
+        dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
+        dk = warpgroup_mma(dsT_a, q_smem, dk, is_async=True)
+        for h in gl.static_range(1, DQ_SPLIT):  # chunk h queued, then chunk h - 1 added
+            dq1, col1 = _bwd_dq_issue(
+                ds_bufs, k_bufs, h, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, G, True
+            )  # fmt: skip
+            dq = warpgroup_mma_wait(num_outstanding=G + (2 if h == 1 else 0), deps=(dq0,))
+            _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+            dq0, col0 = dq1, col1
+        if DQ_SPLIT == 1:  # the last chunk waited, dV and dK still running
+            dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq0,))
+            mbarrier.arrive(ds_bars.index(1), count=1)  # both dS^T tiles read: free them
+            _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+        dv, dk, pT_a, dsT_a, dq0 = warpgroup_mma_wait(
+            num_outstanding=0, deps=(dv, dk, pT_a, dsT_a, dq0)
+        )  # fmt: skip
+        mbarrier.arrive(q_free, count=1)  # Q_i, dO_i no longer read
+        if DQ_SPLIT > 1:
+            mbarrier.arrive(ds_bars.index(1), count=1)  # both dS^T tiles read: free them
+            _bwd_dq_add(dq0, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+        return dk, dv
+
+    @gluon.jit
+    def _bwd_dq_issue(
+        ds_bufs, k_bufs, h: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
+        DQ_SPLIT: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr,
+        NUM_CONSUMERS: gl.constexpr, DQ_SHARED: gl.constexpr,
+    ):  # fmt: skip
+        """Issues dQ chunk h's wgmma(s) (async; one group per consumer's dS^T tile with
+        DQ_SHARED, else one) and returns it with its first column in dQ."""
+        OWN: gl.constexpr = HEAD_DIM // NUM_CONSUMERS if DQ_SHARED else HEAD_DIM
+        DQ_COLS: gl.constexpr = OWN // DQ_SPLIT
+        col0: gl.constexpr = (CID * OWN if DQ_SHARED else 0) + h * DQ_COLS
+        dq0 = gl.zeros([BM, DQ_COLS], gl.float32, layout=_mma_layout(BM, DQ_COLS, dtype))
+        if DQ_SHARED:
+            for c in gl.static_range(NUM_CONSUMERS):
+                kh = k_bufs.index(c).slice(col0, DQ_COLS, dim=1)
+                dq0 = warpgroup_mma(
+                    ds_bufs.index(c).permute((1, 0)), kh, dq0, use_acc=c > 0, is_async=True
+                )  # fmt: skip
+        else:
+            k_smem = k_bufs.index(CID)
+            kh = k_smem.slice(col0, DQ_COLS, dim=1) if DQ_SPLIT > 1 else k_smem
+            dq0 = warpgroup_mma(
+                ds_bufs.index(CID).permute((1, 0)), kh, dq0, use_acc=False, is_async=True
+            )  # fmt: skip
+        return dq0, col0
+
+    @gluon.jit
+    def _bwd_dq_add(
+        dq, i, dq_ptr, row0, N, col0: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
+        DQ_VEC: gl.constexpr,
+    ):  # fmt: skip
+        """dQ[rows of block i < N, col0:col0 + cols] += dq with relaxed fp32 atomics. DQ_VEC = 4:
+        dq first moved (warp shuffles) into a layout where every thread owns 4 contiguous
+        columns: red.global.add.v4.f32 instead of the accumulator layout's .v2."""
+        DQ_COLS: gl.constexpr = dq.shape[1]
+        if DQ_VEC == 4:
+            red_layout: gl.constexpr = _dq_vec_layout(BM, DQ_COLS)
+            dq = gl.convert_layout(dq, red_layout)
+        else:
+            red_layout: gl.constexpr = dq.type.layout
+        drow = i * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, red_layout))
+        dcol = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, red_layout))
+        ptrs = dq_ptr + (row0 + drow).to(gl.int64)[:, None] * HEAD_DIM + (col0 + dcol)[None, :]
+        gl.atomic_add(ptrs, dq, mask=(drow < N)[:, None], sem="relaxed")
