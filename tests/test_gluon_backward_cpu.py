@@ -144,6 +144,20 @@ def test_dq_vec_layout_owns_4_contiguous_columns_and_the_accumulators_warps(BM, 
     assert seen == {(r, c) for r in range(BM) for c in range(cols)}
 
 
+def _interleave(runs: dict, rng, budget: int = 100000) -> None:
+    """Advance the roles (generators that yield where the real warps may be descheduled) one
+    step at a time in a random order until all finish; a role left waiting is a deadlock."""
+    for _ in range(budget):
+        if not runs:
+            return
+        key = list(runs)[rng.integers(len(runs))]
+        try:
+            next(runs[key])
+        except StopIteration:
+            del runs[key]
+    raise AssertionError(f"deadlock: roles {sorted(map(str, runs))} never finish")
+
+
 def _simulate_dq_shared(seed, steps=6, free_wait=True):
     """The DQ_SHARED handshake of _bwd_step / _bwd_dq, transcribed: two consumers, mbarriers
     ds_ready / ds_free (count 2, parity waits as mbarrier.wait: parity p passes once the phase of
@@ -175,16 +189,8 @@ def _simulate_dq_shared(seed, steps=6, free_wait=True):
             reads.append((cid, jc, tuple(tiles)))
             arrive("free")
 
-    runs = {0: consumer(0), 1: consumer(1)}
-    for _ in range(100000):
-        if not runs:
-            return reads
-        cid = list(runs)[rng.integers(len(runs))]
-        try:
-            next(runs[cid])
-        except StopIteration:
-            del runs[cid]
-    raise AssertionError("deadlock: the consumers never finish")
+    _interleave({0: consumer(0), 1: consumer(1)}, rng)
+    return reads
 
 
 def test_dq_shared_handshake_reads_the_right_tiles_and_never_deadlocks():
@@ -289,16 +295,8 @@ def _simulate_overlap_dq(seed, steps=7, stages=2, early=None):
     """Runs :class:`_OverlapModel` in a random interleaving; returns its hazards."""
     rng = np.random.default_rng(seed)
     m = _OverlapModel(steps, stages, early)
-    runs = {"p": m.producer(), 0: m.consumer(0), 1: m.consumer(1)}
-    for _ in range(100000):
-        if not runs:
-            return m.bad
-        key = list(runs)[rng.integers(len(runs))]
-        try:
-            next(runs[key])
-        except StopIteration:
-            del runs[key]
-    raise AssertionError("deadlock: the roles never finish")
+    _interleave({"p": m.producer(), 0: m.consumer(0), 1: m.consumer(1)}, rng)
+    return m.bad
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
