@@ -3,8 +3,9 @@
 ``launch_source`` returns the ``ASTSource`` that ``JITFunction.run`` would compile for given
 argument values: pointers (torch tensors are 16-byte aligned) carry the divisibility hint,
 integers equal to 1 become constexprs, other integers that are multiples of 16 carry the hint,
-floats are fp32; the dK/dV kernel's ``ATOMIC_DQ`` is off, its ``ONE_LOOP`` on, and every other
-switch with a default (``EVEN_BLOCKS``, ``PEEL``) takes it, as the package launches them.
+floats are fp32; the dK/dV kernel's ``ATOMIC_DQ`` is off, its ``ONE_LOOP`` and ``PEEL`` on, and
+every other switch with a default (``EVEN_BLOCKS``, the dQ kernel's ``PEEL``) takes it, as the
+package launches them.
 ``triton.compile(source, target=GPUTarget(...))`` then lowers it for any GPU. Used by ``tests/test_sm75_compile.py`` (the
 T4) and ``experiments/hopper/compile_bwd_sm90.py`` (the H200).
 """
@@ -23,6 +24,7 @@ def launch_source(fn, constexprs: dict, values: dict, pointer_type, backend):
         constexprs["ATOMIC_DQ"] = False
     if "ONE_LOOP" in fn.arg_names:  # the dK/dV kernel's single loop: on, as launched (session 9)
         constexprs.setdefault("ONE_LOOP", True)
+        constexprs.setdefault("PEEL", True)  # and its tail peeled (session 10)
     for param in fn.params:  # switches with a default (EVEN_BLOCKS, PEEL): as launched
         if param.has_default and param.name not in constexprs:
             constexprs[param.name] = param.default

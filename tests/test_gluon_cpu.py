@@ -90,10 +90,20 @@ def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
     monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
     monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
     assert launch._use_gluon(q, q) is True  # the forward's auto, everything else equal
-    assert launch._use_gluon(q, q, backward=True) is launch.GLUON_BACKWARD_AUTO
-    monkeypatch.setattr(launch, "GLUON_BACKWARD_AUTO", True)
+    assert launch.GLUON_BACKWARD_AUTO == (64,)  # measured: d = 64 faster, d = 128 slower
     assert launch._use_gluon(q, q, backward=True) is True
+    q128 = torch.randn(1, 2, 16, 128, dtype=torch.float16)
+    assert launch._use_gluon(q128, q128, backward=True) is False  # auto: d = 128 keeps tl
+    assert launch._use_gluon(q128, q128) is True  # the forward's auto takes both
     assert launch._use_gluon(q, kv, backward=True) is False  # auto: GQA keeps the tl backward
+    # the Gluon backward's dQ atomics are not bit-reproducible: deterministic mode keeps tl
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert launch._use_gluon(q, q, backward=True) is False
+    assert launch._use_gluon(q, q) is True  # the forward is deterministic either way
+    monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")
+    assert launch._use_gluon(q, q, backward=True) is True  # asked for by name: it runs
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: False)
+    monkeypatch.delenv(launch.BACKWARD_ENV)
     monkeypatch.setenv(launch.BACKWARD_ENV, "triton")
     assert launch._use_gluon(q, q, backward=True) is False
     assert launch._use_gluon(q, q) is True  # the forward's variable is another one
@@ -165,7 +175,10 @@ def test_causal_calls_add_the_causal_schedule_and_overrides_win():
     from course_kernels.gluon import launch
 
     for d in launch.DEFAULT_CONFIG:
-        assert launch.schedule_config(d, False) == launch.DEFAULT_CONFIG[d]
+        full = launch.schedule_config(d, False)
+        assert full == {**launch.DEFAULT_CONFIG[d], **launch.FULL_CONFIG[d]}
+        assert full["ROW_MASK"] is True and not full["LPT"]
+        assert launch.schedule_config(d, False, 1) == launch.DEFAULT_CONFIG[d]
         causal = launch.schedule_config(d, True)
         assert causal == {**launch.DEFAULT_CONFIG[d], **launch.CAUSAL_CONFIG[d]}
         assert causal["SKIP_DEAD"] is True
@@ -245,13 +258,19 @@ def test_lpt_order_without_sections_and_head_major_order_are_unchanged():
     assert _order(n_hz, npm, n_hz) == _order(0, npm, n_hz)
 
 
-def test_session9_levers_are_overrides_and_off_by_default():
+def test_session9_levers_are_the_default_since_session_10_and_overrides_replace_them():
+    """Measured in session 10: causal calls take the sectioned LPT order (8 MiB) and ROW_MASK,
+    non-causal calls ROW_MASK; an override still gives exactly the caller's schedule."""
     from course_kernels.gluon import launch
 
     for d in launch.DEFAULT_CONFIG:
-        for causal in (False, True):
-            cfg = launch.schedule_config(d, causal, 4096)
-            assert not cfg.get("ROW_MASK") and not cfg.get("LPT_SECTION_MB")
+        causal = launch.schedule_config(d, True, 4096)
+        assert causal["LPT"] and causal["LPT_SECTION_MB"] == 8 and causal["ROW_MASK"]
+        full = launch.schedule_config(d, False, 4096)
+        assert full["ROW_MASK"] and not full.get("LPT_SECTION_MB")
+        for c in (False, True):
+            off = launch.schedule_config(d, c, 4096, ROW_MASK=False)
+            assert not off["ROW_MASK"] and not off.get("LPT_SECTION_MB") and not off["LPT"]
         cfg = launch.schedule_config(d, True, 4096, LPT=True, LPT_SECTION_MB=16, ROW_MASK=True)
         assert cfg["LPT"] and cfg["LPT_SECTION_MB"] == 16 and cfg["ROW_MASK"]
 
@@ -272,8 +291,10 @@ def test_session9_script_keeps_the_causal_switches_and_takes_the_worst_of_three(
     assert len(s9.ROWS) == 24 and len(set(s9.ROWS)) == 24
     for name in s9.LEVERS:
         for d in (64, 128):
-            cfg = s9.lever_cfg(name, d, True)
-            assert {k: cfg[k] for k in launch.CAUSAL_CONFIG[d]} == launch.CAUSAL_CONFIG[d]
+            cfg, own = s9.lever_cfg(name, d, True), s9.LEVERS[name][0]
+            kept = {k: v for k, v in launch.CAUSAL_CONFIG[d].items() if k not in own}
+            assert {k: cfg[k] for k in kept} == kept and "SKIP_DEAD" in kept
+    assert s9.lever_cfg("session8", 64, True)["ROW_MASK"] is False  # the schedule before
     assert s9.lever_cfg("sect8", 64, False) is None
     assert s9.lever_cfg("rowmask", 64, False) == {"ROW_MASK": True}
     assert s9.lever_cfg("sect8", 64, True, check=True)["LPT_SECTION_MB"] == s9.CHECK_SECTION_MB

@@ -52,9 +52,13 @@ _ACCEPTED = {
     "DQ_SHARED": (False, True),
     "OVERLAP_DQ": (False, True),
 }
-# OVERLAP_DQ (session 9, lever (b); not measured, off): block i's last dQ chunk left in flight
-# while block i+1's S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED)
+# OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
+# S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
+# (course_kernels/data/gluon/h200_gluon_backward_session10.json, N = 8K, fp16): d = 64 0.833 ->
+# 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680, 0.742 -> 0.675. On at
+# d = 64 only (BACKWARD_OVERLAP_DQ), and only with DQ_SHARED.
 BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False)
+BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 
 
@@ -97,6 +101,8 @@ def _check_config(d: int, config: dict) -> dict:
     cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
     for key, val in BACKWARD_DQ_DEFAULTS.items():
         cfg.setdefault(key, val)
+    if "OVERLAP_DQ" not in config:  # the measured default, where its DQ_SHARED holds
+        cfg["OVERLAP_DQ"] = BACKWARD_OVERLAP_DQ[d] and bool(cfg["DQ_SHARED"])
     if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
         raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
     if cfg["OVERLAP_DQ"] and not cfg["DQ_SHARED"]:

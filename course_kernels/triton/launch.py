@@ -50,7 +50,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # GPU with the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, and at least GLUON_MIN_WORK;
 # the tl kernel elsewhere), "gluon" (always; an error where it cannot) or "triton" (always tl).
 # The backward has its own variable with the same choices (the Gluon backward also needs as many
-# K/V heads as query heads); its "auto" takes the tl backward while GLUON_BACKWARD_AUTO is False.
+# K/V heads as query heads); its "auto" takes it at the head dims in GLUON_BACKWARD_AUTO.
 FORWARD_ENV = "COURSE_KERNELS_FORWARD"
 BACKWARD_ENV = "COURSE_KERNELS_BACKWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
@@ -79,9 +79,13 @@ def _gluon_fits(q, k) -> bool:
     )
 
 
-# The Gluon backward (course_kernels/gluon/backward.py) measured at 0.52-0.72x cuDNN on the H200,
-# below the tl backward (experiments/data/gluon/h200_gluon_backward_session9.json): not the default.
-GLUON_BACKWARD_AUTO = False
+# Head dims where "auto" takes the Gluon backward (course_kernels/gluon/backward.py). Through
+# flash_attention on the H200 (course_kernels/data/bench/h200_features_bench_gluon_backward.json,
+# causal, N = 4K-16K, fp16): d = 64 5-9% faster than the tl backward (FlexAttention / it
+# 1.22-1.23, / tl 1.11-1.16); d = 128 4-10% slower (0.92-1.00). Its dQ is summed with fp32
+# atomics (not bit-reproducible), so "auto" keeps the deterministic tl backward whenever
+# torch.use_deterministic_algorithms(True) is on.
+GLUON_BACKWARD_AUTO = (64,)
 
 
 def _use_gluon(q, k, backward: bool = False) -> bool:
@@ -91,8 +95,11 @@ def _use_gluon(q, k, backward: bool = False) -> bool:
     choice = _environ_get(env, "auto")
     if choice not in FORWARD_CHOICES:
         raise ValueError(f"${env}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
-    if choice == "triton" or (backward and choice == "auto" and not GLUON_BACKWARD_AUTO):
+    if choice == "triton":
         return False
+    if backward and choice == "auto":
+        if q.shape[-1] not in GLUON_BACKWARD_AUTO or torch.are_deterministic_algorithms_enabled():
+            return False
     fits = _gluon_fits(q, k) and (not backward or q.shape[1] == k.shape[1])
     if choice == "gluon":
         if not gluon_available():
@@ -378,7 +385,8 @@ def _bwd_plans(q, k, lse_c, variant: Variant, scale: float, alibi, varlen):
         _attn_bwd_dkdv,
         (id(_attn_bwd_dkdv), *key),
         (*scalars, lay.kv_heads, group, lay.n_q, lay.n_k),
-        {**constexprs, "ATOMIC_DQ": False, "ONE_LOOP": True},  # backward.py: no serialised wgmma
+        # ONE_LOOP: no serialised wgmma; PEEL: the tail block outside the loop (both backward.py)
+        {**constexprs, "ATOMIC_DQ": False, "ONE_LOOP": True, "PEEL": True},
         lambda meta: (_cdiv(lay.n_k, meta["BLOCK_N1"]), lay.batch * lay.kv_heads),
     )
     return variant.units(scale)[1], dq, dkdv
@@ -387,8 +395,9 @@ def _bwd_plans(q, k, lse_c, variant: Variant, scale: float, alibi, varlen):
 def _even(n_q: int, n_k: int) -> bool:
     """Nq and Nk multiples of every block size in the backward kernels' autotuning lists: their
     loads then need no bounds masks (``EVEN_BLOCKS``, FlexAttention's ``IS_DIVISIBLE``; -14 to
-    -33% on the dK/dV kernel on the H200, notes/kernel.md session 8). Dense calls only; the
-    kernels' tail peeling (``PEEL``, off until measured) would give other lengths the same."""
+    -33% on the dK/dV kernel on the H200, notes/kernel.md session 8). Dense calls only; other
+    lengths get most of it from the dK/dV kernel's tail peeling (``PEEL``, notes/kernel.md
+    session 10; the dQ kernel keeps its masks: peeled, it ran 1-5% slower)."""
     kernels = (_attn_bwd_dq, _attn_bwd_dkdv)
     if not all(getattr(kern, "configs", None) for kern in kernels):
         return False  # no list to read the blocks from: keep the masks

@@ -65,6 +65,8 @@ LEVERS = {  # name -> (switches added to the call's default schedule, causal row
     "sect8": (dict(LPT=True, LPT_SECTION_MB=8), True),
     "rowmask": (dict(ROW_MASK=True), False),
     "sect8_rowmask": (dict(LPT=True, LPT_SECTION_MB=8, ROW_MASK=True), True),
+    # session 10: the first three are the default now; this is the schedule before them
+    "session8": (dict(LPT=False, LPT_SECTION_MB=0, ROW_MASK=False), False),
 }
 CHECK_SECTION_MB = 0.1  # the sectioned order in the checks: sections of 1-2 heads
 CHECK_SHAPES = [(1, 3, 3, 300), (1, 2, 2, 17), (2, 4, 2, 1000), (1, 5, 5, 2053)]
@@ -121,7 +123,7 @@ def candidate_launches(rows):
     return out
 
 
-def dry_run(budget):
+def dry_run(budget, chosen):
     print(f"0. warm-up process: {len(ROWS)} rows once (unrecorded)")
     print(f"1. {PROCESSES} fresh processes x {len(ROWS)} rows (cuDNN, Gluon default):")
     for r in ROWS:
@@ -129,8 +131,8 @@ def dry_run(budget):
     n_default = compiles([({}, d, c, dt, 4, 2048 // d, 2048 // d, N) for N, dt, d, c in ROWS])
     print(f"   default kernels to compile: {n_default}")
     example = [r for r in ROWS if r[2] == 64 and r[3]][:MAX_CAND_ROWS]
-    print(f"2. candidates {list(LEVERS)} on the rows below 1.0 (4-6), e.g. d = 64 causal:")
-    for name in LEVERS:
+    print(f"2. candidates {chosen} on the rows below 1.0 (4-6), e.g. d = 64 causal:")
+    for name in chosen:
         print(f"   {name:14s} {lever_cfg(name, 64, True)}")
     print(f"   their compiles for those 6 rows: {compiles(candidate_launches(example))}")
     print(f"budget {budget:.0f} s (the later candidate passes are skipped first)")
@@ -296,11 +298,20 @@ def main():
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     ap.add_argument("--levers", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--candidates",
+        default=",".join(LEVERS),
+        help=f"comma-separated levers timed on the weakest rows (of {', '.join(LEVERS)})",
+    )
     a = ap.parse_args()
     if a.child:
         return child_main(a)
+    chosen = [n for n in a.candidates.split(",") if n]
+    unknown = sorted(set(chosen) - set(LEVERS))
+    if unknown or not chosen:
+        ap.error(f"--candidates {a.candidates!r}: choose from {', '.join(LEVERS)}")
     if a.dry_run:
-        return dry_run(a.budget)
+        return dry_run(a.budget, chosen)
     t0 = time.time()
     end = t0 + a.budget
     os.makedirs(a.out, exist_ok=True)
@@ -315,7 +326,8 @@ def main():
             flops="4*B*H*N^2*d, halved for causal",
             default_config={str(k): v for k, v in G.DEFAULT_CONFIG.items()},
             causal_config={str(k): v for k, v in G.CAUSAL_CONFIG.items()},
-            levers={k: dict(switches=v[0], causal_only=v[1]) for k, v in LEVERS.items()},
+            full_config={str(k): v for k, v in G.FULL_CONFIG.items()},
+            levers={k: dict(switches=LEVERS[k][0], causal_only=LEVERS[k][1]) for k in chosen},
             check_shapes=CHECK_SHAPES,
             check_section_mb=CHECK_SECTION_MB,
             budget_s=a.budget,
@@ -377,7 +389,7 @@ def main():
         return save()
     cand = dict(rows=[list(r) for r in rows], passes=[])
     data["candidates"] = cand
-    first = child("candidates", end - 25, rows=cand["rows"], levers=list(LEVERS))
+    first = child("candidates", end - 25, rows=cand["rows"], levers=chosen)
     cand["checks"] = first.pop("checks", [])
     cand["passes"].append(first)
     timed = first.get("timed_levers", [])

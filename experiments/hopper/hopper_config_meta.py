@@ -157,7 +157,7 @@ def bwd_args(name, q, o, lse, causal=False):
         {"ATOMIC_DQ": False, "ONE_LOOP": True} if name == "_attn_bwd_dkdv" else {}
     )  # as launched
     extra["EVEN_BLOCKS"] = False  # the masked loads (the package sets it for divisible lengths)
-    extra["PEEL"] = False  # every load masked, as the package launches it (True: tail peeling)
+    extra["PEEL"] = name == "_attn_bwd_dkdv"  # as launched: dK/dV's tail peeled, dQ masked
     tail = (0.1, *q.stride(), *q.stride(), *variant_args(causal), 2, 1, 256, 256)
     return (*pointers, lse, lse, lse, *tail), extra  # cu_seqlens and ALiBi: unused pointers
 
