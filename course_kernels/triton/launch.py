@@ -97,9 +97,11 @@ def _use_gluon(q, k, backward: bool = False) -> bool:
         raise ValueError(f"${env}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
     if choice == "triton":
         return False
-    if backward and choice == "auto":
-        if q.shape[-1] not in GLUON_BACKWARD_AUTO or torch.are_deterministic_algorithms_enabled():
-            return False
+    auto_bwd = backward and choice == "auto"
+    if auto_bwd and (
+        q.shape[-1] not in GLUON_BACKWARD_AUTO or torch.are_deterministic_algorithms_enabled()
+    ):
+        return False
     fits = _gluon_fits(q, k) and (not backward or q.shape[1] == k.shape[1])
     if choice == "gluon":
         if not gluon_available():
