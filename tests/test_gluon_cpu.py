@@ -175,10 +175,7 @@ def test_causal_calls_add_the_causal_schedule_and_overrides_win():
     from course_kernels.gluon import launch
 
     for d in launch.DEFAULT_CONFIG:
-        full = launch.schedule_config(d, False)
-        assert full == {**launch.DEFAULT_CONFIG[d], **launch.FULL_CONFIG[d]}
-        assert full["ROW_MASK"] is True and not full["LPT"]
-        assert launch.schedule_config(d, False, 1) == launch.DEFAULT_CONFIG[d]
+        assert launch.schedule_config(d, False) == launch.DEFAULT_CONFIG[d]
         causal = launch.schedule_config(d, True)
         assert causal == {**launch.DEFAULT_CONFIG[d], **launch.CAUSAL_CONFIG[d]}
         assert causal["SKIP_DEAD"] is True
@@ -258,19 +255,21 @@ def test_lpt_order_without_sections_and_head_major_order_are_unchanged():
     assert _order(n_hz, npm, n_hz) == _order(0, npm, n_hz)
 
 
-def test_session9_levers_are_the_default_since_session_10_and_overrides_replace_them():
-    """Measured in session 10: causal calls take the sectioned LPT order (8 MiB) and ROW_MASK,
-    non-causal calls ROW_MASK; an override still gives exactly the caller's schedule."""
+def test_session9_levers_are_the_d128_causal_default_and_overrides_replace_them():
+    """Measured in session 10: causal calls at d = 128 take the sectioned LPT order (8 MiB) and
+    ROW_MASK; d = 64 and non-causal calls keep the session-8 schedule; an override still gives
+    exactly the caller's schedule."""
     from course_kernels.gluon import launch
 
+    causal = launch.schedule_config(128, True, 4096)
+    assert causal["LPT"] and causal["LPT_SECTION_MB"] == 8 and causal["ROW_MASK"]
+    assert causal["SKIP_DEAD"]
+    for d, c in ((64, True), (64, False), (128, False)):
+        cfg = launch.schedule_config(d, c, 4096)
+        assert not cfg.get("ROW_MASK") and not cfg.get("LPT_SECTION_MB") and not cfg["LPT"]
     for d in launch.DEFAULT_CONFIG:
-        causal = launch.schedule_config(d, True, 4096)
-        assert causal["LPT"] and causal["LPT_SECTION_MB"] == 8 and causal["ROW_MASK"]
-        full = launch.schedule_config(d, False, 4096)
-        assert full["ROW_MASK"] and not full.get("LPT_SECTION_MB")
-        for c in (False, True):
-            off = launch.schedule_config(d, c, 4096, ROW_MASK=False)
-            assert not off["ROW_MASK"] and not off.get("LPT_SECTION_MB") and not off["LPT"]
+        off = launch.schedule_config(d, True, 4096, ROW_MASK=False)
+        assert not off["ROW_MASK"] and not off.get("LPT_SECTION_MB") and not off["LPT"]
         cfg = launch.schedule_config(d, True, 4096, LPT=True, LPT_SECTION_MB=16, ROW_MASK=True)
         assert cfg["LPT"] and cfg["LPT_SECTION_MB"] == 16 and cfg["ROW_MASK"]
 

@@ -97,19 +97,17 @@ DEFAULT_CONFIG = {
 # float64 checks): a consumer warpgroup skips the K/V blocks wholly masked for its own rows
 # (SKIP_DEAD), and at d = 64 the partial 192-row tile is the first of its head (ALIGN_END). At
 # N = 4K causal: d = 64 0.88 -> 0.98x cuDNN (fp16), 0.87 -> 0.96 (bf16); d = 128 1.03 -> 1.08.
-# Session 10 (course_kernels/data/gluon/h200_session10_forward.json): causal calls also take the
-# longest-processing-time tile order within L2 sections of heads whose K and V fit in 8 MiB
-# (LPT_SECTION_MB, FA3's scheduler) and ROW_MASK (block 0 masked by one compare per score); in
-# the candidates pass of h200_session9_forward.json, on the N = 4K causal rows below 1.0x cuDNN:
-# d = 128 1.005 -> 1.111 (fp16), 0.962 -> 1.052 (bf16); d = 64 0.937 -> 0.955, 0.963 -> 0.990.
-_SESSION10 = dict(LPT=True, LPT_SECTION_MB=8, ROW_MASK=True)
+# Session 10: at d = 128 causal calls also take the longest-processing-time tile order within L2
+# sections of heads whose K and V fit in 8 MiB (LPT_SECTION_MB, FA3's scheduler) and ROW_MASK
+# (block 0 masked by one compare per score). Timed beside the session-8 schedule in one process
+# on the weakest N = 4K rows (four passes, course_kernels/data/gluon/h200_session9_forward.json
+# and h200_session10_forward.json): ahead in 6 of 8 pairs at d = 128 causal (+0.02 to +0.11x
+# cuDNN, two pairs -0.05 and -0.003); behind at d = 64 (causal and not) and for ROW_MASK alone on
+# non-causal rows, which therefore keep the session-8 schedule.
 CAUSAL_CONFIG = {
-    64: dict(SKIP_DEAD=True, ALIGN_END=True, **_SESSION10),
-    128: dict(SKIP_DEAD=True, **_SESSION10),
+    64: dict(SKIP_DEAD=True, ALIGN_END=True),
+    128: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),
 }
-# Non-causal calls: ROW_MASK alone (no masking at all where a warpgroup's rows see the whole
-# first block); same pass, N = 4K: d = 128 fp16 0.977 -> 1.001, d = 64 fp16 0.958 -> 0.998.
-FULL_CONFIG = {64: dict(ROW_MASK=True), 128: dict(ROW_MASK=True)}
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
@@ -159,14 +157,13 @@ def _check_inputs(q, k, v) -> None:
 
 def schedule_config(d: int, causal: bool, n: int = 2, **overrides) -> dict:
     """The schedule a call of sequence length n runs: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d]
-    (a causal call) or FULL_CONFIG[d] (a non-causal one) where the call keeps the default
-    schedule (no overrides: the switches were measured and checked on top of it), else the
-    caller's overrides. Not at n = 1: there Triton 3.6 folds N = 1 and one query tile into
-    constants and its LLVM lowering of the switches' arithmetic fails an assertion (reproduced
-    offline, notes/gluon.md); a one-row call gains nothing from them anyway."""
+    for a causal call that keeps the default schedule (no overrides: the switches were measured
+    and checked on top of it), else the caller's overrides. Not at n = 1: there Triton 3.6 folds
+    N = 1 and one query tile into constants and its LLVM lowering of the switches' arithmetic
+    fails an assertion (reproduced offline, notes/gluon.md); a one-row call gains nothing from
+    them anyway."""
     cfg = dict(DEFAULT_CONFIG[d])
-    extra = (CAUSAL_CONFIG if causal else FULL_CONFIG)[d]
-    cfg.update(extra if not overrides and n > 1 else overrides)
+    cfg.update(CAUSAL_CONFIG[d] if causal and not overrides and n > 1 else overrides)
     if n == 1 and (cfg.get("SKIP_DEAD") or cfg.get("ALIGN_END")):
         raise ValueError(
             "SKIP_DEAD / ALIGN_END at N = 1 do not compile with Triton 3.6 (an LLVM assertion); "

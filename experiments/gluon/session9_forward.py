@@ -65,7 +65,7 @@ LEVERS = {  # name -> (switches added to the call's default schedule, causal row
     "sect8": (dict(LPT=True, LPT_SECTION_MB=8), True),
     "rowmask": (dict(ROW_MASK=True), False),
     "sect8_rowmask": (dict(LPT=True, LPT_SECTION_MB=8, ROW_MASK=True), True),
-    # session 10: the first three are the default now; this is the schedule before them
+    # session 10: the schedule before session 9's levers (at d = 128 causal they are the default)
     "session8": (dict(LPT=False, LPT_SECTION_MB=0, ROW_MASK=False), False),
 }
 CHECK_SECTION_MB = 0.1  # the sectioned order in the checks: sections of 1-2 heads
@@ -326,7 +326,6 @@ def main():
             flops="4*B*H*N^2*d, halved for causal",
             default_config={str(k): v for k, v in G.DEFAULT_CONFIG.items()},
             causal_config={str(k): v for k, v in G.CAUSAL_CONFIG.items()},
-            full_config={str(k): v for k, v in G.FULL_CONFIG.items()},
             levers={k: dict(switches=LEVERS[k][0], causal_only=LEVERS[k][1]) for k in chosen},
             check_shapes=CHECK_SHAPES,
             check_section_mb=CHECK_SECTION_MB,
