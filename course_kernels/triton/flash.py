@@ -8,7 +8,9 @@ Chapter: "Flash Attention in Triton" (forward, backward, the autograd wrapper).
 Semantics are those of ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
 is_causal=causal, scale=scale, enable_gqa=True)``. The forward saves q, k, v (the inputs), O and
 the logsumexp: nothing N x N. The backward recomputes P the FlashAttention-2 way and is
-deterministic (no atomics: bit-identical on repeat).
+deterministic (no atomics: bit-identical on repeat), except where ``launch._use_gluon`` picks
+the Gluon backward (Hopper, d = 64: dQ by fp32 atomics); under
+``torch.use_deterministic_algorithms(True)`` it never does.
 
 Where it runs (``_triton_env``): a CUDA GPU, or, without one, Triton's CPU interpreter (CPU
 tensors; slow; for tests and laptops). On GPUs below sm_80 (Colab's T4, sm_75) Triton >= 3.3

@@ -104,3 +104,59 @@ def test_backward_batch_and_heads_are_separate(cfg):
 def test_backward_schedule_variants_are_correct(cfg, d, causal):
     _check(1, 2, 1000, d, torch.float16, causal, seed=11, **cfg)
     _check(1, 2, 17, d, torch.float16, causal, seed=12, **cfg)
+
+
+# ------------------------------------------- session 10: flash_attention's auto backward
+def _auto_backward(monkeypatch, q, k, v, do, causal):
+    """dq, dk, dv of ``flash_attention`` with the backward choice on "auto", and how many times
+    the Gluon backward ran."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.flash import flash_attention
+
+    monkeypatch.delenv(launch.BACKWARD_ENV, raising=False)
+    calls = []
+    real = launch.gluon_attention_backward
+    monkeypatch.setattr(
+        launch, "gluon_attention_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    xs = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = flash_attention(*xs, causal=causal)
+    return torch.autograd.grad(out, xs, do), len(calls)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_auto_backward_takes_gluon_at_d64_and_passes_the_rule(monkeypatch, causal):
+    """At d = 64 with enough work (B * H * N^2 * d = 2**36, GLUON_MIN_WORK) ``auto`` runs the
+    Gluon backward (GLUON_BACKWARD_AUTO), and its gradients pass flash-attn's 2x rule."""
+    B, H, N, d = 4, 16, 4096, 64
+    q, k, v, do = _inputs(B, H, N, d, torch.float16, seed=21)
+    got, calls = _auto_backward(monkeypatch, q, k, v, do, causal)
+    assert calls == 1
+    scale = 1.0 / math.sqrt(d)
+    ref = attention_grads(q, k, v, do, causal, scale, True)
+    sdpa = attention_grads(q, k, v, do, causal, scale, False)
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
+        err = (g.double() - r).abs().max().item()
+        err_sdpa = (s.double() - r).abs().max().item()
+        assert err <= 2 * err_sdpa + 1e-5, f"{name} error {err:.3e} > 2 x SDPA's {err_sdpa:.3e}"
+    del ref, sdpa
+    # d = 128 keeps the tl backward under auto
+    q2, k2, v2, do2 = _inputs(2, 16, 4096, 128, torch.float16, seed=22)
+    _, calls = _auto_backward(monkeypatch, q2, k2, v2, do2, causal)
+    assert calls == 0
+
+
+def test_deterministic_mode_keeps_the_bitwise_tl_backward(monkeypatch):
+    """Under torch.use_deterministic_algorithms(True) ``auto`` never takes the Gluon backward
+    (its dQ atomics are not bit-reproducible), and two backwards agree bit for bit."""
+    q, k, v, do = _inputs(4, 16, 4096, 64, torch.float16, seed=23)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        first, calls1 = _auto_backward(monkeypatch, q, k, v, do, True)
+        second, calls2 = _auto_backward(monkeypatch, q, k, v, do, True)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert calls1 == calls2 == 0
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
