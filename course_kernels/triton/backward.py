@@ -252,7 +252,7 @@ def _attn_bwd_dkdv(
     mask decided per block at run time, instead of three loops (masked edge, unmasked middle,
     masked edge). With three, ptxas serialises every wgmma of the kernel (warning C7515: the
     accumulators dK, dV pass between pipelined loops), one wait per tensor-core instruction.
-    ``PEEL`` (session 9, off in the package's launch: not measured yet; notes/kernel.md): only
+    ``PEEL`` (session 9; on in the package's launch since session 10's measurement, notes/kernel.md): only
     the query block that can cross Nq carries bounds masks (``masks._step_range``); with
     ``ONE_LOOP`` that block runs after the loop as straight-line code. K, V and the final stores
     (once per program) stay masked. ``EVEN_BLOCKS`` (session 8): the caller promises no tail, so

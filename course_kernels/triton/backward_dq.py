@@ -141,7 +141,8 @@ def _attn_bwd_dq(
     Grid: (cdiv(Nq or max_seqlen_q, BLOCK_M2), B * Hq). Q, dO, O, dQ share strides (stride_q*);
     K, V share strides (stride_k*); LSE and Delta share strides (stride_l*). Writes D =
     rowsum(dO * O) for the dK/dV kernel. Dense and ``VARLEN`` as in ``forward._attn_fwd``.
-    ``PEEL`` (session 9, off in the package's launch until measured; notes/kernel.md): in the key loop only the
+    ``PEEL`` (session 9; off in the package's launch: peeled, this kernel ran 1-5% slower on the
+    H200, notes/kernel.md session 10): in the key loop only the
     tail block (the one that can cross Nk) carries bounds masks (``masks._step_range``). The
     program's own rows (Q, dO, O, L, once per program) stay masked: a runtime branch between
     masked and unmasked loads cost 26 registers on sm_90a. Off: every key block masked, the
