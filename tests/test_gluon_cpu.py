@@ -314,3 +314,25 @@ def test_session9_script_keeps_the_causal_switches_and_takes_the_worst_of_three(
     rows, below = s9.pick_rows(list(table.values()))
     assert rows == [(8192, "float16", 64, True), (4096, "float16", 64, True)]
     assert len(below) == 2  # the incomplete row is not judged
+
+
+def test_schedule_options_are_checked_by_name():
+    """A misspelt schedule keyword is an error that lists the accepted ones, not a silent
+    no-op; every key the launch reads is accepted (session 10's O_STAGE included)."""
+    from course_kernels.gluon import launch
+
+    with pytest.raises(ValueError, match=r"unknown schedule option\(s\) \['ROWMASK'\]; accepted"):
+        launch.schedule_config(64, True, 4096, ROWMASK=True)
+    for key in ("O_STAGE", "ROW_MASK", "LPT_SECTION_MB", "CONSUMER_REGS", "BN", "DYNAMIC"):
+        assert key in launch.SCHEDULE_KEYS
+    assert launch.schedule_config(128, False, 4096, O_STAGE=True)["O_STAGE"] is True
+    # O_STAGE is a measured-later lever: off in every default
+    assert all(not launch.schedule_config(d, c, 4096).get("O_STAGE") for d in (64, 128)
+               for c in (False, True))  # fmt: skip
+    import inspect
+
+    from course_kernels.gluon import forward
+
+    if forward.HAVE_GLUON:
+        params = inspect.signature(forward._attn_fwd_kernel.fn).parameters
+        assert params["O_STAGE"].default is False

@@ -31,7 +31,12 @@ if HAVE_GLUON:
         dtype: gl.constexpr,
         s_layout: gl.constexpr,
         o_layout: gl.constexpr,
+        O_STAGE: gl.constexpr = False,
     ):
+        """O / l and its store, the logsumexp. O goes through o_smem by TMA: the warpgroup's
+        slice of the (dead) Q buffer, waited for at once since the producer refills it; or, with
+        O_STAGE, its own staging tile, waited for only before the next tile overwrites it (the
+        store then runs under the next tile's first blocks; FA3's epilogue)."""
         o = acc * gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o_layout))[:, None]
         o = o.to(dtype)
         rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
@@ -40,10 +45,13 @@ if HAVE_GLUON:
         ) * 0.6931471805599453  # natural-log lse: base-2 lse * ln 2 (reference.LN2)
         gl.store(lse_ptr + off_hz * N + rows, lse, mask=rows < N)
         if off_m + BM <= N:
+            if O_STAGE:
+                tma.store_wait(pendings=0)  # the previous tile's O has left o_smem
             o_smem.store(o)
             fence_async_shared()
             tma.async_copy_shared_to_global(desc_o, [off_hz * N + off_m, 0], o_smem)
-            tma.store_wait(pendings=0)
+            if not O_STAGE:
+                tma.store_wait(pendings=0)
         else:  # tail tile: a TMA store would spill into the next head's rows
             orow = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
             ocol = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
@@ -71,9 +79,12 @@ if HAVE_GLUON:
         CAUSAL: gl.constexpr,
         OVERLAP: gl.constexpr,
         ROW_MASK: gl.constexpr,
+        o_smem,
+        O_STAGE: gl.constexpr,
     ):
         """One warpgroup's K/V blocks [0, n_blocks) of a tile from ring slot kc (blocks
-        [0, n_free) without a mask), and its epilogue.  Returns the next ring slot."""
+        [0, n_free) without a mask), and its epilogue (O staged in o_smem).  Returns the next
+        ring slot."""
         q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
         dtype: gl.constexpr = desc_o.dtype
         s_layout: gl.constexpr = _mma_layout(BM, BN, dtype)
@@ -185,12 +196,11 @@ if HAVE_GLUON:
                     o_layout,
                 )
                 kc += 1
-        # O is staged in this warpgroup's (now dead) slice of the Q buffer
         _epilogue(
             acc,
             m_i,
             l_i,
-            q_smem,
+            o_smem,
             desc_o,
             o_ptr,
             lse_ptr,
@@ -202,6 +212,7 @@ if HAVE_GLUON:
             dtype,
             s_layout,
             o_layout,
+            O_STAGE,
         )
         return kc
 
@@ -232,6 +243,7 @@ if HAVE_GLUON:
         ALIGN_END: gl.constexpr,
         SECTION: gl.constexpr,
         ROW_MASK: gl.constexpr,
+        O_STAGE: gl.constexpr,
     ):
         """Tile t for this warpgroup (its 64-row slice CID): the main loop over the K/V ring
         from slot kc, the epilogue, and the release of Q stage qc.  Returns the next ring slot."""
@@ -251,6 +263,8 @@ if HAVE_GLUON:
         mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
         q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
         bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # one block's operands
+        # O staged in this warpgroup's (then dead) slice of the Q buffer, or (O_STAGE) in its own
+        o_smem = ring[len(ring) - 1].index(CID) if O_STAGE else q_smem
 
         if SKIP_DEAD or ALIGN_END:  # this warpgroup computes only blocks its rows can see
             n_live = _live_blocks(off_m, N, n_blocks, BM, BN, CAUSAL)
@@ -258,13 +272,13 @@ if HAVE_GLUON:
                 kc = _tile_blocks(
                     desc_o, o_ptr, lse_ptr, bufs, kc, n_live, gl.minimum(n_free, n_live), off_hz,
                     off_m, N, qk_scale,
-                    BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK,
+                    BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK, o_smem, O_STAGE,
                 )  # fmt: skip
             kc = _skip_blocks(bufs, kc, n_blocks - n_live, STAGES)
         else:
             kc = _tile_blocks(
                 desc_o, o_ptr, lse_ptr, bufs, kc, n_blocks, n_free, off_hz, off_m, N, qk_scale,
-                BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK,
+                BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK, o_smem, O_STAGE,
             )  # fmt: skip
         mbarrier.arrive(q_empty.index(qs), count=1)
         return kc
@@ -294,6 +308,7 @@ if HAVE_GLUON:
         ALIGN_END: gl.constexpr,
         SECTION: gl.constexpr,
         ROW_MASK: gl.constexpr,
+        O_STAGE: gl.constexpr = False,
     ):
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
         # the tile id of each Q stage), one tuple
@@ -305,7 +320,7 @@ if HAVE_GLUON:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
                     CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK,
+                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE,
                 )  # fmt: skip
                 qc += 1
                 t = _read_tile(ring[9], ring[3], qc, QSTAGES)
@@ -314,6 +329,8 @@ if HAVE_GLUON:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
                     CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK,
+                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)
+        if O_STAGE:  # the last tile's O store, before the CTA's shared memory goes away
+            tma.store_wait(pendings=0)

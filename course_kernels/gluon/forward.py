@@ -28,9 +28,12 @@ dynamic persistent scheduler (:mod:`.scheduler`: tiles drawn from an atomic coun
 the tile id handed to the consumers through shared memory). ``SKIP_DEAD``: a consumer only waits
 for and releases the K/V blocks wholly masked for its own rows; ``ALIGN_END``: the query tiles
 end at the last row, so the partial tile is the first (both off by default; session 8).
-Session 9 (off by default): ``SECTION`` (> 0, with ``LPT``) orders the tiles heaviest-first within
+Session 9: ``SECTION`` (> 0, with ``LPT``) orders the tiles heaviest-first within
 sections of that many heads (FA3's L2-sized sections); ``ROW_MASK`` masks block 0 with one compare
-per score against each row's last visible key, and not at all where the rows see the whole block.
+per score against each row's last visible key, and not at all where the rows see the whole block
+(both on for d = 128 causal calls since session 10, ``launch.CAUSAL_CONFIG``). Session 10 (off,
+not measured): ``O_STAGE`` gives each consumer its own O staging tile, so an epilogue's TMA store
+is waited for only before the next tile's, not at once (FA3's epilogue).
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
@@ -79,6 +82,7 @@ if HAVE_GLUON:
         ALIGN_END: gl.constexpr,
         SECTION: gl.constexpr = 0,
         ROW_MASK: gl.constexpr = False,
+        O_STAGE: gl.constexpr = False,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -111,6 +115,10 @@ if HAVE_GLUON:
             )  # fmt: skip
         else:
             ring = (q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
+        if O_STAGE:  # + one O staging tile per consumer, last (session 10, consumer.py)
+            ring = ring + (
+                gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, BM, HEAD_DIM], desc_o.layout),
+            )
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
                 [
@@ -165,6 +173,7 @@ if HAVE_GLUON:
                             ALIGN_END,
                             SECTION,
                             ROW_MASK,
+                            O_STAGE,
                         ),
                     ),
                 ],
@@ -225,6 +234,7 @@ if HAVE_GLUON:
                             ALIGN_END,
                             SECTION,
                             ROW_MASK,
+                            O_STAGE,
                         ),
                     ),
                     (
@@ -253,6 +263,7 @@ if HAVE_GLUON:
                             ALIGN_END,
                             SECTION,
                             ROW_MASK,
+                            O_STAGE,
                         ),
                     ),
                 ],
@@ -313,6 +324,7 @@ if HAVE_GLUON:
                             ALIGN_END,
                             SECTION,
                             ROW_MASK,
+                            O_STAGE,
                         ),
                     ),
                     (
@@ -341,6 +353,7 @@ if HAVE_GLUON:
                             ALIGN_END,
                             SECTION,
                             ROW_MASK,
+                            O_STAGE,
                         ),
                     ),
                     (
@@ -369,6 +382,7 @@ if HAVE_GLUON:
                             ALIGN_END,
                             SECTION,
                             ROW_MASK,
+                            O_STAGE,
                         ),
                     ),
                 ],

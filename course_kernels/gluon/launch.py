@@ -108,6 +108,10 @@ CAUSAL_CONFIG = {
     64: dict(SKIP_DEAD=True, ALIGN_END=True),
     128: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),
 }
+# Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
+SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
+    "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE",
+}  # fmt: skip
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
@@ -162,6 +166,11 @@ def schedule_config(d: int, causal: bool, n: int = 2, **overrides) -> dict:
     N = 1 and one query tile into constants and its LLVM lowering of the switches' arithmetic
     fails an assertion (reproduced offline, notes/gluon.md); a one-row call gains nothing from
     them anyway."""
+    unknown = sorted(set(overrides) - SCHEDULE_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown schedule option(s) {unknown}; accepted: {', '.join(sorted(SCHEDULE_KEYS))}"
+        )
     cfg = dict(DEFAULT_CONFIG[d])
     cfg.update(CAUSAL_CONFIG[d] if causal and not overrides and n > 1 else overrides)
     if n == 1 and (cfg.get("SKIP_DEAD") or cfg.get("ALIGN_END")):
@@ -193,8 +202,10 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     SKIP_DEAD (a consumer warpgroup skips the K/V blocks wholly masked for its rows),
     ALIGN_END (query tiles aligned to the end of the sequence: the partial tile is the first),
     LPT_SECTION_MB (with LPT, causal: heaviest tiles first within sections of heads whose K and
-    V fit in that many MiB, :func:`lpt_section`) and ROW_MASK (block 0 masked by one compare per
-    score against each row's last visible key; not at all where the rows see the whole block)."""
+    V fit in that many MiB, :func:`lpt_section`), ROW_MASK (block 0 masked by one compare per
+    score against each row's last visible key; not at all where the rows see the whole block) and
+    O_STAGE (session 10, not measured: O stored through its own shared-memory tile per consumer,
+    its TMA store waited for only before the next tile's, so it overlaps that tile's start)."""
     _check_inputs(q, k, v)
     if not gluon_available():
         raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
@@ -264,6 +275,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         ALIGN_END=bool(cfg.get("ALIGN_END", False)),
         SECTION=section,
         ROW_MASK=bool(cfg.get("ROW_MASK", False)),
+        O_STAGE=bool(cfg.get("O_STAGE", False)),
         num_warps=4,
     )
     return o, lse

@@ -3,7 +3,9 @@ and a hash of each config's PTX instructions (debug line info left out), so that
 shown to leave the kernel unchanged without a GPU run.
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0     # the version the kernel is written for
-    PYTHONPATH=/tmp/t36 python experiments/gluon/compile_sm90.py
+    PYTHONPATH=/tmp/t36 python experiments/gluon/compile_sm90.py [INDEX ...]
+
+(INDEX: positions in CONFIGS to compile; all of them without.)
 
 Session 5 used it to show that passing the ring and its barriers as one tuple left the PTX
 instructions of all eight configs below byte-identical (notes/gluon.md).
@@ -75,6 +77,7 @@ def build(
     ALIGN_END=False,
     SECTION=0,
     ROW_MASK=False,
+    O_STAGE=None,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
@@ -96,6 +99,8 @@ def build(
         SECTION=SECTION,
         ROW_MASK=ROW_MASK,
     )
+    if O_STAGE is not None:  # session 10's switch; left out, the kernel's default (off)
+        consts["O_STAGE"] = O_STAGE
     for kk in consts:
         s[kk] = "constexpr"
     src = GluonASTSource(
@@ -142,13 +147,29 @@ CONFIGS = [
     dict(S7, CAUSAL=False, ROW_MASK=True),
     dict(d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=4, ROW_MASK=True),
     dict(d=128, DYNAMIC=True, ROW_MASK=True),
+    # session 10: today's four defaults (d = 128 causal with session 9's levers), then each with
+    # its own O staging tile per consumer (O_STAGE)
+    dict(S7, CAUSAL=False),
+    dict(d=128, DYNAMIC=True),
+    S8,
+    dict(d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True),
+    dict(S7, CAUSAL=False, O_STAGE=True),
+    dict(d=128, DYNAMIC=True, O_STAGE=True),
+    dict(S8, O_STAGE=True),
+    dict(
+        d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True,
+        O_STAGE=True,
+    ),  # fmt: skip
+    dict(d=128, dt="bf16", CAUSAL=True, DYNAMIC=True, SKIP_DEAD=True, O_STAGE=True),
+    dict(d=128, NC=1, O_STAGE=True),
 ]
 
 
 if __name__ == "__main__":
     import re
 
-    for args in CONFIGS:
+    chosen = [CONFIGS[int(i)] for i in sys.argv[1:]] or CONFIGS
+    for args in chosen:
         try:
             t0 = time.time()
             k = build(**args)

@@ -67,6 +67,8 @@ LEVERS = {  # name -> (switches added to the call's default schedule, causal row
     "sect8_rowmask": (dict(LPT=True, LPT_SECTION_MB=8, ROW_MASK=True), True),
     # session 10: the schedule before session 9's levers (at d = 128 causal they are the default)
     "session8": (dict(LPT=False, LPT_SECTION_MB=0, ROW_MASK=False), False),
+    # session 10, not measured: O through its own staging tile (notes/gluon.md)
+    "ostage": (dict(O_STAGE=True), False),
 }
 CHECK_SECTION_MB = 0.1  # the sectioned order in the checks: sections of 1-2 heads
 CHECK_SHAPES = [(1, 3, 3, 300), (1, 2, 2, 17), (2, 4, 2, 1000), (1, 5, 5, 2053)]

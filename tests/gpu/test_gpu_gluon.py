@@ -134,6 +134,12 @@ _SERIAL_BUG = pytest.mark.xfail(
         dict(DYNAMIC=True, LPT=True, LPT_SECTION_MB=0.5, NUM_CONSUMERS=3),
         dict(ROW_MASK=True),
         dict(ROW_MASK=True, SKIP_DEAD=True, ALIGN_END=True, NUM_CONSUMERS=3),
+        # session 10: O through its own staging tile, its store waited for a tile later
+        dict(O_STAGE=True),
+        dict(DYNAMIC=True, O_STAGE=True),
+        dict(DYNAMIC=True, NUM_CONSUMERS=3, O_STAGE=True),
+        dict(persistent=True, O_STAGE=True),
+        dict(NUM_CONSUMERS=1, O_STAGE=True),
     ],
     ids=str,
 )
@@ -170,6 +176,7 @@ def test_lever_variants_are_correct(cfg, causal):
         dict(SKIP_DEAD=True, ALIGN_END=True),
         # session 9: sections of 2 heads and 1 (at N = 200 the last section holds one of 3)
         dict(SKIP_DEAD=True, ALIGN_END=True, LPT=True, LPT_SECTION_MB=0.1, ROW_MASK=True),
+        dict(SKIP_DEAD=True, ALIGN_END=True, O_STAGE=True),  # session 10
     ],
     ids=str,
 )
@@ -289,3 +296,18 @@ def test_flash_attention_takes_the_gluon_backward_when_asked(monkeypatch, d, cau
     out = flash_attention(*x, causal=causal, scale=scale)
     with pytest.raises(ValueError, match="as many K/V heads as query heads"):
         out.backward(torch.ones_like(out))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_o_staging_tile_gives_the_same_bits(d, causal):
+    """O_STAGE changes only where O waits on its way out (its own shared-memory tile, the TMA
+    store waited for before the next tile's): the same bits as the default schedule, over many
+    tiles per CTA (B * H = 64 heads of N = 2053: tail tiles and full ones; a store overwritten
+    before it left shared memory would show as another tile's rows)."""
+    q, k, v = _inputs(4, 16, 16, 2053, d, torch.float16, 31)
+    cfg = G.schedule_config(d, causal, 2053)
+    want = G.gluon_attention_forward(q, k, v, causal=causal, **cfg)
+    _poison(8 * q.numel() * q.element_size())
+    got = G.gluon_attention_forward(q, k, v, causal=causal, **cfg, O_STAGE=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
