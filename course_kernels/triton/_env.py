@@ -4,13 +4,13 @@ Chapter: "Flash Attention in Triton" (the forward kernel).
 
 Import this module *before* any module that defines a ``@triton.jit`` kernel: Triton reads
 ``TRITON_INTERPRET`` when a kernel is defined, so the choice must be made first.
-``flash_launch.py`` imports it first, then the kernel modules.
+``launch.py`` imports it first, then the kernel modules.
 
 - A CUDA GPU is present: kernels are compiled for it.
 - No GPU: ``TRITON_INTERPRET=1`` is set (unless you set it yourself) and every kernel runs in
   Triton's NumPy interpreter. It is exact (fp32 dots are IEEE), slow, and needs CPU tensors.
   Interpreter caveats: bf16 ``tl.dot`` gives wrong results (triton-lang/triton#11584), so
-  ``flash_launch.py`` computes bf16 inputs in fp32 there; out-of-bounds accesses are not caught;
+  ``launch.py`` computes bf16 inputs in fp32 there; out-of-bounds accesses are not caught;
   ``triton.testing.do_bench`` needs a GPU.
 - Neither Triton nor a GPU/interpreter can run: :func:`require_triton` raises ``RuntimeError``.
 

@@ -7,10 +7,9 @@ Chapter: "Flash Attention in Triton" (forward, backward, the autograd wrapper).
 
 Semantics are those of ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
 is_causal=causal, scale=scale, enable_gqa=True)``. The forward saves q, k, v (the inputs), O and
-the logsumexp: nothing N x N. The backward recomputes P the FlashAttention-2 way and is
-deterministic (no atomics: bit-identical on repeat), except where ``launch._use_gluon`` picks
-the Gluon backward (Hopper, d = 64: dQ by fp32 atomics); under
-``torch.use_deterministic_algorithms(True)`` it never does.
+the logsumexp: nothing N x N. The backward recomputes P the FlashAttention-2 way, deterministic
+(no atomics) but for the Gluon backward ``launch._use_gluon`` picks on Hopper at d = 64 (dQ
+atomics; never under ``torch.use_deterministic_algorithms(True)``).
 
 Where it runs (``_triton_env``): a CUDA GPU, or, without one, Triton's CPU interpreter (CPU
 tensors; slow; for tests and laptops). On GPUs below sm_80 (Colab's T4, sm_75) Triton >= 3.3
@@ -24,11 +23,10 @@ shapes, an autograd formula and autocast rules, so ``torch.compile`` traces a mo
 run as they do eagerly). In eager mode ``flash_attention`` takes a shorter path to the same
 ``_forward`` / ``_backward`` (a plain ``autograd.Function``, or ``_forward`` alone when autograd
 records nothing: :func:`attention_c`): the dispatcher's Python op call costs ~20 us per call,
-which matters at N = 1K (notes/kernel.md items 14, 17). Under ``torch.autocast``
-the inputs are cast to the autocast dtype first, as SDPA's are. Double backward raises.
+which matters at N = 1K (notes/kernel.md items 14, 17). Under ``torch.autocast`` the inputs are
+cast to the autocast dtype first, as SDPA's are. Double backward raises.
 
-The kernel launches (``_forward``, ``_backward``, the tuned-config cache) live in
-:mod:`.flash_launch`; this module validates, differentiates and registers the op.
+The launches live in :mod:`.launch`; this module validates, differentiates and registers the op.
 """
 
 from __future__ import annotations

@@ -46,21 +46,18 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-# Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: a Hopper
-# GPU with the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, and at least GLUON_MIN_WORK;
-# the tl kernel elsewhere), "gluon" (always; an error where it cannot) or "triton" (always tl).
-# The backward has its own variable with the same choices (the Gluon backward also needs as many
-# K/V heads as query heads); its "auto" takes it at the head dims in GLUON_BACKWARD_AUTO.
+# Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: Hopper with
+# the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, at least GLUON_MIN_WORK; else tl),
+# "gluon" (always; an error where it cannot) or "triton". The backward has its own variable (the
+# Gluon one also needs as many K/V heads as query heads; "auto": GLUON_BACKWARD_AUTO's dims).
 FORWARD_ENV = "COURSE_KERNELS_FORWARD"
 BACKWARD_ENV = "COURSE_KERNELS_BACKWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
 
-# The Gluon forward's host path (four TMA descriptors and a warp-specialised launch per call)
-# took up to 0.23 ms on the H200 beyond its CUDA-graph replay (0.43 ms before its layouts were
-# cached), about twice the tl path's (course_kernels/data/gluon/h200_dispatch.json): at N <= 1K
-# as long as the kernel, and the Gluon call beat the tl call in 2 of 16 rows there, 6 of 8 at
-# N = 2K. From B * Hq * Nq * Nk * d = 2**36 (between N = 2K and 4K at B = 4, H * d = 2048) its
-# kernel time hides the host path: at N = 4K it won all 8 rows. "auto" takes it from there on.
+# The Gluon forward's host path (four TMA descriptors, a warp-specialised launch) took up to
+# 0.23 ms on the H200, about twice the tl path's (course_kernels/data/gluon/h200_dispatch.json):
+# the Gluon call won 2 of 16 rows at N <= 1K, 6 of 8 at 2K, all 8 at 4K. From B * Hq * Nq * Nk *
+# d = 2**36 (between N = 2K and 4K at B = 4, H * d = 2048) "auto" takes it.
 GLUON_MIN_WORK = 1 << 36
 
 
@@ -79,12 +76,9 @@ def _gluon_fits(q, k) -> bool:
     )
 
 
-# Head dims where "auto" takes the Gluon backward (course_kernels/gluon/backward.py). Through
-# flash_attention on the H200 (course_kernels/data/bench/h200_features_bench_gluon_backward.json,
-# causal, N = 4K-16K, fp16): d = 64 5-9% faster than the tl backward (FlexAttention / it
-# 1.22-1.23, / tl 1.11-1.16); d = 128 4-10% slower (0.92-1.00). Its dQ is summed with fp32
-# atomics (not bit-reproducible), so "auto" keeps the deterministic tl backward whenever
-# torch.use_deterministic_algorithms(True) is on.
+# Head dims where "auto" takes the Gluon backward: on the H200 5-9% faster than tl at d = 64,
+# 4-10% slower at 128 (data/bench/h200_features_bench_gluon_backward.json). Its dQ atomics are
+# not bit-reproducible: under torch.use_deterministic_algorithms(True) "auto" keeps tl.
 GLUON_BACKWARD_AUTO = (64,)
 
 
@@ -359,8 +353,7 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     dv = torch.empty_like(v)
     cu = (lse_c, lse_c) if varlen is None else varlen[:2]
     alibi_r = lse_c if alibi is None else _alibi_r(alibi, c)
-    # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (the
-    # preprocessing pass folded in: one launch fewer).
+    # dQ first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads (one launch fewer)
     dq_plan.launch((q, k, v, do, o, lse_c, delta, dq, *cu, alibi_r))
     # dq: read only with ATOMIC_DQ (not used here: dQ has its own kernel)
     dkdv_plan.launch((q, k, v, do, lse_c, delta, dk, dv, dq, *cu, alibi_r))
@@ -398,8 +391,7 @@ def _even(n_q: int, n_k: int) -> bool:
     """Nq and Nk multiples of every block size in the backward kernels' autotuning lists: their
     loads then need no bounds masks (``EVEN_BLOCKS``, FlexAttention's ``IS_DIVISIBLE``; -14 to
     -33% on the dK/dV kernel on the H200, notes/kernel.md session 8). Dense calls only; other
-    lengths get most of it from the dK/dV kernel's tail peeling (``PEEL``, notes/kernel.md
-    session 10; the dQ kernel keeps its masks: peeled, it ran 1-5% slower)."""
+    lengths get most of it from the dK/dV kernel's ``PEEL`` (notes/kernel.md, session 10)."""
     kernels = (_attn_bwd_dq, _attn_bwd_dkdv)
     if not all(getattr(kern, "configs", None) for kern in kernels):
         return False  # no list to read the blocks from: keep the masks

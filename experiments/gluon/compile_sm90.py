@@ -113,6 +113,7 @@ def build(
 # Each config's arguments of build(); the runs of the same session share a base.
 S7 = dict(d=64, NC=3, STAGES=3, DYNAMIC=True)  # session 7: the dynamic persistent scheduler
 S8 = dict(S7, CAUSAL=True, LPT=False, SKIP_DEAD=True, ALIGN_END=True)  # session 8: causal switches
+S10 = dict(d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True)
 CONFIGS = [
     dict(d=128),
     dict(d=128, CAUSAL=True),
@@ -152,14 +153,11 @@ CONFIGS = [
     dict(S7, CAUSAL=False),
     dict(d=128, DYNAMIC=True),
     S8,
-    dict(d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True),
+    S10,  # (session 10: d = 128 causal)
     dict(S7, CAUSAL=False, O_STAGE=True),
     dict(d=128, DYNAMIC=True, O_STAGE=True),
     dict(S8, O_STAGE=True),
-    dict(
-        d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True,
-        O_STAGE=True,
-    ),  # fmt: skip
+    dict(S10, O_STAGE=True),
     dict(d=128, dt="bf16", CAUSAL=True, DYNAMIC=True, SKIP_DEAD=True, O_STAGE=True),
     dict(d=128, NC=1, O_STAGE=True),
 ]

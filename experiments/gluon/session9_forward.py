@@ -1,6 +1,6 @@
-"""Session 9: issue 23's forward set, the Gluon default against cuDNN in three fresh processes
-(worst of three per row), then session 9's candidate levers on the rows below 1.0 (notes/gluon.md,
-"Session 9"). One command on the H200:
+"""Issue 23's forward set, the Gluon default against cuDNN in three fresh processes (worst of
+three per row), then candidate levers on the rows below 1.0 (notes/gluon.md, sessions 9 and 10).
+One command on the H200 (``--candidates`` picks the levers, ``--tag`` names the file):
 
     PYTHONPATH=. python experiments/gluon/session9_forward.py --out $OUT --budget 230
 
@@ -8,9 +8,8 @@
 
 The parent process never touches CUDA; each phase is a child process of this script:
 
-0. ``warm``: one unrecorded process that runs every row once (the Gluon default and cuDNN), so
-   Triton's on-disk cache holds the default kernels before anything is timed (a fresh machine may
-   start with a cold cache). The seconds of each row's first calls are kept as ``warmup``.
+0. ``warm``: one unrecorded process that runs every row once, so that Triton's on-disk cache
+   holds the default kernels before anything is timed (``warmup``: each row's first seconds).
 1. ``measure`` x 3: fresh processes, each timing the 24 rows (B = 4, H x d = 2048, d = 64 and
    128, N = 4K / 8K / 16K, causal and not, fp16 and bf16): cuDNN (SDPA's cuDNN backend) and the
    Gluon forward as ``flash_attention``'s auto path calls it (``gluon_attention_forward(q, k, v,
@@ -18,17 +17,14 @@ The parent process never touches CUDA; each phase is a child process of this scr
    ``time_row`` (median of ``triton.testing.do_bench``). ``table``: per row the ratio of each
    process and the worst of three.
 2. ``candidates``: on the rows whose worst ratio is below 1.0 (at least the 4 lowest causal rows,
-   at most 6 rows), each lever of ``LEVERS`` is first checked against the float64 reference
-   (session 7's ``check``, fp16, flash-attn's rule; the sectioned order with a 0.1 MiB budget
-   there, so that the checks cross sections of 1-2 heads and a partial last one), then timed beside
-   cuDNN and the default; then up to two more fresh timing-only processes (``cand_time``) while
+   at most 6), each lever is first checked against the float64 reference (session 7's ``check``,
+   flash-attn's rule; sections of 0.1 MiB there: 1-2 heads and a partial last one), then timed
+   beside cuDNN and the default; then up to two more timing-only processes (``cand_time``) while
    the budget lasts: ``candidates.table[i].worst`` is the worst ratio over those passes.
 
-Levers (kernel switches, off by default; causal calls keep the default's SKIP_DEAD / ALIGN_END):
-``sect8``: the longest-processing-time order within L2 sections of heads whose K and V fit in
-8 MiB (``LPT_SECTION_MB``, FA3's tile scheduler), instead of head after head; ``rowmask``: block 0
-masked by one compare per score against each row's last visible key, and not at all where the
-warpgroup's rows see the whole block (``ROW_MASK``); ``sect8_rowmask``: both.
+Levers (``LEVERS``: switches over the call's default; causal calls keep CAUSAL_CONFIG's others):
+``sect8`` (LPT order within 8 MiB L2 sections of heads), ``rowmask`` (block 0's one-compare mask),
+both, ``session8`` (the schedule before them), ``ostage`` (O through its own staging tile).
 """
 
 from __future__ import annotations
@@ -67,8 +63,7 @@ LEVERS = {  # name -> (switches added to the call's default schedule, causal row
     "sect8_rowmask": (dict(LPT=True, LPT_SECTION_MB=8, ROW_MASK=True), True),
     # session 10: the schedule before session 9's levers (at d = 128 causal they are the default)
     "session8": (dict(LPT=False, LPT_SECTION_MB=0, ROW_MASK=False), False),
-    # session 10, not measured: O through its own staging tile (notes/gluon.md)
-    "ostage": (dict(O_STAGE=True), False),
+    "ostage": (dict(O_STAGE=True), False),  # session 10: O through its own staging tile
 }
 CHECK_SECTION_MB = 0.1  # the sectioned order in the checks: sections of 1-2 heads
 CHECK_SHAPES = [(1, 3, 3, 300), (1, 2, 2, 17), (2, 4, 2, 1000), (1, 5, 5, 2053)]
@@ -296,21 +291,15 @@ def main():
     ap.add_argument("--budget", type=float, default=230.0, help="seconds for the whole command")
     ap.add_argument("--dry-run", action="store_true", help="list the plan; no GPU")
     ap.add_argument("--child", choices=["warm", "measure", "candidates", "cand_time"])
-    ap.add_argument("--part", help=argparse.SUPPRESS)
+    for hidden in ("--part", "--rows", "--levers"):  # a child's arguments
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
-    ap.add_argument("--rows", help=argparse.SUPPRESS)
-    ap.add_argument("--levers", help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--candidates",
-        default=",".join(LEVERS),
-        help=f"comma-separated levers timed on the weakest rows (of {', '.join(LEVERS)})",
-    )
+    ap.add_argument("--candidates", default=",".join(LEVERS), help="levers to time, a,b,...")
     a = ap.parse_args()
     if a.child:
         return child_main(a)
     chosen = [n for n in a.candidates.split(",") if n]
-    unknown = sorted(set(chosen) - set(LEVERS))
-    if unknown or not chosen:
+    if not chosen or set(chosen) - set(LEVERS):
         ap.error(f"--candidates {a.candidates!r}: choose from {', '.join(LEVERS)}")
     if a.dry_run:
         return dry_run(a.budget, chosen)
