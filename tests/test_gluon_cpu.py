@@ -336,3 +336,112 @@ def test_schedule_options_are_checked_by_name():
     if forward.HAVE_GLUON:
         params = inspect.signature(forward._attn_fwd_kernel.fn).parameters
         assert params["O_STAGE"].default is False
+
+
+def _window_fns():
+    from course_kernels.gluon import scheduler
+
+    if not scheduler.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    return scheduler._window_first.fn, scheduler._window_mid.fn  # the kernel's code, on ints
+
+
+@pytest.mark.parametrize("bn", [64, 128])
+def test_window_block_ranges_match_a_brute_force_mask(bn):
+    """Session 11's causal sliding window (row i sees keys [i - w, i]): the producer loads a
+    tile's blocks from _window_first(tile start) on, each warpgroup computes from its own first
+    block j0 (no row sees a key before it, some row sees a key in it), and the blocks
+    [j_mid, n_free) that the consumer leaves unmasked are wholly visible to all its rows."""
+    first_fn, mid_fn = _window_fns()
+    bm = 64
+    for n in (17, 64, 200, 1000, 2053):
+        for w in (0, 1, 63, 64, 100, 127, 128, 191, 700):
+            for nc in (2, 3):
+                for off_tile in range(-bm * (nc - 1), n, bm * nc):  # ALIGN_END: negative starts
+                    j_lo = first_fn(off_tile, w, bn)
+                    n_blocks = -(-min(n, off_tile + bm * nc) // bn)
+                    for c in range(nc):
+                        off_m = off_tile + c * bm
+                        rows = [r for r in range(off_m, off_m + bm) if 0 <= r < n]
+                        if not rows:
+                            continue
+                        j0 = first_fn(off_m, w, bn)
+                        n_live = min(n_blocks, -(-min(n, off_m + bm) // bn))
+                        assert j_lo <= j0 < n_live
+                        seen = {j // bn for r in rows for j in range(max(r - w, 0), r + 1)}
+                        assert min(seen) == j0 and max(seen) == n_live - 1
+                        j_mid = mid_fn(off_m, w, j0, n_live, bm, bn)
+                        assert j0 + 1 <= j_mid <= n_live
+                        n_free = min(n // bn, off_m // bn, n_blocks)
+                        for j in range(j_mid, n_free):
+                            assert all(
+                                max(r - w, 0) <= j * bn and j * bn + bn - 1 <= r for r in rows
+                            )
+
+
+def test_window_left_is_checked_and_a_wide_window_is_plain_causal():
+    assert G._check_window(None, True, 100) == -1
+    assert G._check_window(0, True, 100) == 0 and G._check_window(98, True, 100) == 98
+    assert G._check_window(99, True, 100) == -1 and G._check_window(10**9, True, 100) == -1
+    for bad in (-1, True, 2.0, "8"):
+        with pytest.raises(ValueError, match="window_left must be None or an int >= 0"):
+            G._check_window(bad, True, 100)
+    with pytest.raises(ValueError, match="causal=True"):
+        G._check_window(8, False, 100)
+
+
+def test_a_window_call_leaves_row_mask_out():
+    """ROW_MASK's one compare covers block 0; a window's first block is another one."""
+    for d in G.DEFAULT_CONFIG:
+        cfg = G.schedule_config(d, True, 4096, True)
+        want = {k: v for k, v in G.CAUSAL_CONFIG[d].items() if k != "ROW_MASK"}
+        assert {k: cfg[k] for k in want} == want and "ROW_MASK" not in cfg
+        with pytest.raises(ValueError, match="ROW_MASK cannot be combined"):
+            G.schedule_config(d, True, 4096, True, ROW_MASK=True)
+    assert G.schedule_config(128, True, 4096)["ROW_MASK"]  # without a window: unchanged
+
+
+def test_gluon_form_of_each_variant():
+    """Which variants the Gluon forward computes, and with which (causal, window_left)."""
+    from course_kernels.triton.masks import Variant
+
+    assert Variant().gluon_form() == (False, None)
+    assert Variant(causal=True).gluon_form() == (True, None)
+    assert Variant(causal=True, bottom_right=True).gluon_form() == (True, None)
+    assert Variant(causal=True, window=(1023, -1)).gluon_form() == (True, 1023)
+    assert Variant(window=(1023, 0)).gluon_form() == (True, 1023)  # the same mask
+    assert Variant(window=(-1, 0)).gluon_form() == (True, None)
+    for v in (
+        Variant(causal=True, window=(0, 0)),  # one key per row: tl keeps P = 1 exact
+        Variant(window=(5, -1)),
+        Variant(window=(-1, 3)),
+        Variant(window=(8, 8)),
+        Variant(causal=True, softcap=30.0),
+        Variant(softcap=5.0),
+    ):
+        assert v.gluon_form() is None, v
+
+
+def test_the_forward_passes_the_window_to_the_gluon_call(monkeypatch):
+    """flash_attention's window_size=(left, 0) reaches the Gluon forward as (causal, window_left)
+    with the scale in its place; the lse comes back in the tl kernels' units."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import Variant
+
+    calls = []
+
+    def fake(q, k, v, causal=False, scale=None, window_left=None, **cfg):
+        calls.append((causal, scale, window_left))
+        return torch.zeros_like(q), torch.ones(q.shape[:3])
+
+    monkeypatch.setattr(launch, "_use_gluon", lambda q, k, backward=False: True)
+    monkeypatch.setattr(launch, "gluon_attention_forward", fake)
+    q = torch.randn(1, 2, 8, 64)
+    for variant, want in (
+        (Variant(window=(5, 0)), (True, 0.5, 5)),
+        (Variant(causal=True), (True, 0.5, None)),
+        (Variant(), (False, 0.5, None)),
+    ):
+        o, lse_c = launch._forward_c(q, q, q, variant, 0.5)
+        assert calls[-1] == want and torch.allclose(lse_c, torch.full_like(lse_c, 2.0))
+    assert len(calls) == 3

@@ -11,6 +11,7 @@ IMPORT_ERROR = None
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.language.core import _aggregate as aggregate  # Gluon's own examples use it
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -27,6 +28,7 @@ except Exception as e:  # pragma: no cover - depends on the installed Triton
 __all__ = [
     "HAVE_GLUON",
     "IMPORT_ERROR",
+    "aggregate",
     "fence_async_shared",
     "gl",
     "gluon",

@@ -10,7 +10,15 @@ from ._lang import HAVE_GLUON
 if HAVE_GLUON:
     from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma_wait
     from .producer import _a_operand_layout, _mma_layout
-    from .scheduler import _kv_range, _live_blocks, _read_tile, _tile_coords, _tile_start
+    from .scheduler import (
+        _kv_range,
+        _live_blocks,
+        _read_tile,
+        _tile_coords,
+        _tile_start,
+        _window_first,
+        _window_mid,
+    )
     from .steps import _mask_first, _pv, _qk, _skip_blocks, _softmax, _step_overlap, _step_serial
 
     # ---------------------------------------------------------------- epilogue
@@ -61,196 +69,107 @@ if HAVE_GLUON:
     # ---------------------------------------------------------------- consumer
     @gluon.jit
     def _tile_blocks(
-        desc_o,
-        o_ptr,
-        lse_ptr,
-        bufs,
-        kc,
-        n_blocks,
-        n_free,
-        off_hz,
-        off_m,
-        N,
-        qk_scale,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        HEAD_DIM: gl.constexpr,
-        STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        OVERLAP: gl.constexpr,
-        ROW_MASK: gl.constexpr,
-        o_smem,
-        O_STAGE: gl.constexpr,
-    ):
-        """One warpgroup's K/V blocks [0, n_blocks) of a tile from ring slot kc (blocks
-        [0, n_free) without a mask), and its epilogue (O staged in o_smem).  Returns the next
-        ring slot."""
+        desc_o, o_ptr, lse_ptr, bufs, kc, j0, j_mid, n_free, n_blocks, off_hz, off_m, N,
+        qk_scale, win_left, o_smem, cfg,
+    ):  # fmt: skip
+        """One warpgroup's K/V blocks [j0, n_blocks) of a tile from ring slot kc, and its
+        epilogue (O staged in o_smem). Block j0 (the prologue's) and [j0 + 1, j_mid) (a sliding
+        window's left edge) and [max(n_free, j_mid), n_blocks) (the diagonal and the sequence's
+        end) are masked; [j_mid, n_free) are not. Returns the next ring slot."""
         q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
+        BM: gl.constexpr = cfg.BM
+        BN: gl.constexpr = cfg.BN
+        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+        STAGES: gl.constexpr = cfg.STAGES
+        ROW_MASK: gl.constexpr = cfg.ROW_MASK
         dtype: gl.constexpr = desc_o.dtype
         s_layout: gl.constexpr = _mma_layout(BM, BN, dtype)
         o_layout: gl.constexpr = _mma_layout(BM, HEAD_DIM, dtype)
         m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.full([BM], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BM, HEAD_DIM], gl.float32, layout=o_layout)
-        if OVERLAP:
-            # prologue: block 0 (always masked: covers N < BN and the diagonal; ROW_MASK: by one
-            # compare per score, which keeps all of it where this warpgroup's rows see it all)
+        if cfg.OVERLAP:
+            # prologue: block j0 (always masked: covers N < BN, the diagonal and a window's left
+            # edge; ROW_MASK (no window): by one compare per score, which keeps all of it where
+            # this warpgroup's rows see it all)
             qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
             mbarrier.arrive(k_empty.index(kc % STAGES), count=1)
             if ROW_MASK:
-                qk = _mask_first(qk, n_free, off_m, N, CAUSAL, BM, BN, s_layout)
+                qk = _mask_first(qk, n_free, off_m, N, cfg.CAUSAL, BM, BN, s_layout)
             p, alpha, m_i, l_i = _softmax(
-                qk, m_i, l_i, qk_scale, 0, off_m, N, not ROW_MASK, CAUSAL, BM, BN, s_layout
+                qk, m_i, l_i, qk_scale, j0 * BN, off_m, N, win_left, not ROW_MASK, cfg, s_layout
             )
             p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
             kc += 1
-            for j in range(1, gl.maximum(n_free, 1)):
+            if cfg.WINDOW:
+                for j in range(j0 + 1, j_mid):
+                    acc, p, m_i, l_i = _step_overlap(
+                        bufs, kc, acc, p, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
+                        cfg, dtype, s_layout, o_layout,
+                    )  # fmt: skip
+                    kc += 1
+            for j in range(j_mid, gl.maximum(n_free, j_mid)):
                 acc, p, m_i, l_i = _step_overlap(
-                    bufs,
-                    kc,
-                    acc,
-                    p,
-                    m_i,
-                    l_i,
-                    qk_scale,
-                    j * BN,
-                    off_m,
-                    N,
-                    False,
-                    CAUSAL,
-                    STAGES,
-                    BM,
-                    BN,
-                    dtype,
-                    s_layout,
-                    o_layout,
-                )
+                    bufs, kc, acc, p, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, False,
+                    cfg, dtype, s_layout, o_layout,
+                )  # fmt: skip
                 kc += 1
-            for j in range(gl.maximum(n_free, 1), n_blocks):
+            for j in range(gl.maximum(n_free, j_mid), n_blocks):
                 acc, p, m_i, l_i = _step_overlap(
-                    bufs,
-                    kc,
-                    acc,
-                    p,
-                    m_i,
-                    l_i,
-                    qk_scale,
-                    j * BN,
-                    off_m,
-                    N,
-                    True,
-                    CAUSAL,
-                    STAGES,
-                    BM,
-                    BN,
-                    dtype,
-                    s_layout,
-                    o_layout,
-                )
+                    bufs, kc, acc, p, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
+                    cfg, dtype, s_layout, o_layout,
+                )  # fmt: skip
                 kc += 1
             # drain: PV of the last block
             acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
             acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
             mbarrier.arrive(v_empty.index((kc - 1) % STAGES), count=1)
-        else:
-            for j in range(0, n_free):
+        else:  # serial: [j0, j_mid) masked (a window's left edge), then as without a window
+            j_lo = j0
+            if cfg.WINDOW:
+                for j in range(j0, j_mid):
+                    acc, m_i, l_i = _step_serial(
+                        bufs, kc, acc, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
+                        cfg, dtype, s_layout, o_layout,
+                    )  # fmt: skip
+                    kc += 1
+                j_lo = j_mid
+                n_free = gl.maximum(n_free, j_mid)
+            for j in range(j_lo, n_free):
                 acc, m_i, l_i = _step_serial(
-                    bufs,
-                    kc,
-                    acc,
-                    m_i,
-                    l_i,
-                    qk_scale,
-                    j * BN,
-                    off_m,
-                    N,
-                    False,
-                    CAUSAL,
-                    STAGES,
-                    BM,
-                    BN,
-                    dtype,
-                    s_layout,
-                    o_layout,
-                )
+                    bufs, kc, acc, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, False,
+                    cfg, dtype, s_layout, o_layout,
+                )  # fmt: skip
                 kc += 1
             for j in range(n_free, n_blocks):
                 acc, m_i, l_i = _step_serial(
-                    bufs,
-                    kc,
-                    acc,
-                    m_i,
-                    l_i,
-                    qk_scale,
-                    j * BN,
-                    off_m,
-                    N,
-                    True,
-                    CAUSAL,
-                    STAGES,
-                    BM,
-                    BN,
-                    dtype,
-                    s_layout,
-                    o_layout,
-                )
+                    bufs, kc, acc, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
+                    cfg, dtype, s_layout, o_layout,
+                )  # fmt: skip
                 kc += 1
         _epilogue(
-            acc,
-            m_i,
-            l_i,
-            o_smem,
-            desc_o,
-            o_ptr,
-            lse_ptr,
-            off_hz,
-            off_m,
-            N,
-            BM,
-            HEAD_DIM,
-            dtype,
-            s_layout,
-            o_layout,
-            O_STAGE,
-        )
+            acc, m_i, l_i, o_smem, desc_o, o_ptr, lse_ptr, off_hz, off_m, N,
+            BM, HEAD_DIM, dtype, s_layout, o_layout, cfg.O_STAGE,
+        )  # fmt: skip
         return kc
 
     @gluon.jit
     def _consumer_tile(
-        desc_o,
-        o_ptr,
-        lse_ptr,
-        ring,
-        t,
-        qc,
-        kc,
-        N,
-        qk_scale,
-        num_pid_m,
-        num_tiles,
-        CID: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        HEAD_DIM: gl.constexpr,
-        NUM_CONSUMERS: gl.constexpr,
-        STAGES: gl.constexpr,
-        QSTAGES: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        OVERLAP: gl.constexpr,
-        LPT: gl.constexpr,
-        SKIP_DEAD: gl.constexpr,
-        ALIGN_END: gl.constexpr,
-        SECTION: gl.constexpr,
-        ROW_MASK: gl.constexpr,
-        O_STAGE: gl.constexpr,
-    ):
+        desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles, win_left,
+        CID: gl.constexpr, cfg,
+    ):  # fmt: skip
         """Tile t for this warpgroup (its 64-row slice CID): the main loop over the K/V ring
         from slot kc, the epilogue, and the release of Q stage qc.  Returns the next ring slot."""
         q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
+        BM: gl.constexpr = cfg.BM
+        BN: gl.constexpr = cfg.BN
+        NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
+        QSTAGES: gl.constexpr = cfg.QSTAGES
+        CAUSAL: gl.constexpr = cfg.CAUSAL
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
-        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT, SECTION)
-        off_m_tile = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, ALIGN_END)
+        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, cfg.LPT, cfg.SECTION)
+        off_m_tile = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, cfg.ALIGN_END)
         off_m = off_m_tile + CID * BM  # this warpgroup's rows
         n_blocks = _kv_range(off_m_tile, N, BM_TILE, BN, CAUSAL)
         # blocks [0, n_free) need no mask for this warpgroup's rows
@@ -264,73 +183,62 @@ if HAVE_GLUON:
         q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
         bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # one block's operands
         # O staged in this warpgroup's (then dead) slice of the Q buffer, or (O_STAGE) in its own
-        o_smem = ring[len(ring) - 1].index(CID) if O_STAGE else q_smem
+        o_smem = ring[len(ring) - 1].index(CID) if cfg.O_STAGE else q_smem
 
-        if SKIP_DEAD or ALIGN_END:  # this warpgroup computes only blocks its rows can see
+        if cfg.WINDOW:  # the tile's blocks [j_lo, n_blocks); this warpgroup's [j0, n_live)
+            j_lo = _window_first(off_m_tile, win_left, BN)
+            j0 = _window_first(off_m, win_left, BN)
+            n_live = _live_blocks(off_m, N, n_blocks, BM, BN, CAUSAL)
+            if n_live > j0:
+                kc = _skip_blocks(bufs, kc, j0 - j_lo, cfg.STAGES)
+                j_mid = _window_mid(off_m, win_left, j0, n_live, BM, BN)
+                kc = _tile_blocks(
+                    desc_o, o_ptr, lse_ptr, bufs, kc, j0, j_mid, gl.minimum(n_free, n_live),
+                    n_live, off_hz, off_m, N, qk_scale, win_left, o_smem, cfg,
+                )  # fmt: skip
+                kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg.STAGES)
+            else:  # rows past N (or before row 0): nothing to compute
+                kc = _skip_blocks(bufs, kc, n_blocks - j_lo, cfg.STAGES)
+        elif cfg.SKIP_DEAD or cfg.ALIGN_END:  # only the blocks this warpgroup's rows can see
             n_live = _live_blocks(off_m, N, n_blocks, BM, BN, CAUSAL)
             if n_live > 0:
                 kc = _tile_blocks(
-                    desc_o, o_ptr, lse_ptr, bufs, kc, n_live, gl.minimum(n_free, n_live), off_hz,
-                    off_m, N, qk_scale,
-                    BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK, o_smem, O_STAGE,
+                    desc_o, o_ptr, lse_ptr, bufs, kc, 0, 1, gl.minimum(n_free, n_live), n_live,
+                    off_hz, off_m, N, qk_scale, win_left, o_smem, cfg,
                 )  # fmt: skip
-            kc = _skip_blocks(bufs, kc, n_blocks - n_live, STAGES)
+            kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg.STAGES)
         else:
             kc = _tile_blocks(
-                desc_o, o_ptr, lse_ptr, bufs, kc, n_blocks, n_free, off_hz, off_m, N, qk_scale,
-                BM, BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, ROW_MASK, o_smem, O_STAGE,
+                desc_o, o_ptr, lse_ptr, bufs, kc, 0, 1, n_free, n_blocks, off_hz, off_m, N,
+                qk_scale, win_left, o_smem, cfg,
             )  # fmt: skip
         mbarrier.arrive(q_empty.index(qs), count=1)
         return kc
 
     @gluon.jit
     def _consumer(
-        desc_o,
-        o_ptr,
-        lse_ptr,
-        ring,
-        N,
-        qk_scale,
-        num_pid_m,
-        num_tiles,
-        CID: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        HEAD_DIM: gl.constexpr,
-        NUM_CONSUMERS: gl.constexpr,
-        STAGES: gl.constexpr,
-        QSTAGES: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        OVERLAP: gl.constexpr,
-        LPT: gl.constexpr,
-        DYNAMIC: gl.constexpr,
-        SKIP_DEAD: gl.constexpr,
-        ALIGN_END: gl.constexpr,
-        SECTION: gl.constexpr,
-        ROW_MASK: gl.constexpr,
-        O_STAGE: gl.constexpr = False,
-    ):
+        desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left,
+        CID: gl.constexpr, cfg,
+    ):  # fmt: skip
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
-        # the tile id of each Q stage), one tuple
+        # the tile id of each Q stage), one tuple; cfg: the forward's Schedule
         kc = 0
         qc = 0
-        if DYNAMIC:  # the tiles the producer drew, until it publishes num_tiles
-            t = _read_tile(ring[9], ring[3], qc, QSTAGES)
+        if cfg.DYNAMIC:  # the tiles the producer drew, until it publishes num_tiles
+            t = _read_tile(ring[9], ring[3], qc, cfg.QSTAGES)
             while t < num_tiles:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
-                    CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE,
+                    win_left, CID, cfg,
                 )  # fmt: skip
                 qc += 1
-                t = _read_tile(ring[9], ring[3], qc, QSTAGES)
+                t = _read_tile(ring[9], ring[3], qc, cfg.QSTAGES)
         else:
             for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
-                    CID, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-                    SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE,
+                    win_left, CID, cfg,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)
-        if O_STAGE:  # the last tile's O store, before the CTA's shared memory goes away
+        if cfg.O_STAGE:  # the last tile's O store, before the CTA's shared memory goes away
             tma.store_wait(pendings=0)

@@ -41,15 +41,59 @@ scores (float32, shape (B, H, N)). The host side (availability, configs, the lau
 epilogue) and :mod:`.steps` (one K/V block), the tile order in :mod:`.scheduler`.
 """
 
-from __future__ import annotations
-
 from ._lang import HAVE_GLUON
 
 if HAVE_GLUON:
-    from ._lang import gl, gluon, mbarrier
+    from ._lang import aggregate, gl, gluon, mbarrier
     from .consumer import _consumer
     from .producer import _producer
     from .scheduler import _alloc_tile_ids
+
+    # ---------------------------------------------------------------- schedule
+    @aggregate
+    class Schedule:
+        """The schedule's compile-time switches as one value (Gluon's ``aggregate``, as in
+        Triton's own Gluon examples): the roles take ``cfg`` and read ``cfg.BM`` and so on, so a
+        new switch is one field here, not one argument more in every call."""
+
+        BM: gl.constexpr
+        BN: gl.constexpr
+        HEAD_DIM: gl.constexpr
+        NUM_CONSUMERS: gl.constexpr
+        STAGES: gl.constexpr
+        QSTAGES: gl.constexpr
+        CAUSAL: gl.constexpr
+        OVERLAP: gl.constexpr
+        LPT: gl.constexpr
+        DYNAMIC: gl.constexpr
+        SKIP_DEAD: gl.constexpr
+        ALIGN_END: gl.constexpr
+        SECTION: gl.constexpr
+        ROW_MASK: gl.constexpr
+        O_STAGE: gl.constexpr
+        WINDOW: gl.constexpr
+
+        @gluon.constexpr_function
+        def __init__(
+            self, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
+            DYNAMIC, SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW,
+        ):  # fmt: skip
+            self.BM = gl.constexpr(BM)
+            self.BN = gl.constexpr(BN)
+            self.HEAD_DIM = gl.constexpr(HEAD_DIM)
+            self.NUM_CONSUMERS = gl.constexpr(NUM_CONSUMERS)
+            self.STAGES = gl.constexpr(STAGES)
+            self.QSTAGES = gl.constexpr(QSTAGES)
+            self.CAUSAL = gl.constexpr(CAUSAL)
+            self.OVERLAP = gl.constexpr(OVERLAP)
+            self.LPT = gl.constexpr(LPT)
+            self.DYNAMIC = gl.constexpr(DYNAMIC)
+            self.SKIP_DEAD = gl.constexpr(SKIP_DEAD)
+            self.ALIGN_END = gl.constexpr(ALIGN_END)
+            self.SECTION = gl.constexpr(SECTION)
+            self.ROW_MASK = gl.constexpr(ROW_MASK)
+            self.O_STAGE = gl.constexpr(O_STAGE)
+            self.WINDOW = gl.constexpr(WINDOW)
 
     # ------------------------------------------------------------------ kernel
     @gluon.jit
@@ -67,6 +111,7 @@ if HAVE_GLUON:
         qk_scale,
         num_pid_m,
         num_tiles,
+        win_left,
         BM: gl.constexpr,
         BN: gl.constexpr,
         HEAD_DIM: gl.constexpr,
@@ -83,6 +128,7 @@ if HAVE_GLUON:
         SECTION: gl.constexpr = 0,
         ROW_MASK: gl.constexpr = False,
         O_STAGE: gl.constexpr = False,
+        WINDOW: gl.constexpr = False,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -105,9 +151,8 @@ if HAVE_GLUON:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=NUM_CONSUMERS)
 
-        # The ring and its barriers travel as one tuple (runtime values only). The partitions'
-        # argument tuples are written inline: assigning one to a variable would turn its
-        # constexpr members into runtime integers.
+        # The ring and its barriers travel as one tuple (runtime values only), the switches as
+        # one Schedule.
         if DYNAMIC:  # + the tile id of each Q stage, published by the producer
             ring = (
                 q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
@@ -119,273 +164,38 @@ if HAVE_GLUON:
             ring = ring + (
                 gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, BM, HEAD_DIM], desc_o.layout),
             )
+        cfg = Schedule(
+            BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT, DYNAMIC,
+            SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW,
+        )  # fmt: skip
+        # one consumer warpgroup per 64-row slice of the Q tile (its id CID a constexpr)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
                 [
-                    (
-                        _producer,
-                        (
-                            desc_q,
-                            desc_k,
-                            desc_v,
-                            ring,
-                            sched_ptr,
-                            N,
-                            H,
-                            G,
-                            num_pid_m,
-                            num_tiles,
-                            BM,
-                            BN,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            LPT,
-                            DYNAMIC,
-                            ALIGN_END,
-                            SECTION,
-                        ),
-                    ),
-                    (
-                        _consumer,
-                        (
-                            desc_o,
-                            o_ptr,
-                            lse_ptr,
-                            ring,
-                            N,
-                            qk_scale,
-                            num_pid_m,
-                            num_tiles,
-                            0,
-                            BM,
-                            BN,
-                            HEAD_DIM,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            OVERLAP,
-                            LPT,
-                            DYNAMIC,
-                            SKIP_DEAD,
-                            ALIGN_END,
-                            SECTION,
-                            ROW_MASK,
-                            O_STAGE,
-                        ),
-                    ),
+                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, win_left, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 0, cfg)),
                 ],
                 [4],
                 [CONSUMER_REGS],
-            )
+            )  # fmt: skip
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize(
                 [
-                    (
-                        _producer,
-                        (
-                            desc_q,
-                            desc_k,
-                            desc_v,
-                            ring,
-                            sched_ptr,
-                            N,
-                            H,
-                            G,
-                            num_pid_m,
-                            num_tiles,
-                            BM,
-                            BN,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            LPT,
-                            DYNAMIC,
-                            ALIGN_END,
-                            SECTION,
-                        ),
-                    ),
-                    (
-                        _consumer,
-                        (
-                            desc_o,
-                            o_ptr,
-                            lse_ptr,
-                            ring,
-                            N,
-                            qk_scale,
-                            num_pid_m,
-                            num_tiles,
-                            0,
-                            BM,
-                            BN,
-                            HEAD_DIM,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            OVERLAP,
-                            LPT,
-                            DYNAMIC,
-                            SKIP_DEAD,
-                            ALIGN_END,
-                            SECTION,
-                            ROW_MASK,
-                            O_STAGE,
-                        ),
-                    ),
-                    (
-                        _consumer,
-                        (
-                            desc_o,
-                            o_ptr,
-                            lse_ptr,
-                            ring,
-                            N,
-                            qk_scale,
-                            num_pid_m,
-                            num_tiles,
-                            1,
-                            BM,
-                            BN,
-                            HEAD_DIM,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            OVERLAP,
-                            LPT,
-                            DYNAMIC,
-                            SKIP_DEAD,
-                            ALIGN_END,
-                            SECTION,
-                            ROW_MASK,
-                            O_STAGE,
-                        ),
-                    ),
+                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, win_left, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 0, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 1, cfg)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],
-            )
+            )  # fmt: skip
         else:
             gl.warp_specialize(
                 [
-                    (
-                        _producer,
-                        (
-                            desc_q,
-                            desc_k,
-                            desc_v,
-                            ring,
-                            sched_ptr,
-                            N,
-                            H,
-                            G,
-                            num_pid_m,
-                            num_tiles,
-                            BM,
-                            BN,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            LPT,
-                            DYNAMIC,
-                            ALIGN_END,
-                            SECTION,
-                        ),
-                    ),
-                    (
-                        _consumer,
-                        (
-                            desc_o,
-                            o_ptr,
-                            lse_ptr,
-                            ring,
-                            N,
-                            qk_scale,
-                            num_pid_m,
-                            num_tiles,
-                            0,
-                            BM,
-                            BN,
-                            HEAD_DIM,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            OVERLAP,
-                            LPT,
-                            DYNAMIC,
-                            SKIP_DEAD,
-                            ALIGN_END,
-                            SECTION,
-                            ROW_MASK,
-                            O_STAGE,
-                        ),
-                    ),
-                    (
-                        _consumer,
-                        (
-                            desc_o,
-                            o_ptr,
-                            lse_ptr,
-                            ring,
-                            N,
-                            qk_scale,
-                            num_pid_m,
-                            num_tiles,
-                            1,
-                            BM,
-                            BN,
-                            HEAD_DIM,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            OVERLAP,
-                            LPT,
-                            DYNAMIC,
-                            SKIP_DEAD,
-                            ALIGN_END,
-                            SECTION,
-                            ROW_MASK,
-                            O_STAGE,
-                        ),
-                    ),
-                    (
-                        _consumer,
-                        (
-                            desc_o,
-                            o_ptr,
-                            lse_ptr,
-                            ring,
-                            N,
-                            qk_scale,
-                            num_pid_m,
-                            num_tiles,
-                            2,
-                            BM,
-                            BN,
-                            HEAD_DIM,
-                            NUM_CONSUMERS,
-                            STAGES,
-                            QSTAGES,
-                            CAUSAL,
-                            OVERLAP,
-                            LPT,
-                            DYNAMIC,
-                            SKIP_DEAD,
-                            ALIGN_END,
-                            SECTION,
-                            ROW_MASK,
-                            O_STAGE,
-                        ),
-                    ),
+                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, win_left, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 0, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 1, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 2, cfg)),
                 ],
                 [4, 4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS],
-            )
+            )  # fmt: skip

@@ -108,6 +108,10 @@ CAUSAL_CONFIG = {
     64: dict(SKIP_DEAD=True, ALIGN_END=True),
     128: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),
 }
+# Added for causal sliding-window calls (session 11, experiments/data/gluon/h200_window_levers.json):
+# at d = 64 K/V blocks of 64 keys, whose finer window edges cost less masked work: 0.36 / 0.76 /
+# 1.56 ms at N = 4K / 8K / 16K against 0.51 / 1.03 / 2.05 with 128 (B = 4, H = 32, window 1024).
+WINDOW_CONFIG = {64: dict(BN=64), 128: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
     "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE",
@@ -159,10 +163,12 @@ def _check_inputs(q, k, v) -> None:
         )
 
 
-def schedule_config(d: int, causal: bool, n: int = 2, **overrides) -> dict:
+def schedule_config(d: int, causal: bool, n: int = 2, window: bool = False, **overrides) -> dict:
     """The schedule a call of sequence length n runs: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d]
     for a causal call that keeps the default schedule (no overrides: the switches were measured
-    and checked on top of it), else the caller's overrides. Not at n = 1: there Triton 3.6 folds
+    and checked on top of it), else the caller's overrides. A causal sliding window (``window``)
+    leaves ROW_MASK out: its one compare covers block 0 only, a window's first block is another.
+    Not at n = 1: there Triton 3.6 folds
     N = 1 and one query tile into constants and its LLVM lowering of the switches' arithmetic
     fails an assertion (reproduced offline, notes/gluon.md); a one-row call gains nothing from
     them anyway."""
@@ -173,12 +179,33 @@ def schedule_config(d: int, causal: bool, n: int = 2, **overrides) -> dict:
         )
     cfg = dict(DEFAULT_CONFIG[d])
     cfg.update(CAUSAL_CONFIG[d] if causal and not overrides and n > 1 else overrides)
+    if window:
+        if overrides.get("ROW_MASK"):
+            raise ValueError("ROW_MASK cannot be combined with a sliding window (window_left)")
+        cfg.pop("ROW_MASK", None)
+        if not overrides:
+            cfg.update(WINDOW_CONFIG[d])
     if n == 1 and (cfg.get("SKIP_DEAD") or cfg.get("ALIGN_END")):
         raise ValueError(
             "SKIP_DEAD / ALIGN_END at N = 1 do not compile with Triton 3.6 (an LLVM assertion); "
             "leave them off for a one-row sequence"
         )
     return cfg
+
+
+def _check_window(window_left, causal: bool, n: int) -> int:
+    """window_left (None: no window) -> the kernel's win_left, or -1 where every key before the
+    diagonal is visible anyway (window_left >= n - 1: plain causal)."""
+    if window_left is None:
+        return -1
+    if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < 0:
+        raise ValueError(
+            f"window_left must be None or an int >= 0 (keys before the diagonal each row sees), "
+            f"got {window_left!r}"
+        )
+    if not causal:
+        raise ValueError("window_left is the left side of a causal sliding window: causal=True")
+    return -1 if window_left >= n - 1 else window_left
 
 
 def lpt_section(n: int, d: int, g: int, bh: int, elem_bytes: int, mib: float) -> int:
@@ -191,10 +218,14 @@ def lpt_section(n: int, d: int, g: int, bh: int, elem_bytes: int, mib: float) ->
     return min((1 << (kv.bit_length() - 1)) * g, bh)
 
 
-def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None = None, **config):
+def gluon_attention_forward(
+    q, k, v, causal: bool = False, scale: float | None = None, window_left=None, **config
+):
     """Attention forward with the FA3 schedule.  q: (B, H, N, d); k, v: (B, H_kv, N, d)
     with H a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128}; causal is
-    top-left aligned (as SDPA's is_causal).  Returns (o, lse): o like q, lse the
+    top-left aligned (as SDPA's is_causal); ``window_left`` (causal only): row i sees keys
+    [i - window_left, i] (flash-attn's ``window_size=(window_left, 0)``; the producer loads only
+    the blocks of a tile's window).  Returns (o, lse): o like q, lse the
     natural-log logsumexp of the scaled scores, float32 (B, H, N).
     Keyword overrides of the schedule (for the lever experiments): BN,
     NUM_CONSUMERS (1-3), STAGES, QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC
@@ -217,7 +248,8 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
     H_kv = k.shape[1]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    cfg = schedule_config(d, causal, N, **config)
+    win_left = _check_window(window_left, causal, N)
+    cfg = schedule_config(d, causal, N, win_left >= 0, **config)
     BM = 64
     BN, NC = cfg["BN"], cfg["NUM_CONSUMERS"]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -260,6 +292,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         scale * LOG2E,
         num_pid_m,
         num_tiles,
+        max(win_left, 0),
         BM=BM,
         BN=BN,
         HEAD_DIM=d,
@@ -276,6 +309,7 @@ def gluon_attention_forward(q, k, v, causal: bool = False, scale: float | None =
         SECTION=section,
         ROW_MASK=bool(cfg.get("ROW_MASK", False)),
         O_STAGE=bool(cfg.get("O_STAGE", False)),
+        WINDOW=win_left >= 0,
         num_warps=4,
     )
     return o, lse

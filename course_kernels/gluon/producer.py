@@ -16,6 +16,7 @@ if HAVE_GLUON:
         _retire_scheduler,
         _tile_coords,
         _tile_start,
+        _window_first,
     )
 
     # ------------------------------------------------------------------ layouts
@@ -37,46 +38,31 @@ if HAVE_GLUON:
     # ---------------------------------------------------------------- producer
     @gluon.jit
     def _load_tile(
-        desc_q,
-        desc_k,
-        desc_v,
-        ring,
-        t,
-        qc,
-        kc,
-        N,
-        H,
-        G,
-        num_pid_m,
-        num_tiles,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        NUM_CONSUMERS: gl.constexpr,
-        STAGES: gl.constexpr,
-        QSTAGES: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        LPT: gl.constexpr,
-        DYNAMIC: gl.constexpr,
-        ALIGN_END: gl.constexpr,
-        SECTION: gl.constexpr,
+        desc_q, desc_k, desc_v, ring, t, qc, kc, N, H, G, num_pid_m, num_tiles, win_left, cfg
     ):
         """Issue the TMA loads of tile t: its Q tile into Q stage qc, then its K/V blocks into
-        the ring from slot kc on.  Returns the next ring counter."""
+        the ring from slot kc on (``cfg``: the forward's Schedule).  Returns the next ring
+        counter."""
         q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = ring[:9]
+        NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
+        STAGES: gl.constexpr = cfg.STAGES
+        QSTAGES: gl.constexpr = cfg.QSTAGES
+        BM: gl.constexpr = cfg.BM
+        BN: gl.constexpr = cfg.BN
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
-        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, LPT, SECTION)
-        off_m = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, ALIGN_END)
+        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, cfg.CAUSAL, cfg.LPT, cfg.SECTION)
+        off_m = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, cfg.ALIGN_END)
         # GQA: query head h reads K/V head h // G of the same batch.
         kv_row = (off_hz // H * (H // G) + (off_hz % H) // G) * N
         # Q tile (freed by every consumer after its epilogue)
         qs = qc % QSTAGES
         mbarrier.wait(q_empty.index(qs), ((qc // QSTAGES) & 1) ^ 1)
-        if DYNAMIC:  # the consumers learn which tile this is from Q stage qs
+        if cfg.DYNAMIC:  # the consumers learn which tile this is from Q stage qs
             _publish_tile(ring[9], qs, t)
         mbarrier.expect(q_ready.index(qs), NUM_CONSUMERS * desc_q.block_type.nbytes)
         for c in gl.static_range(NUM_CONSUMERS):  # one [BM, d] tile per consumer warpgroup
             q_row = off_hz * N + off_m + c * BM
-            if ALIGN_END:  # a slice before row 0 (skipped by its warpgroup): any rows will do
+            if cfg.ALIGN_END:  # a slice before row 0 (skipped by its warpgroup): any rows will do
                 q_row = gl.maximum(q_row, 0)
             tma.async_copy_global_to_shared(
                 desc_q,
@@ -84,9 +70,11 @@ if HAVE_GLUON:
                 q_ready.index(qs),
                 q_bufs.index(qs * NUM_CONSUMERS + c),
             )
-        # K/V ring: K and V of a block on their own barriers
-        n_blocks = _kv_range(off_m, N, BM_TILE, BN, CAUSAL)
-        for j in range(n_blocks):
+        # K/V ring: K and V of a block on their own barriers; a sliding window starts at the
+        # block of the tile's first visible key
+        n_blocks = _kv_range(off_m, N, BM_TILE, BN, cfg.CAUSAL)
+        j_lo = _window_first(off_m, win_left, BN) if cfg.WINDOW else 0
+        for j in range(j_lo, n_blocks):
             s = kc % STAGES
             ph = ((kc // STAGES) & 1) ^ 1
             mbarrier.wait(k_empty.index(s), ph)
@@ -104,47 +92,28 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _producer(
-        desc_q,
-        desc_k,
-        desc_v,
-        ring,
-        sched_ptr,
-        N,
-        H,
-        G,
-        num_pid_m,
-        num_tiles,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        NUM_CONSUMERS: gl.constexpr,
-        STAGES: gl.constexpr,
-        QSTAGES: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        LPT: gl.constexpr,
-        DYNAMIC: gl.constexpr,
-        ALIGN_END: gl.constexpr,
-        SECTION: gl.constexpr,
+        desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, win_left, cfg
     ):
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
-        # the tile id of each Q stage), one tuple
+        # the tile id of each Q stage), one tuple; cfg: the forward's Schedule
         kc = 0
         qc = 0
-        if DYNAMIC:
+        if cfg.DYNAMIC:
             t = gl.program_id(0)
             while t < num_tiles:
                 t_next = _draw_tile(sched_ptr)  # early: its latency hides behind the loads
                 kc = _load_tile(
                     desc_q, desc_k, desc_v, ring, t, qc, kc, N, H, G, num_pid_m, num_tiles,
-                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END, SECTION,
+                    win_left, cfg,
                 )  # fmt: skip
                 qc += 1
                 t = t_next
-            _publish_stop(ring[9], ring[3], ring[4], qc, num_tiles, QSTAGES)
+            _publish_stop(ring[9], ring[3], ring[4], qc, num_tiles, cfg.QSTAGES)
             _retire_scheduler(sched_ptr)
         else:
             for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
                 kc = _load_tile(
                     desc_q, desc_k, desc_v, ring, t, qc, kc, N, H, G, num_pid_m, num_tiles,
-                    BM, BN, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, LPT, DYNAMIC, ALIGN_END, SECTION,
+                    win_left, cfg,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)

@@ -91,6 +91,30 @@ if HAVE_GLUON:
             hi = N
         return gl.cdiv(hi, BN)
 
+    @gluon.jit
+    def _window_first(off_m, win_left, BN: gl.constexpr):
+        """Sliding window (causal, row i sees keys [i - win_left, i]): the first K/V block that
+        rows [off_m, ...) can see. Plain integer arithmetic (CPU tests run it on ints)."""
+        first = off_m - win_left
+        if first < 0:
+            first = 0
+        return first // BN
+
+    @gluon.jit
+    def _window_mid(off_m, win_left, j0, n_live, BM: gl.constexpr, BN: gl.constexpr):
+        """Sliding window: the end of the blocks [j0, j_mid) masked on their left for rows
+        [off_m, off_m + BM) (those that hold a key before the last row's first one; block j0,
+        the prologue's, is always masked), clipped to [j0 + 1, n_live]. Plain integer arithmetic."""
+        last_first = off_m + BM - 1 - win_left  # the last row's first visible key
+        if last_first < 0:
+            last_first = 0
+        j_mid = (last_first + BN - 1) // BN
+        if j_mid < j0 + 1:
+            j_mid = j0 + 1
+        if j_mid > n_live:
+            j_mid = n_live
+        return j_mid
+
     # ------------------------------------------------ dynamic persistent scheduler
     @gluon.jit
     def _alloc_tile_ids(QSTAGES: gl.constexpr):

@@ -38,30 +38,31 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _softmax(
-        qk,
-        m_i,
-        l_i,
-        qk_scale,
-        start_n,
-        off_m,
-        N,
-        MASK: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
-        s_layout: gl.constexpr,
-    ):
-        """One online-softmax step in the exp2 domain; returns (p, alpha, m, l)."""
+        qk, m_i, l_i, qk_scale, start_n, off_m, N, win_left, MASK: gl.constexpr, cfg, s_layout: gl.constexpr
+    ):  # fmt: skip
+        """One online-softmax step in the exp2 domain; returns (p, alpha, m, l). With ``MASK``
+        the keys past N, past the diagonal (causal) and, with a sliding window, before
+        row - win_left are masked; a window's left edge can mask a row's whole block before the
+        row has seen a key, so there the row maximum -inf is replaced by 0 (p = alpha = 0)."""
+        BM: gl.constexpr = cfg.BM
+        BN: gl.constexpr = cfg.BN
         if MASK:
             cols = start_n + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             keep = (cols < N)[None, :]
-            if CAUSAL:
+            if cfg.CAUSAL:
                 rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
                 keep = keep & (cols[None, :] <= rows[:, None])
+                if cfg.WINDOW:
+                    keep = keep & (cols[None, :] >= rows[:, None] - win_left)
             qk = gl.where(keep, qk, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
-        p = gl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
+        if cfg.WINDOW and MASK:
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(qk * qk_scale - m_use[:, None])
+            alpha = gl.exp2(m_i - m_use)
+        else:
+            p = gl.exp2(qk * qk_scale - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
         l_new = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_new
 
@@ -103,11 +104,9 @@ if HAVE_GLUON:
         start_n,
         off_m,
         N,
+        win_left,
         MASK: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        STAGES: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
+        cfg,
         dtype: gl.constexpr,
         s_layout: gl.constexpr,
         o_layout: gl.constexpr,
@@ -115,12 +114,15 @@ if HAVE_GLUON:
         """QK^T -> softmax -> correction -> PV, each waited for (no overlap). ``bufs``: the
         warpgroup's Q tile, the K/V ring and its barriers (:func:`.consumer._consumer_tile`)."""
         q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
+        STAGES: gl.constexpr = cfg.STAGES
+        BM: gl.constexpr = cfg.BM
+        BN: gl.constexpr = cfg.BN
         s = kc % STAGES
         qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_i, l_i = _softmax(
-            qk, m_i, l_i, qk_scale, start_n, off_m, N, MASK, CAUSAL, BM, BN, s_layout
+            qk, m_i, l_i, qk_scale, start_n, off_m, N, win_left, MASK, cfg, s_layout
         )
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
         p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
@@ -143,11 +145,9 @@ if HAVE_GLUON:
         start_n,
         off_m,
         N,
+        win_left,
         MASK: gl.constexpr,
-        CAUSAL: gl.constexpr,
-        STAGES: gl.constexpr,
-        BM: gl.constexpr,
-        BN: gl.constexpr,
+        cfg,
         dtype: gl.constexpr,
         s_layout: gl.constexpr,
         o_layout: gl.constexpr,
@@ -156,6 +156,9 @@ if HAVE_GLUON:
         softmax of block j while PV(j-1) is still on the tensor cores. ``bufs`` as in
         :func:`_step_serial`."""
         q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
+        STAGES: gl.constexpr = cfg.STAGES
+        BM: gl.constexpr = cfg.BM
+        BN: gl.constexpr = cfg.BN
         s = kc % STAGES
         sp = (kc + STAGES - 1) % STAGES
         qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
@@ -163,7 +166,7 @@ if HAVE_GLUON:
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, alpha, m_i, l_i = _softmax(
-            qk, m_i, l_i, qk_scale, start_n, off_m, N, MASK, CAUSAL, BM, BN, s_layout
+            qk, m_i, l_i, qk_scale, start_n, off_m, N, win_left, MASK, cfg, s_layout
         )
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
         mbarrier.arrive(v_empty.index(sp), count=1)

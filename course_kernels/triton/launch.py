@@ -123,8 +123,8 @@ def lse_from_base2(lse2, variant: Variant, scale: float):
 
 
 def _forward(q, k, v, causal, scale: float, alibi=None):
-    """Run the forward: ``_attn_fwd`` (the tl kernel), or on Hopper for the plain and causal
-    variants the Gluon FA3-schedule forward (:mod:`course_kernels.gluon`; see :func:`_use_gluon`).
+    """Run the forward: ``_attn_fwd`` (the tl kernel), or on Hopper for the plain, causal and
+    causal sliding-window variants (``Variant.gluon_form``) the Gluon FA3-schedule forward (:mod:`course_kernels.gluon`; see :func:`_use_gluon`).
     q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
 
     ``causal``: a bool (top-left causal) or a :class:`Variant`; ``alibi``: None or (B or 1, Hq)
@@ -144,9 +144,10 @@ def _forward_c(q, k, v, variant: Variant, scale: float, alibi=None, varlen=None)
     kv_heads, d) packed; the statistic is then (Hq, total_q). Under the interpreter bf16 is
     computed in fp32 and O rounded to bf16 (triton-lang/triton#11584).
     """
-    plain = varlen is None and alibi is None and (variant is PLAIN or variant in (CAUSAL, PLAIN))
-    if plain and _use_gluon(q, k):
-        o, lse = gluon_attention_forward(q, k, v, causal=variant.causal, scale=scale)
+    gluon_form = variant.gluon_form() if varlen is None and alibi is None else None
+    if gluon_form is not None and _use_gluon(q, k):
+        causal, window_left = gluon_form
+        o, lse = gluon_attention_forward(q, k, v, causal, scale, window_left)
         return o, lse / variant.units(scale)[1]  # natural-log lse -> units of c
     if INTERPRET and q.dtype == torch.bfloat16:
         o, lse_c = _forward_c(q.float(), k.float(), v.float(), variant, scale, alibi, varlen)

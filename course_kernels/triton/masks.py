@@ -214,6 +214,18 @@ class Variant:
             right = 0
         return (-BIG if left < 0 else -left), (BIG if right < 0 else right)
 
+    def gluon_form(self):
+        """(causal, window_left) of the Gluon forward's call for this variant, None where it has
+        no such call: it computes plain, causal and causal sliding-window attention (row i sees
+        keys [i - left, i], left >= 1; the alignment is moot there, Nq = Nk). Left = 0 stays on the
+        tl kernel: there every row has one key, which only tl's statistic keeps exact (P = 1)."""
+        lo, hi = self.window_offsets()
+        if self.softcap > 0 or hi not in (0, BIG):
+            return None
+        if hi == BIG:
+            return (False, None) if lo == -BIG else None
+        return (True, None) if lo == -BIG else ((True, -lo) if lo < 0 else None)
+
     def units(self, scale: float) -> tuple[float, float, float]:
         """(qk_mul, c, c2): the score s = c * r with r = qk * qk_mul [tanh], c2 = c log2 e."""
         if self.softcap > 0:

@@ -58,6 +58,7 @@ def sig(dt, BM_TILE, BN, BM, d):
         "qk_scale": "fp32",
         "num_pid_m": "i32",
         "num_tiles": "i32",
+        "win_left": "i32",  # session 11's sliding window (left out for older kernels below)
     }
 
 
@@ -78,9 +79,12 @@ def build(
     SECTION=0,
     ROW_MASK=False,
     O_STAGE=None,
+    WINDOW=None,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
+    if "win_left" not in F._attn_fwd_kernel.arg_names:
+        del s["win_left"]
     consts = dict(
         BM=BM,
         BN=BN,
@@ -99,8 +103,10 @@ def build(
         SECTION=SECTION,
         ROW_MASK=ROW_MASK,
     )
-    if O_STAGE is not None:  # session 10's switch; left out, the kernel's default (off)
-        consts["O_STAGE"] = O_STAGE
+    if O_STAGE is not None or WINDOW is not None:  # session 10's switch; left out: off
+        consts["O_STAGE"] = bool(O_STAGE)  # (given whenever WINDOW is: constexprs go by position)
+    if WINDOW is not None:  # session 11's switch (a causal sliding window)
+        consts["WINDOW"] = WINDOW
     for kk in consts:
         s[kk] = "constexpr"
     src = GluonASTSource(
@@ -160,6 +166,11 @@ CONFIGS = [
     dict(S10, O_STAGE=True),
     dict(d=128, dt="bf16", CAUSAL=True, DYNAMIC=True, SKIP_DEAD=True, O_STAGE=True),
     dict(d=128, NC=1, O_STAGE=True),
+    # session 11: the causal sliding window (WINDOW) on each causal default, the serial consumer
+    dict(S8, WINDOW=True, BN=64),  # 40: the d = 64 window default (WINDOW_CONFIG)
+    dict(S10, ROW_MASK=False, WINDOW=True),
+    dict(S8, WINDOW=True, dt="bf16"),
+    dict(d=128, CAUSAL=True, DYNAMIC=True, SKIP_DEAD=True, WINDOW=True, OVERLAP=False),
 ]
 
 

@@ -34,16 +34,21 @@ def _inputs(B, H, H_kv, N, d, dtype, seed):
     return q, k, v
 
 
-def _reference(q, k, v, causal, scale):
+def _visible(n, causal, window_left=None):
+    """Row i sees key j: j <= i under causal masking, and j >= i - window_left with a window."""
+    i = torch.arange(n, device="cuda")[:, None]
+    j = torch.arange(n, device="cuda")[None, :]
+    keep = (j <= i) if causal else torch.ones(n, n, dtype=torch.bool, device="cuda")
+    return keep if window_left is None else keep & (j >= i - window_left)
+
+
+def _reference(q, k, v, causal, scale, window_left=None):
     G_ = q.shape[1] // k.shape[1]
     kd = k.double().repeat_interleave(G_, dim=1)
     vd = v.double().repeat_interleave(G_, dim=1)
     s = q.double() @ kd.transpose(-1, -2) * scale
     if causal:
-        n = q.shape[2]
-        s = s.masked_fill(
-            ~torch.ones(n, n, dtype=torch.bool, device=q.device).tril(), float("-inf")
-        )
+        s = s.masked_fill(~_visible(q.shape[2], causal, window_left), float("-inf"))
     return torch.softmax(s, -1) @ vd, torch.logsumexp(s, -1)
 
 
@@ -51,15 +56,23 @@ def _poison(nbytes):
     torch.empty(nbytes // 4 + 1024, device="cuda", dtype=torch.float32).fill_(float("nan"))
 
 
-def _run_and_compare(B, H, H_kv, N, d, dtype, causal, seed, **cfg):
+def _run_and_compare(B, H, H_kv, N, d, dtype, causal, seed, window_left=None, **cfg):
     q, k, v = _inputs(B, H, H_kv, N, d, dtype, seed)
     scale = 1.0 / math.sqrt(d)
-    ref_o, ref_lse = _reference(q, k, v, causal, scale)
+    ref_o, ref_lse = _reference(q, k, v, causal, scale, window_left)
     _poison(8 * q.numel() * q.element_size())
-    o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale, **cfg)
-    sd = F.scaled_dot_product_attention(
-        q, k, v, is_causal=causal, scale=scale, enable_gqa=H_kv != H
+    o, lse = G.gluon_attention_forward(
+        q, k, v, causal=causal, scale=scale, window_left=window_left, **cfg
     )
+    if window_left is None:
+        sd = F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, scale=scale, enable_gqa=H_kv != H
+        )
+    else:  # SDPA with the window as a boolean mask (its memory-efficient or math kernel)
+        mask = _visible(N, causal, window_left)
+        sd = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=H_kv != H
+        )
     assert o.shape == q.shape and o.dtype == dtype
     assert lse.shape == (B, H, N) and lse.dtype == torch.float32
     assert torch.isfinite(o).all(), "NaN/inf in o (unwritten rows?)"
@@ -311,3 +324,67 @@ def test_o_staging_tile_gives_the_same_bits(d, causal):
     _poison(8 * q.numel() * q.element_size())
     got = G.gluon_attention_forward(q, k, v, causal=causal, **cfg, O_STAGE=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+WINDOW_SHAPES = [(1, 2, 2, 17), (2, 2, 2, 1000), (1, 2, 2, 2053), (1, 4, 2, 1024), (1, 2, 1, 4096)]
+
+
+@pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=lambda s: "B{}H{}Hkv{}N{}".format(*s))
+@pytest.mark.parametrize("window_left", [0, 1, 63, 64, 100, 128, 191, 1023])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sliding_window_matches_float64(shape, window_left, d, dtype):
+    """Session 11: causal sliding window (row i sees keys [i - window_left, i]) with the default
+    schedule of each head dim: windows narrower than a warpgroup's rows, than a block, wider
+    than the sequence; tails, GQA."""
+    B, H, H_kv, N = shape
+    _run_and_compare(
+        B, H, H_kv, N, d, getattr(torch, dtype), True,
+        seed=hash((shape, window_left, d, dtype)) % 2**31, window_left=window_left,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(SKIP_DEAD=False, ALIGN_END=False),
+        dict(SKIP_DEAD=True, ALIGN_END=True),
+        dict(DYNAMIC=False),
+        dict(persistent=True, LPT=True),
+        dict(LPT=True, LPT_SECTION_MB=1),
+        dict(NUM_CONSUMERS=2, STAGES=2),
+        dict(O_STAGE=True),
+    ],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
+)
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("window_left", [37, 700])
+def test_sliding_window_schedule_variants(cfg, d, window_left):
+    for n in (1000, 2053):
+        _run_and_compare(
+            2, 3, 3, n, d, torch.float16, True, seed=n + d, window_left=window_left, **cfg
+        )
+
+
+def test_flash_attention_runs_window_forwards_on_the_gluon_kernel(monkeypatch):
+    """window_size=(left, 0) through flash_attention: the Gluon forward ($COURSE_KERNELS_FORWARD
+    = gluon) gives the tl forward's output (2x rule against float64) and the tl backward's
+    gradients from its logsumexp; left = 0 (one key per row) keeps the exact tl path."""
+    import course_kernels
+
+    q, k, v = (x.requires_grad_() for x in _inputs(2, 4, 2, 1536, 64, torch.bfloat16, 11))
+    dout = torch.randn_like(q)
+    res = {}
+    for choice in ("gluon", "triton"):
+        monkeypatch.setenv("COURSE_KERNELS_FORWARD", choice)
+        o = course_kernels.flash_attention(q, k, v, causal=True, window_size=(300, 0))
+        res[choice] = (o, *torch.autograd.grad(o, (q, k, v), dout))
+    ref_o, _ = _reference(q.detach(), k.detach(), v.detach(), True, 1 / 8, 300)
+    for a, b in zip(res["gluon"], res["triton"], strict=True):
+        assert torch.isfinite(a).all()
+        assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-8 * b.abs().max().item()
+    err = (res["gluon"][0].double() - ref_o).abs().max().item()
+    assert err <= 2 * (res["triton"][0].double() - ref_o).abs().max().item() + 1e-5
+    monkeypatch.setenv("COURSE_KERNELS_FORWARD", "gluon")
+    one = course_kernels.flash_attention(q, k, v, causal=True, window_size=(0, 0))
+    assert torch.equal(one, v.detach().repeat_interleave(2, 1))
