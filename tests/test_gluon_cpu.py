@@ -445,3 +445,14 @@ def test_the_forward_passes_the_window_to_the_gluon_call(monkeypatch):
         o, lse_c = launch._forward_c(q, q, q, variant, 0.5)
         assert calls[-1] == want and torch.allclose(lse_c, torch.full_like(lse_c, 2.0))
     assert len(calls) == 3
+
+
+def test_pingpong_is_an_option_and_needs_the_overlapped_steps():
+    """PINGPONG (session 11) takes turns in the overlapped steps only: the serial steps take none,
+    so with OVERLAP=False the consumers' turn counts would part and the kernel would hang."""
+    assert "PINGPONG" in G.SCHEDULE_KEYS
+    for d in G.DEFAULT_CONFIG:
+        assert G.schedule_config(d, False, 4096, PINGPONG=True)["PINGPONG"] is True
+        assert "PINGPONG" not in G.schedule_config(d, True, 4096)  # off by default
+        with pytest.raises(ValueError, match="needs OVERLAP=True"):
+            G.schedule_config(d, True, 4096, PINGPONG=True, OVERLAP=False)

@@ -19,7 +19,17 @@ if HAVE_GLUON:
         _window_first,
         _window_mid,
     )
-    from .steps import _mask_first, _pv, _qk, _skip_blocks, _softmax, _step_overlap, _step_serial
+    from .steps import (
+        _mask_first,
+        _pass_turn,
+        _pv,
+        _qk,
+        _skip_blocks,
+        _softmax,
+        _step_overlap,
+        _step_serial,
+        _take_turn,
+    )
 
     # ---------------------------------------------------------------- epilogue
     @gluon.jit
@@ -76,7 +86,7 @@ if HAVE_GLUON:
         epilogue (O staged in o_smem). Block j0 (the prologue's) and [j0 + 1, j_mid) (a sliding
         window's left edge) and [max(n_free, j_mid), n_blocks) (the diagonal and the sequence's
         end) are masked; [j_mid, n_free) are not. Returns the next ring slot."""
-        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
+        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs[:7]
         BM: gl.constexpr = cfg.BM
         BN: gl.constexpr = cfg.BN
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
@@ -92,7 +102,9 @@ if HAVE_GLUON:
             # prologue: block j0 (always masked: covers N < BN, the diagonal and a window's left
             # edge; ROW_MASK (no window): by one compare per score, which keeps all of it where
             # this warpgroup's rows see it all)
+            _take_turn(bufs, kc, cfg)
             qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
+            _pass_turn(bufs, cfg)
             qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
             mbarrier.arrive(k_empty.index(kc % STAGES), count=1)
             if ROW_MASK:
@@ -182,23 +194,27 @@ if HAVE_GLUON:
         mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
         q_smem = q_bufs.index(qs * NUM_CONSUMERS + CID)
         bufs = (q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty)  # one block's operands
+        if cfg.PINGPONG:  # + this consumer's turn barrier and the next one's (ring's last)
+            turns = ring[len(ring) - 1]
+            bufs = bufs + (turns.index(CID), turns.index((CID + 1) % NUM_CONSUMERS))
         # O staged in this warpgroup's (then dead) slice of the Q buffer, or (O_STAGE) in its own
-        o_smem = ring[len(ring) - 1].index(CID) if cfg.O_STAGE else q_smem
+        o_last: gl.constexpr = len(ring) - 2 if cfg.PINGPONG else len(ring) - 1
+        o_smem = ring[o_last].index(CID) if cfg.O_STAGE else q_smem
 
         if cfg.WINDOW:  # the tile's blocks [j_lo, n_blocks); this warpgroup's [j0, n_live)
             j_lo = _window_first(off_m_tile, win_left, BN)
             j0 = _window_first(off_m, win_left, BN)
             n_live = _live_blocks(off_m, N, n_blocks, BM, BN, CAUSAL)
             if n_live > j0:
-                kc = _skip_blocks(bufs, kc, j0 - j_lo, cfg.STAGES)
+                kc = _skip_blocks(bufs, kc, j0 - j_lo, cfg)
                 j_mid = _window_mid(off_m, win_left, j0, n_live, BM, BN)
                 kc = _tile_blocks(
                     desc_o, o_ptr, lse_ptr, bufs, kc, j0, j_mid, gl.minimum(n_free, n_live),
                     n_live, off_hz, off_m, N, qk_scale, win_left, o_smem, cfg,
                 )  # fmt: skip
-                kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg.STAGES)
+                kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg)
             else:  # rows past N (or before row 0): nothing to compute
-                kc = _skip_blocks(bufs, kc, n_blocks - j_lo, cfg.STAGES)
+                kc = _skip_blocks(bufs, kc, n_blocks - j_lo, cfg)
         elif cfg.SKIP_DEAD or cfg.ALIGN_END:  # only the blocks this warpgroup's rows can see
             n_live = _live_blocks(off_m, N, n_blocks, BM, BN, CAUSAL)
             if n_live > 0:
@@ -206,7 +222,7 @@ if HAVE_GLUON:
                     desc_o, o_ptr, lse_ptr, bufs, kc, 0, 1, gl.minimum(n_free, n_live), n_live,
                     off_hz, off_m, N, qk_scale, win_left, o_smem, cfg,
                 )  # fmt: skip
-            kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg.STAGES)
+            kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg)
         else:
             kc = _tile_blocks(
                 desc_o, o_ptr, lse_ptr, bufs, kc, 0, 1, n_free, n_blocks, off_hz, off_m, N,

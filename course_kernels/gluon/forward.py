@@ -32,8 +32,13 @@ Session 9: ``SECTION`` (> 0, with ``LPT``) orders the tiles heaviest-first withi
 sections of that many heads (FA3's L2-sized sections); ``ROW_MASK`` masks block 0 with one compare
 per score against each row's last visible key, and not at all where the rows see the whole block
 (both on for d = 128 causal calls since session 10, ``launch.CAUSAL_CONFIG``). Session 10 (off,
-not measured): ``O_STAGE`` gives each consumer its own O staging tile, so an epilogue's TMA store
-is waited for only before the next tile's, not at once (FA3's epilogue).
+measured in session 11, mixed, off): ``O_STAGE`` gives each consumer its own O staging tile, so an
+epilogue's TMA store is waited for only before the next tile's, not at once (FA3's epilogue).
+Session 11: ``WINDOW`` (a causal sliding window, ``win_left`` keys before the diagonal: the
+producer loads a tile's window only, each consumer starts at its own first visible block) and
+``PINGPONG`` (off, not measured: FA3's warp-scheduler barriers, the consumers take turns to issue
+their GEMMs, so one's softmax runs under another's GEMMs). The switches reach the roles as one
+:class:`Schedule`.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
@@ -72,11 +77,12 @@ if HAVE_GLUON:
         ROW_MASK: gl.constexpr
         O_STAGE: gl.constexpr
         WINDOW: gl.constexpr
+        PINGPONG: gl.constexpr
 
         @gluon.constexpr_function
         def __init__(
             self, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-            DYNAMIC, SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW,
+            DYNAMIC, SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG,
         ):  # fmt: skip
             self.BM = gl.constexpr(BM)
             self.BN = gl.constexpr(BN)
@@ -94,6 +100,7 @@ if HAVE_GLUON:
             self.ROW_MASK = gl.constexpr(ROW_MASK)
             self.O_STAGE = gl.constexpr(O_STAGE)
             self.WINDOW = gl.constexpr(WINDOW)
+            self.PINGPONG = gl.constexpr(PINGPONG)
 
     # ------------------------------------------------------------------ kernel
     @gluon.jit
@@ -129,6 +136,7 @@ if HAVE_GLUON:
         ROW_MASK: gl.constexpr = False,
         O_STAGE: gl.constexpr = False,
         WINDOW: gl.constexpr = False,
+        PINGPONG: gl.constexpr = False,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -164,9 +172,17 @@ if HAVE_GLUON:
             ring = ring + (
                 gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, BM, HEAD_DIM], desc_o.layout),
             )
+        if PINGPONG:  # + one "turn" mbarrier per consumer, last (session 11, steps.py)
+            turns = gl.allocate_shared_memory(
+                gl.int64, [NUM_CONSUMERS, 1], mbarrier.MBarrierLayout()
+            )
+            for i in gl.static_range(NUM_CONSUMERS):
+                mbarrier.init(turns.index(i), count=1)
+            mbarrier.arrive(turns.index(0), count=1)  # consumer 0 issues first
+            ring = ring + (turns,)
         cfg = Schedule(
             BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT, DYNAMIC,
-            SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW,
+            SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG,
         )  # fmt: skip
         # one consumer warpgroup per 64-row slice of the Q tile (its id CID a constexpr)
         if NUM_CONSUMERS == 1:

@@ -114,7 +114,7 @@ CAUSAL_CONFIG = {
 WINDOW_CONFIG = {64: dict(BN=64), 128: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
-    "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE",
+    "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE", "PINGPONG",
 }  # fmt: skip
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
@@ -185,6 +185,8 @@ def schedule_config(d: int, causal: bool, n: int = 2, window: bool = False, **ov
         cfg.pop("ROW_MASK", None)
         if not overrides:
             cfg.update(WINDOW_CONFIG[d])
+    if cfg.get("PINGPONG") and not cfg["OVERLAP"]:
+        raise ValueError("PINGPONG orders the overlapped steps' GEMMs: it needs OVERLAP=True")
     if n == 1 and (cfg.get("SKIP_DEAD") or cfg.get("ALIGN_END")):
         raise ValueError(
             "SKIP_DEAD / ALIGN_END at N = 1 do not compile with Triton 3.6 (an LLVM assertion); "
@@ -235,8 +237,10 @@ def gluon_attention_forward(
     LPT_SECTION_MB (with LPT, causal: heaviest tiles first within sections of heads whose K and
     V fit in that many MiB, :func:`lpt_section`), ROW_MASK (block 0 masked by one compare per
     score against each row's last visible key; not at all where the rows see the whole block) and
-    O_STAGE (session 10, not measured: O stored through its own shared-memory tile per consumer,
-    its TMA store waited for only before the next tile's, so it overlaps that tile's start)."""
+    O_STAGE (session 10, measured in session 11 and left off: O stored through its own shared-memory
+    tile per consumer, its TMA store waited for only before the next tile's) and PINGPONG (session
+    11, not measured: the consumers take turns to issue their GEMMs, FA3's warp-scheduler
+    barriers; needs OVERLAP)."""
     _check_inputs(q, k, v)
     if not gluon_available():
         raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
@@ -310,6 +314,7 @@ def gluon_attention_forward(
         ROW_MASK=bool(cfg.get("ROW_MASK", False)),
         O_STAGE=bool(cfg.get("O_STAGE", False)),
         WINDOW=win_left >= 0,
+        PINGPONG=bool(cfg.get("PINGPONG", False)),
         num_warps=4,
     )
     return o, lse

@@ -113,7 +113,7 @@ if HAVE_GLUON:
     ):
         """QK^T -> softmax -> correction -> PV, each waited for (no overlap). ``bufs``: the
         warpgroup's Q tile, the K/V ring and its barriers (:func:`.consumer._consumer_tile`)."""
-        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
+        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs[:7]
         STAGES: gl.constexpr = cfg.STAGES
         BM: gl.constexpr = cfg.BM
         BN: gl.constexpr = cfg.BN
@@ -155,14 +155,16 @@ if HAVE_GLUON:
         """FA3's intra-warpgroup overlap: issue QK^T(j) and PV(j-1), then run the
         softmax of block j while PV(j-1) is still on the tensor cores. ``bufs`` as in
         :func:`_step_serial`."""
-        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs
+        q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs[:7]
         STAGES: gl.constexpr = cfg.STAGES
         BM: gl.constexpr = cfg.BM
         BN: gl.constexpr = cfg.BN
         s = kc % STAGES
         sp = (kc + STAGES - 1) % STAGES
+        _take_turn(bufs, kc, cfg)
         qk = _qk(q_smem, k_bufs, k_ready, kc, STAGES, BM, BN, s_layout)
         acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
+        _pass_turn(bufs, cfg)
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, alpha, m_i, l_i = _softmax(
@@ -175,14 +177,34 @@ if HAVE_GLUON:
         return acc, p, m_i, l_i
 
     @gluon.jit
-    def _skip_blocks(bufs, kc, n, STAGES: gl.constexpr):
-        """Release n ring slots from kc on without computing them (SKIP_DEAD / ALIGN_END: the
-        blocks are wholly masked for this warpgroup's rows).  Each slot is waited for first, so
-        that the arrive counts toward this fill's phase of the empty barrier, not the last one's."""
+    def _take_turn(bufs, kc, cfg):
+        """PINGPONG (FA3's warp-scheduler barriers): wait until this consumer may issue the GEMMs
+        of ring slot kc. Consumer c's turn barrier (bufs[7]) completes once for each slot of the
+        consumer before it (consumer 0: of the last one, after one arrive at launch), and every
+        consumer takes one turn per ring slot it consumes, computed or skipped, so the k-th wait
+        of each is for phase k: parity kc & 1."""
+        if cfg.PINGPONG:
+            mbarrier.wait(bufs[7], kc & 1)
+
+    @gluon.jit
+    def _pass_turn(bufs, cfg):
+        """PINGPONG: the GEMMs are issued (not finished); the next consumer may issue its own."""
+        if cfg.PINGPONG:
+            mbarrier.arrive(bufs[8], count=1)
+
+    @gluon.jit
+    def _skip_blocks(bufs, kc, n, cfg):
+        """Release n ring slots from kc on without computing them (SKIP_DEAD / ALIGN_END / a
+        window's dead front: the blocks are wholly masked for this warpgroup's rows).  Each slot
+        is waited for first, so that the arrive counts toward this fill's phase of the empty
+        barrier, not the last one's; with PINGPONG each still takes and passes its turn."""
+        STAGES: gl.constexpr = cfg.STAGES
         k_ready, k_empty, v_ready, v_empty = bufs[3], bufs[4], bufs[5], bufs[6]
         for _ in range(n):
             s = kc % STAGES
             ph = (kc // STAGES) & 1
+            _take_turn(bufs, kc, cfg)
+            _pass_turn(bufs, cfg)
             mbarrier.wait(k_ready.index(s), ph)
             mbarrier.arrive(k_empty.index(s), count=1)
             mbarrier.wait(v_ready.index(s), ph)

@@ -80,6 +80,7 @@ def build(
     ROW_MASK=False,
     O_STAGE=None,
     WINDOW=None,
+    PINGPONG=None,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
@@ -103,10 +104,12 @@ def build(
         SECTION=SECTION,
         ROW_MASK=ROW_MASK,
     )
-    if O_STAGE is not None or WINDOW is not None:  # session 10's switch; left out: off
+    if O_STAGE is not None or WINDOW is not None or PINGPONG is not None:  # session 10's; off
         consts["O_STAGE"] = bool(O_STAGE)  # (given whenever WINDOW is: constexprs go by position)
-    if WINDOW is not None:  # session 11's switch (a causal sliding window)
-        consts["WINDOW"] = WINDOW
+    if WINDOW is not None or PINGPONG is not None:  # session 11's switches (constexprs by position)
+        consts["WINDOW"] = bool(WINDOW)
+    if PINGPONG is not None:
+        consts["PINGPONG"] = PINGPONG
     for kk in consts:
         s[kk] = "constexpr"
     src = GluonASTSource(
@@ -171,6 +174,12 @@ CONFIGS = [
     dict(S10, ROW_MASK=False, WINDOW=True),
     dict(S8, WINDOW=True, dt="bf16"),
     dict(d=128, CAUSAL=True, DYNAMIC=True, SKIP_DEAD=True, WINDOW=True, OVERLAP=False),
+    # session 11: FA3's ping-pong of the consumers' GEMM issue (PINGPONG) on the four defaults, 44
+    dict(S7, CAUSAL=False, PINGPONG=True),
+    dict(d=128, DYNAMIC=True, PINGPONG=True),
+    dict(S8, PINGPONG=True),
+    dict(S10, PINGPONG=True),
+    dict(S8, WINDOW=True, BN=64, PINGPONG=True),
 ]
 
 

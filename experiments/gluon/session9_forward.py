@@ -24,7 +24,7 @@ The parent process never touches CUDA; each phase is a child process of this scr
 
 Levers (``LEVERS``: switches over the call's default; causal calls keep CAUSAL_CONFIG's others):
 ``sect8`` (LPT order within 8 MiB L2 sections of heads), ``rowmask`` (block 0's one-compare mask),
-both, ``session8`` (the schedule before them), ``ostage`` (O through its own staging tile).
+both, ``session8`` (the schedule before them), ``ostage`` (O's own staging tile), ``pingpong``.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ LEVERS = {  # name -> (switches added to the call's default schedule, causal row
     "sect8": (dict(LPT=True, LPT_SECTION_MB=8), True),
     "rowmask": (dict(ROW_MASK=True), False),
     "sect8_rowmask": (dict(LPT=True, LPT_SECTION_MB=8, ROW_MASK=True), True),
-    # session 10: the schedule before session 9's levers (at d = 128 causal they are the default)
-    "session8": (dict(LPT=False, LPT_SECTION_MB=0, ROW_MASK=False), False),
+    "session8": (dict(LPT=False, LPT_SECTION_MB=0, ROW_MASK=False), False),  # before session 9
     "ostage": (dict(O_STAGE=True), False),  # session 10: O through its own staging tile
+    "pingpong": (dict(PINGPONG=True), False),  # session 11: FA3's turns to issue the GEMMs
 }
 CHECK_SECTION_MB = 0.1  # the sectioned order in the checks: sections of 1-2 heads
 CHECK_SHAPES = [(1, 3, 3, 300), (1, 2, 2, 17), (2, 4, 2, 1000), (1, 5, 5, 2053)]

@@ -5,6 +5,8 @@ float64 reference on a small shape (flash-attn's 2x rule against SDPA with the m
 
     PYTHONPATH=. python experiments/gluon/window_levers.py --out $OUT/h200_window_levers.json
 
+``--window 0`` times plain causal rows instead (``--full``: non-causal), against SDPA's cuDNN
+backend, for levers of issue 23 (``pingpong``: the call's default schedule plus ``PINGPONG``).
 FlexAttention's times for the same rows are in the features benchmark
 (experiments/data/bench/h200_window_fwd_gluon.json); notes/gluon.md (session 11) says what
 was predicted and what was measured.
@@ -19,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-VARIANTS = {  # name -> schedule overrides (None: the call's default)
+VARIANTS = {  # name -> schedule overrides (None: the call's default; "+X": the default and X=True)
     "default": None,
     "nc2": dict(NUM_CONSUMERS=2, STAGES=3, SKIP_DEAD=True),
     "nc2_s2": dict(NUM_CONSUMERS=2, STAGES=2, SKIP_DEAD=True),
@@ -30,7 +32,18 @@ VARIANTS = {  # name -> schedule overrides (None: the call's default)
     "bn64_s4": dict(BN=64, STAGES=4, SKIP_DEAD=True, ALIGN_END=True),
     "ostage": dict(SKIP_DEAD=True, ALIGN_END=True, O_STAGE=True),
     "bn64_nc2": dict(BN=64, NUM_CONSUMERS=2, STAGES=4, SKIP_DEAD=True),
+    "pingpong": "+PINGPONG",  # session 11: FA3's turns to issue the GEMMs
 }
+
+
+def overrides(name, d, window, causal=True):
+    """The schedule keywords of variant ``name`` for a call at head dim d."""
+    v = VARIANTS[name]
+    if isinstance(v, str):  # the call's own default plus one switch
+        from course_kernels.gluon import launch as G
+
+        return {**G.schedule_config(d, causal, 4096, window), v[1:]: True}
+    return v or {}
 
 
 def main(argv=None):
@@ -41,6 +54,7 @@ def main(argv=None):
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--window", type=int, default=1024, help="keys a row sees; 0: plain causal")
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    p.add_argument("--full", action="store_true", help="with --window 0: non-causal rows")
     p.add_argument("--budget", type=float, default=240.0, help="stop starting rows after (s)")
     args = p.parse_args(argv)
 
@@ -54,6 +68,9 @@ def main(argv=None):
 
     t0 = time.time()
     left = args.window - 1 if args.window > 0 else None  # None: causal rows against cuDNN
+    causal = not args.full
+    if args.full and left is not None:
+        p.error("--full needs --window 0")
     dt = getattr(torch, args.dtype)
     res = {"environment": environment(), "args": vars(args), "checks": [], "rows": []}
     res["environment"]["command"] = " ".join(["python"] + sys.argv)
@@ -64,6 +81,7 @@ def main(argv=None):
                    for _ in range(3))  # fmt: skip
         i = torch.arange(1500, device="cuda")
         mask = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - (300 if left else 9999))
+        mask = mask | args.full
         s = (q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)).masked_fill(~mask, -math.inf)
         ref = torch.softmax(s, -1) @ v.double()
         sd_err = (
@@ -72,7 +90,9 @@ def main(argv=None):
         for name in args.variants:
             try:
                 w = 300 if left else None
-                o, _ = G.gluon_attention_forward(q, k, v, True, None, w, **(VARIANTS[name] or {}))
+                o, _ = G.gluon_attention_forward(
+                    q, k, v, causal, None, w, **overrides(name, d, bool(w), causal)
+                )
                 err = (o.double() - ref).abs().max().item()
                 ok[(d, name)] = err <= 2 * sd_err.item() + 1e-5
                 res["checks"].append(
@@ -104,7 +124,7 @@ def main(argv=None):
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
 
                     def fn(q=q, k=k, v=v):
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
                     row["ms"]["cudnn"] = triton.testing.do_bench(fn, warmup=10, rep=40)
             else:
@@ -114,10 +134,10 @@ def main(argv=None):
             for name in args.variants:
                 if not ok[(d, name)]:
                     continue
-                cfg = VARIANTS[name] or {}
+                cfg = overrides(name, d, left is not None, causal)
 
                 def fn(q=q, k=k, v=v, c=cfg):
-                    return G.gluon_attention_forward(q, k, v, True, None, left, **c)
+                    return G.gluon_attention_forward(q, k, v, causal, None, left, **c)
 
                 row["ms"][name] = triton.testing.do_bench(fn, warmup=10, rep=40)
             row["tflops"] = {key: flops / (ms * 1e-3) / 1e12 for key, ms in row["ms"].items()}

@@ -388,3 +388,29 @@ def test_flash_attention_runs_window_forwards_on_the_gluon_kernel(monkeypatch):
     monkeypatch.setenv("COURSE_KERNELS_FORWARD", "gluon")
     one = course_kernels.flash_attention(q, k, v, causal=True, window_size=(0, 0))
     assert torch.equal(one, v.detach().repeat_interleave(2, 1))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window_left", [None, 300])
+def test_pingpong_gives_the_same_bits(d, causal, window_left):
+    """PINGPONG (session 11) only orders *when* each consumer issues its GEMMs (FA3's turns):
+    the same bits as the schedule without it, over many tiles per CTA, tail tiles, the dead
+    warpgroups of the causal switches (their skipped slots take turns too) and a window's dead
+    front blocks; a turn counted wrong hangs (the run's time limit) or shows as wrong rows."""
+    if window_left is not None and not causal:
+        pytest.skip("a window is causal")
+    q, k, v = _inputs(4, 16, 16, 2053, d, torch.float16, 37)
+    cfg = G.schedule_config(d, causal, 2053, window_left is not None)
+    want = G.gluon_attention_forward(q, k, v, causal, None, window_left, **cfg)
+    _poison(8 * q.numel() * q.element_size())
+    got = G.gluon_attention_forward(q, k, v, causal, None, window_left, **cfg, PINGPONG=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _run_and_compare(2, 3, 3, 1000, d, torch.bfloat16, causal, seed=d, window_left=window_left,
+                     **cfg, PINGPONG=True)  # fmt: skip
+
+
+def test_pingpong_needs_the_overlapped_steps():
+    q, k, v = _inputs(1, 2, 2, 64, 64, torch.float16, 1)
+    with pytest.raises(ValueError, match="PINGPONG .* needs OVERLAP=True"):
+        G.gluon_attention_forward(q, k, v, PINGPONG=True, OVERLAP=False)
