@@ -21,13 +21,13 @@ if HAVE_GLUON:
     )
     from .steps import (
         _mask_first,
+        _overlap_blocks,
         _pass_turn,
         _pv,
         _qk,
+        _serial_blocks,
         _skip_blocks,
         _softmax,
-        _step_overlap,
-        _step_serial,
         _take_turn,
     )
 
@@ -114,25 +114,19 @@ if HAVE_GLUON:
             )
             p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
             kc += 1
-            if cfg.WINDOW:
-                for j in range(j0 + 1, j_mid):
-                    acc, p, m_i, l_i = _step_overlap(
-                        bufs, kc, acc, p, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
-                        cfg, dtype, s_layout, o_layout,
-                    )  # fmt: skip
-                    kc += 1
-            for j in range(j_mid, gl.maximum(n_free, j_mid)):
-                acc, p, m_i, l_i = _step_overlap(
-                    bufs, kc, acc, p, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, False,
+            if cfg.WINDOW:  # the window's left edge
+                kc, acc, p, m_i, l_i = _overlap_blocks(
+                    bufs, kc, acc, p, m_i, l_i, j0 + 1, j_mid, qk_scale, off_m, N, win_left, True,
                     cfg, dtype, s_layout, o_layout,
                 )  # fmt: skip
-                kc += 1
-            for j in range(gl.maximum(n_free, j_mid), n_blocks):
-                acc, p, m_i, l_i = _step_overlap(
-                    bufs, kc, acc, p, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
-                    cfg, dtype, s_layout, o_layout,
-                )  # fmt: skip
-                kc += 1
+            kc, acc, p, m_i, l_i = _overlap_blocks(
+                bufs, kc, acc, p, m_i, l_i, j_mid, gl.maximum(n_free, j_mid), qk_scale, off_m, N,
+                win_left, False, cfg, dtype, s_layout, o_layout,
+            )  # fmt: skip
+            kc, acc, p, m_i, l_i = _overlap_blocks(
+                bufs, kc, acc, p, m_i, l_i, gl.maximum(n_free, j_mid), n_blocks, qk_scale, off_m, N,
+                win_left, True, cfg, dtype, s_layout, o_layout,
+            )  # fmt: skip
             # drain: PV of the last block
             acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
             acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
@@ -140,26 +134,20 @@ if HAVE_GLUON:
         else:  # serial: [j0, j_mid) masked (a window's left edge), then as without a window
             j_lo = j0
             if cfg.WINDOW:
-                for j in range(j0, j_mid):
-                    acc, m_i, l_i = _step_serial(
-                        bufs, kc, acc, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
-                        cfg, dtype, s_layout, o_layout,
-                    )  # fmt: skip
-                    kc += 1
+                kc, acc, m_i, l_i = _serial_blocks(
+                    bufs, kc, acc, m_i, l_i, j0, j_mid, qk_scale, off_m, N, win_left, True,
+                    cfg, dtype, s_layout, o_layout,
+                )  # fmt: skip
                 j_lo = j_mid
                 n_free = gl.maximum(n_free, j_mid)
-            for j in range(j_lo, n_free):
-                acc, m_i, l_i = _step_serial(
-                    bufs, kc, acc, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, False,
-                    cfg, dtype, s_layout, o_layout,
-                )  # fmt: skip
-                kc += 1
-            for j in range(n_free, n_blocks):
-                acc, m_i, l_i = _step_serial(
-                    bufs, kc, acc, m_i, l_i, qk_scale, j * BN, off_m, N, win_left, True,
-                    cfg, dtype, s_layout, o_layout,
-                )  # fmt: skip
-                kc += 1
+            kc, acc, m_i, l_i = _serial_blocks(
+                bufs, kc, acc, m_i, l_i, j_lo, n_free, qk_scale, off_m, N, win_left, False,
+                cfg, dtype, s_layout, o_layout,
+            )  # fmt: skip
+            kc, acc, m_i, l_i = _serial_blocks(
+                bufs, kc, acc, m_i, l_i, n_free, n_blocks, qk_scale, off_m, N, win_left, True,
+                cfg, dtype, s_layout, o_layout,
+            )  # fmt: skip
         _epilogue(
             acc, m_i, l_i, o_smem, desc_o, o_ptr, lse_ptr, off_hz, off_m, N,
             BM, HEAD_DIM, dtype, s_layout, o_layout, cfg.O_STAGE,

@@ -177,6 +177,34 @@ if HAVE_GLUON:
         return acc, p, m_i, l_i
 
     @gluon.jit
+    def _overlap_blocks(
+        bufs, kc, acc, p, m_i, l_i, j_from, j_to, qk_scale, off_m, N, win_left,
+        MASK: gl.constexpr, cfg, dtype: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+    ):  # fmt: skip
+        """Blocks [j_from, j_to) of the overlapped main loop, all masked or none (``MASK``)."""
+        for j in range(j_from, j_to):
+            acc, p, m_i, l_i = _step_overlap(
+                bufs, kc, acc, p, m_i, l_i, qk_scale, j * cfg.BN, off_m, N, win_left, MASK, cfg,
+                dtype, s_layout, o_layout,
+            )  # fmt: skip
+            kc += 1
+        return kc, acc, p, m_i, l_i
+
+    @gluon.jit
+    def _serial_blocks(
+        bufs, kc, acc, m_i, l_i, j_from, j_to, qk_scale, off_m, N, win_left,
+        MASK: gl.constexpr, cfg, dtype: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+    ):  # fmt: skip
+        """Blocks [j_from, j_to) of the serial main loop, all masked or none (``MASK``)."""
+        for j in range(j_from, j_to):
+            acc, m_i, l_i = _step_serial(
+                bufs, kc, acc, m_i, l_i, qk_scale, j * cfg.BN, off_m, N, win_left, MASK, cfg,
+                dtype, s_layout, o_layout,
+            )  # fmt: skip
+            kc += 1
+        return kc, acc, m_i, l_i
+
+    @gluon.jit
     def _take_turn(bufs, kc, cfg):
         """PINGPONG (FA3's warp-scheduler barriers): wait until this consumer may issue the GEMMs
         of ring slot kc. Consumer c's turn barrier (bufs[7]) completes once for each slot of the
