@@ -171,11 +171,14 @@ def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():
 
 def test_causal_calls_add_the_causal_schedule_and_overrides_win():
     """schedule_config: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d] for causal calls without
-    overrides; with overrides, exactly the caller's schedule (the lever experiments and tests)."""
+    overrides (NONCAUSAL_CONFIG[d] for the others); with overrides, exactly the caller's schedule (the lever experiments and tests)."""
     from course_kernels.gluon import launch
 
     for d in launch.DEFAULT_CONFIG:
-        assert launch.schedule_config(d, False) == launch.DEFAULT_CONFIG[d]
+        full = launch.schedule_config(d, False)
+        assert full == {**launch.DEFAULT_CONFIG[d], **launch.NONCAUSAL_CONFIG[d]}
+        assert full.get("PINGPONG", False) is (d == 64)  # session 12: ping-pong at d = 64 only
+        assert launch.schedule_config(d, False, 1) == launch.DEFAULT_CONFIG[d]
         causal = launch.schedule_config(d, True)
         assert causal == {**launch.DEFAULT_CONFIG[d], **launch.CAUSAL_CONFIG[d]}
         assert causal["SKIP_DEAD"] is True
@@ -295,7 +298,8 @@ def test_session9_script_keeps_the_causal_switches_and_takes_the_worst_of_three(
             assert {k: cfg[k] for k in kept} == kept and "SKIP_DEAD" in kept
     assert s9.lever_cfg("session8", 64, True)["ROW_MASK"] is False  # the schedule before
     assert s9.lever_cfg("sect8", 64, False) is None
-    assert s9.lever_cfg("rowmask", 64, False) == {"ROW_MASK": True}
+    assert s9.lever_cfg("rowmask", 64, False) == {"ROW_MASK": True, "PINGPONG": True}
+    assert s9.lever_cfg("rowmask", 128, False) == {"ROW_MASK": True}  # non-causal switches kept
     assert s9.lever_cfg("sect8", 64, True, check=True)["LPT_SECTION_MB"] == s9.CHECK_SECTION_MB
 
     def row(N, causal, ratio):

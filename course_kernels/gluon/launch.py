@@ -112,6 +112,11 @@ CAUSAL_CONFIG = {
 # at d = 64 K/V blocks of 64 keys, whose finer window edges cost less masked work: 0.36 / 0.76 /
 # 1.56 ms at N = 4K / 8K / 16K against 0.51 / 1.03 / 2.05 with 128 (B = 4, H = 32, window 1024).
 WINDOW_CONFIG = {64: dict(BN=64), 128: dict()}
+# Added for non-causal calls (session 12, course_kernels/data/gluon/h200_pingpong_full64.json):
+# at d = 64 FA3's ping-pong turns (PINGPONG), faster than without in 18 of 18 rows (three
+# processes x fp16/bf16 x N = 4K/8K/16K, +0.6 to +4.7%); slower at d = 128 and on causal rows
+# (h200_pingpong_full.json, h200_pingpong_causal.json: one process, fp16).
+NONCAUSAL_CONFIG = {64: dict(PINGPONG=True), 128: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
     "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE", "PINGPONG",
@@ -165,8 +170,9 @@ def _check_inputs(q, k, v) -> None:
 
 def schedule_config(d: int, causal: bool, n: int = 2, window: bool = False, **overrides) -> dict:
     """The schedule a call of sequence length n runs: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d]
-    for a causal call that keeps the default schedule (no overrides: the switches were measured
-    and checked on top of it), else the caller's overrides. A causal sliding window (``window``)
+    for a causal call (NONCAUSAL_CONFIG[d] for a non-causal one) that keeps the default schedule
+    (no overrides: the switches were measured and checked on top of it), else the caller's
+    overrides. A causal sliding window (``window``)
     leaves ROW_MASK out: its one compare covers block 0 only, a window's first block is another.
     Not at n = 1: there Triton 3.6 folds
     N = 1 and one query tile into constants and its LLVM lowering of the switches' arithmetic
@@ -178,7 +184,10 @@ def schedule_config(d: int, causal: bool, n: int = 2, window: bool = False, **ov
             f"unknown schedule option(s) {unknown}; accepted: {', '.join(sorted(SCHEDULE_KEYS))}"
         )
     cfg = dict(DEFAULT_CONFIG[d])
-    cfg.update(CAUSAL_CONFIG[d] if causal and not overrides and n > 1 else overrides)
+    if overrides or n == 1:
+        cfg.update(overrides)
+    else:
+        cfg.update(CAUSAL_CONFIG[d] if causal else NONCAUSAL_CONFIG[d])
     if window:
         if overrides.get("ROW_MASK"):
             raise ValueError("ROW_MASK cannot be combined with a sliding window (window_left)")

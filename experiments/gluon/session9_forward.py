@@ -72,12 +72,11 @@ MIN_CAND_ROWS, MAX_CAND_ROWS = 4, 6
 
 def lever_cfg(name, d, causal, check=False):
     """The overrides of lever ``name`` for a call (d, causal), or None where it does not apply:
-    the causal switches of the default (``CAUSAL_CONFIG``, which overrides replace) plus the
-    lever's own."""
+    the default's switches (``CAUSAL_CONFIG`` / ``NONCAUSAL_CONFIG``) plus the lever's own."""
     switches, causal_only = LEVERS[name]
     if causal_only and not causal:
         return None
-    cfg = {**(G.CAUSAL_CONFIG[d] if causal else {}), **switches}
+    cfg = {**(G.CAUSAL_CONFIG[d] if causal else G.NONCAUSAL_CONFIG[d]), **switches}
     if check and "LPT_SECTION_MB" in cfg:
         cfg["LPT_SECTION_MB"] = CHECK_SECTION_MB
     return cfg

@@ -109,10 +109,9 @@ def main(argv=None):
             if time.time() - t0 > args.budget:
                 break
             h = 2048 // d
-            q, k, v = (
-                torch.randn(4, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3)
-            )
-            flops = 4.0 * 4 * h * d * sum(min(i + 1, args.window) for i in range(n))
+            q, k, v = (torch.randn(4, h, n, d, device="cuda", dtype=dt) for _ in range(3))
+            seen = n * n if args.full else sum(min(i + 1, args.window or n) for i in range(n))
+            flops = 4.0 * 4 * h * d * seen  # keys each row sees, summed over the rows
             row = dict(d=d, n=n, ms={}, tflops={})
 
             def tl_fwd(q=q, k=k, v=v):
