@@ -218,6 +218,24 @@ def test_overlap_dq_is_on_at_d64_only_and_needs_dq_shared():
         GB.gluon_attention_backward(**_args(), OVERLAP_DQ="on")
 
 
+# ------------------------------------------------ session 12: DQ_TMA
+def test_dq_tma_is_off_by_default_and_needs_dq_shared_and_one_swizzle_row():
+    """DQ_TMA's staging tile is one fp32 TMA box of [BM, cols] with the 128-byte swizzle, whose
+    rows are at most 32 fp32 columns: refused (a ValueError that says what is accepted) for
+    chunks of 64 columns and without DQ_SHARED's split."""
+    for d in (64, 128):
+        assert GB._check_config(d, {})["DQ_TMA"] is False
+        assert GB._check_config(d, dict(DQ_TMA=True))["DQ_TMA"] is True
+        assert GB._check_config(d, dict(DQ_TMA=True, BM=128))["DQ_TMA"] is True
+    assert GB._check_config(128, dict(DQ_TMA=True, DQ_SPLIT=4))["DQ_TMA"] is True  # 16 columns
+    with pytest.raises(ValueError, match=r"DQ_TMA needs DQ_SHARED=True .* got DQ_SHARED=False"):
+        GB.gluon_attention_backward(**_args(), DQ_TMA=True, DQ_SHARED=False, OVERLAP_DQ=False)
+    with pytest.raises(ValueError, match=r"16 or 32 columns .* 64 columns \(d=128, DQ_SPLIT=1"):
+        GB.gluon_attention_backward(**_args(d=128), DQ_TMA=True, DQ_SPLIT=1)
+    with pytest.raises(ValueError, match=r"DQ_TMA='yes' not supported; accepted: \(False, True\)"):
+        GB.gluon_attention_backward(**_args(), DQ_TMA="yes")
+
+
 class _Bar:
     """An mbarrier: ``count`` arrivals complete a phase; wait(parity) passes once the phase of
     that parity completed (a fresh barrier passes parity 1 at once), as mbarrier.wait."""

@@ -20,6 +20,21 @@ try:
         warpgroup_mma_wait,
     )
 
+    from triton._C.libtriton import ir as _ir
+    from triton.experimental.gluon.language._core import builtin as _builtin
+
+    @_builtin
+    def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """dst[coord:coord + block] += src (a shared-memory tile) by one TMA bulk reduction
+        (``cp.reduce.async.bulk.tensor ... .add``), asynchronous like ``tma.async_copy_shared_
+        to_global``: ``tma.store_wait`` says when src may be overwritten. Triton 3.6's Gluon
+        builder has the op (``create_async_tma_reduce``) without a Python wrapper; this is the
+        wrapper, written as ``async_copy_shared_to_global`` is in ``gluon/.../hopper/tma.py``."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(
+            _ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
+        )
+
     HAVE_GLUON = True
 except Exception as e:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
@@ -34,6 +49,7 @@ __all__ = [
     "gluon",
     "mbarrier",
     "tma",
+    "tma_reduce_add",
     "warpgroup_mma",
     "warpgroup_mma_wait",
 ]

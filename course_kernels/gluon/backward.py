@@ -75,6 +75,20 @@ if HAVE_GLUON:
         acc = gl.load(dq_acc_ptr + offs, mask=ok, other=0.0)
         gl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
+    @gluon.jit
+    def _bwd_dq_epilogue_rows(dq_acc_ptr, dq_ptr, N, N_PAD, scale, HEAD_DIM: gl.constexpr):
+        """DQ_TMA's dQ_acc has N_PAD rows a head: dq[hz, r] = (scale * dQ_acc[hz, r]).to(dq's
+        dtype) for r < N, 64 rows a program (8 warps)."""
+        r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
+        hz = gl.program_id(1)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))[None, :]
+        ok = (r < N)[:, None]
+        acc = gl.load(
+            dq_acc_ptr + (hz * N_PAD + r).to(gl.int64)[:, None] * HEAD_DIM + cols, mask=ok
+        )
+        out = dq_ptr + (hz * N + r).to(gl.int64)[:, None] * HEAD_DIM + cols
+        gl.store(out, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
+
     # ------------------------------------------------------------- the ranges
     @gluon.jit
     def _q_range(n0, N, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
@@ -160,7 +174,7 @@ if HAVE_GLUON:
         CID: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
         NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
-        OVERLAP_DQ: gl.constexpr,
+        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -180,14 +194,16 @@ if HAVE_GLUON:
             dk, dv = _bwd_step(
                 bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
                 True, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-                DQ_VEC, DQ_SHARED, OVERLAP_DQ,
+                DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
             )  # fmt: skip
         for i in range(mid, n_blocks):
             dk, dv = _bwd_step(
                 bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
                 False, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-                DQ_VEC, DQ_SHARED, OVERLAP_DQ,
+                DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
             )  # fmt: skip
+        if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
+            tma.store_wait(pendings=0)
         _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype)
 
     # ------------------------------------------------------------------- kernel
@@ -198,8 +214,10 @@ if HAVE_GLUON:
         BM: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr = 2, DQ_SHARED: gl.constexpr = False,
-        OVERLAP_DQ: gl.constexpr = False,
+        OVERLAP_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
     ):  # fmt: skip
+        """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
+        [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head)."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
@@ -229,6 +247,13 @@ if HAVE_GLUON:
             ds_bars = kv_ready  # unused
         ring = (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty,
                 kv_ready, ds_bars)  # fmt: skip
+        if DQ_TMA:  # one fp32 staging tile per consumer and dQ chunk (DQ_SHARED's split)
+            dq_tiles = gl.allocate_shared_memory(
+                gl.float32,
+                [NUM_CONSUMERS * DQ_SPLIT, BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT],
+                dq_ptr.layout,
+            )  # fmt: skip
+            dq_ptr = (dq_ptr, dq_tiles)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
                 [
@@ -236,7 +261,7 @@ if HAVE_GLUON:
                                      N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -248,10 +273,10 @@ if HAVE_GLUON:
                                      N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 1,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

@@ -24,7 +24,8 @@ if HAVE_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .backward import _attn_bwd_kernel, _bwd_dq_epilogue, _bwd_preprocess
+    from .backward import _attn_bwd_kernel, _bwd_dq_epilogue, _bwd_dq_epilogue_rows
+    from .backward import _bwd_preprocess
 
 # head_dim -> schedule. BM: query rows per block; NUM_CONSUMERS: consumer warpgroups of 64 keys
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
@@ -51,13 +52,17 @@ _ACCEPTED = {
     "DQ_VEC": (2, 4),
     "DQ_SHARED": (False, True),
     "OVERLAP_DQ": (False, True),
+    "DQ_TMA": (False, True),
 }
 # OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
 # S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
 # (course_kernels/data/gluon/h200_gluon_backward_session10.json, N = 8K, fp16): d = 64 0.833 ->
 # 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680, 0.742 -> 0.675. On at
 # d = 64 only (BACKWARD_OVERLAP_DQ), and only with DQ_SHARED.
-BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False)
+# DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
+# reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
+# registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
+BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, DQ_TMA=False)
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 
@@ -113,6 +118,12 @@ def _check_config(d: int, config: dict) -> dict:
             f"dQ chunks of {cols} columns (d={d}, DQ_SPLIT={cfg['DQ_SPLIT']}, DQ_SHARED="
             f"{cfg['DQ_SHARED']}): need at least 16; lower DQ_SPLIT"
         )
+    if cfg["DQ_TMA"] and not (cfg["DQ_SHARED"] and cols in (16, 32)):
+        raise ValueError(
+            f"DQ_TMA needs DQ_SHARED=True and dQ chunks of 16 or 32 columns (one 128-byte TMA "
+            f"swizzle row), got DQ_SHARED={cfg['DQ_SHARED']}, {cols} columns (d={d}, DQ_SPLIT="
+            f"{cfg['DQ_SPLIT']})"
+        )
     return cfg
 
 
@@ -130,7 +141,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
-    OVERLAP_DQ (see BACKWARD_CONFIG).
+    OVERLAP_DQ, DQ_TMA (see BACKWARD_CONFIG).
     dq is summed with fp32 atomics in whatever order the CTAs finish: not bit-reproducible.
     """
     _check_backward_inputs(do, q, k, v, o, lse)
@@ -156,7 +167,8 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
         o, do, lse, delta, lse2, N, n_pad, HEAD_DIM=d, num_warps=8
     )
-    dq_acc = torch.zeros((B, H, N, d), device=q.device, dtype=torch.float32)
+    dq_tma = bool(cfg["DQ_TMA"])  # dQ_acc then padded to n_pad rows a head, like L and D
+    dq_acc = torch.zeros((B, H, n_pad if dq_tma else N, d), device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     q_layout, kv_layout = _smem_layout(BM, d, gdt), _smem_layout(64, d, gdt)
@@ -166,6 +178,11 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     desc_v = TensorDescriptor.from_tensor(v.view(-1, d), [64, d], kv_layout)
     desc_lse = TensorDescriptor.from_tensor(lse2, [BM], _row_layout(BM))
     desc_d = TensorDescriptor.from_tensor(delta, [BM], _row_layout(BM))
+    dq_out = dq_acc
+    if dq_tma:
+        cols = d // NC // cfg["DQ_SPLIT"]
+        lay = gl.NVMMASharedLayout.get_default_for([BM, cols], gl.float32)
+        dq_out = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [BM, cols], lay)
     _attn_bwd_kernel[(triton.cdiv(N, BN), B * H)](
         desc_q,
         desc_k,
@@ -173,7 +190,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         desc_do,
         desc_lse,
         desc_d,
-        dq_acc,
+        dq_out,
         dk,
         dv,
         N,
@@ -190,9 +207,14 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         DQ_VEC=cfg["DQ_VEC"],
         DQ_SHARED=bool(cfg["DQ_SHARED"]),
         OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]),
+        DQ_TMA=dq_tma,
         num_warps=4,
     )
     dq = torch.empty_like(q)
-    n = dq.numel()
-    _bwd_dq_epilogue[(triton.cdiv(n, 512),)](dq_acc, dq, n, scale, num_warps=4)
+    if dq_tma:
+        grid = (triton.cdiv(N, 64), B * H)
+        _bwd_dq_epilogue_rows[grid](dq_acc, dq, N, n_pad, scale, HEAD_DIM=d, num_warps=8)
+    else:
+        n = dq.numel()
+        _bwd_dq_epilogue[(triton.cdiv(n, 512),)](dq_acc, dq, n, scale, num_warps=4)
     return dq, dk, dv

@@ -34,7 +34,8 @@ class DqVecBases(dict):
 
 
 if HAVE_GLUON:
-    from ._lang import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma
+    from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, tma_reduce_add
+    from ._lang import warpgroup_mma
     from ._lang import warpgroup_mma_wait
     from .producer import _a_operand_layout, _mma_layout
 
@@ -51,9 +52,10 @@ if HAVE_GLUON:
         MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
         HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
         CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
-        DQ_SHARED: gl.constexpr, OVERLAP_DQ: gl.constexpr,
+        DQ_SHARED: gl.constexpr, OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
     ):  # fmt: skip
-        """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0."""
+        """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0. dq_ptr: the
+        fp32 dQ (a pointer), or with DQ_TMA a (tensor descriptor, staging tiles) pair."""
         q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_smem, ds_bufs, q_ready, q_empty, ds_bars = bufs
         k_smem = k_bufs.index(CID)
         ds_smem = ds_bufs.index(CID)
@@ -89,7 +91,7 @@ if HAVE_GLUON:
             return _bwd_dkdv_dq(
                 pT_a, dsT_a, dsT, dk, dv, q_smem, do_smem, ds_bufs, k_bufs, ds_bars,
                 q_empty.index(s), jc, i, dq_ptr, row0, N, BM, HEAD_DIM, DQ_SPLIT, dtype, CID,
-                NUM_CONSUMERS, DQ_VEC,
+                NUM_CONSUMERS, DQ_VEC, DQ_TMA,
             )  # fmt: skip
         dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
         dk = warpgroup_mma(dsT_a, q_smem, dk, is_async=True)
@@ -102,7 +104,7 @@ if HAVE_GLUON:
         mbarrier.arrive(q_empty.index(s), count=1)  # Q_i, dO_i no longer read
         _bwd_dq(
             ds_bufs, k_bufs, ds_bars, jc, i, dq_ptr, row0, N, BM, HEAD_DIM, DQ_SPLIT, dtype,
-            CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED,
+            CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED, DQ_TMA,
         )  # fmt: skip
         return dk, dv
 
@@ -111,7 +113,7 @@ if HAVE_GLUON:
         ds_bufs, k_bufs, ds_bars, jc, i, dq_ptr, row0, N,
         BM: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
         CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
-        DQ_SHARED: gl.constexpr,
+        DQ_SHARED: gl.constexpr, DQ_TMA: gl.constexpr,
     ):  # fmt: skip
         """dQ_i += dS K, added to the fp32 dQ in global memory, in DQ_SPLIT column chunks (a
         smaller accumulator, fewer live atomic addresses). A = (dS^T in shared memory)^T.
@@ -129,14 +131,16 @@ if HAVE_GLUON:
             dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq0,))
             if DQ_SHARED and h == DQ_SPLIT - 1:  # both dS^T tiles read: free them
                 mbarrier.arrive(ds_bars.index(1), count=1)
-            _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+            _bwd_dq_out(
+                dq, i, dq_ptr, row0, N, col0, h, CID, DQ_SPLIT, BM, HEAD_DIM, DQ_VEC, DQ_TMA
+            )  # fmt: skip
 
     @gluon.jit
     def _bwd_dkdv_dq(
         pT_a, dsT_a, dsT, dk, dv, q_smem, do_smem, ds_bufs, k_bufs, ds_bars, q_free, jc, i,
         dq_ptr, row0, N, BM: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr,
         dtype: gl.constexpr, CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
-        DQ_VEC: gl.constexpr,
+        DQ_VEC: gl.constexpr, DQ_TMA: gl.constexpr,
     ):  # fmt: skip
         """OVERLAP_DQ (with DQ_SHARED): the end of ``_bwd_step`` with the dQ atomics overlapped
         with the dV / dK wgmmas. dS^T stored and exchanged first; then dQ chunk 0, dV, dK (and
@@ -157,19 +161,26 @@ if HAVE_GLUON:
                 ds_bufs, k_bufs, h, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, G, True
             )  # fmt: skip
             dq = warpgroup_mma_wait(num_outstanding=G + (2 if h == 1 else 0), deps=(dq0,))
-            _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+            _bwd_dq_out(
+                dq, i, dq_ptr, row0, N, col0, h - 1, CID, DQ_SPLIT, BM, HEAD_DIM, DQ_VEC, DQ_TMA
+            )  # fmt: skip
             dq0, col0 = dq1, col1
         if DQ_SPLIT == 1:  # the last chunk waited, dV and dK still running
             dq = warpgroup_mma_wait(num_outstanding=2, deps=(dq0,))
             mbarrier.arrive(ds_bars.index(1), count=1)  # both dS^T tiles read: free them
-            _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+            _bwd_dq_out(
+                dq, i, dq_ptr, row0, N, col0, 0, CID, DQ_SPLIT, BM, HEAD_DIM, DQ_VEC, DQ_TMA
+            )  # fmt: skip
         dv, dk, pT_a, dsT_a, dq0 = warpgroup_mma_wait(
             num_outstanding=0, deps=(dv, dk, pT_a, dsT_a, dq0)
         )  # fmt: skip
         mbarrier.arrive(q_free, count=1)  # Q_i, dO_i no longer read
         if DQ_SPLIT > 1:
             mbarrier.arrive(ds_bars.index(1), count=1)  # both dS^T tiles read: free them
-            _bwd_dq_add(dq0, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+            _bwd_dq_out(
+                dq0, i, dq_ptr, row0, N, col0, DQ_SPLIT - 1, CID, DQ_SPLIT, BM, HEAD_DIM, DQ_VEC,
+                DQ_TMA,
+            )  # fmt: skip
         return dk, dv
 
     @gluon.jit
@@ -197,6 +208,35 @@ if HAVE_GLUON:
                 ds_bufs.index(CID).permute((1, 0)), kh, dq0, use_acc=False, is_async=True
             )  # fmt: skip
         return dq0, col0
+
+    @gluon.jit
+    def _bwd_dq_out(
+        dq, i, dq_ptr, row0, N, col0: gl.constexpr, h: gl.constexpr, CID: gl.constexpr,
+        DQ_SPLIT: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_VEC: gl.constexpr,
+        DQ_TMA: gl.constexpr,
+    ):  # fmt: skip
+        """Chunk h of this step's dQ partial into the fp32 dQ: fp32 atomics from registers
+        (``_bwd_dq_add``) or, with DQ_TMA, one TMA reduce-add from shared memory (FA3's way)."""
+        if DQ_TMA:
+            desc, tiles = dq_ptr
+            _bwd_dq_tma(dq, i, desc, tiles.index(CID * DQ_SPLIT + h), N, col0, h, BM)
+        else:
+            _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
+
+    @gluon.jit
+    def _bwd_dq_tma(dq, i, desc, tile, N, col0: gl.constexpr, h: gl.constexpr, BM: gl.constexpr):
+        """DQ_TMA: dq into this chunk's own fp32 staging tile, then dQ_acc[rows of block i,
+        col0:col0 + cols] += tile by one bulk TMA reduction (``tma_reduce_add``), which runs on
+        while the warpgroup goes on. dQ_acc has N_PAD rows a head (whole query blocks), so rows
+        past N add their zeros to the head's own padding, never to the next head. Chunk 0 first
+        waits until every reduction this thread issued has read its tile (they were issued a
+        whole step earlier; every chunk has its own tile, so one wait covers the step)."""
+        if h == 0:
+            tma.store_wait(pendings=0)
+        tile.store(dq)
+        fence_async_shared()
+        rowp = gl.program_id(1) * (gl.cdiv(N, BM) * BM)
+        tma_reduce_add(desc, [rowp + i * BM, col0], tile)
 
     @gluon.jit
     def _bwd_dq_add(

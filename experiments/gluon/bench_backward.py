@@ -6,6 +6,8 @@
         --variants default,dq_vec4,dq_shared,dq_shared_vec4   # session 9's dQ switches, < 200 s
     python experiments/gluon/bench_backward.py --out DIR --Ns 8192 \
         --variants default,overlap_dq                         # session 9's lever (b), < 150 s
+    python experiments/gluon/bench_backward.py --out DIR --Ns 8192 \
+        --variants default,dq_tma,dq_tma_overlap              # session 12's TMA reduce-add
 
 The backward is a first version (notes/gluon_backward.md) that may fault. So every Gluon call
 runs in a child process: first the correctness checks of each config (the configs' check children
@@ -55,10 +57,14 @@ VARIANTS = {  # config name -> overrides of BACKWARD_CONFIG (the default first)
     "dq_shared_vec4": dict(DQ_SHARED=True, DQ_VEC=4),
     # session 9, lever (b): the dQ atomics overlapped with the dV/dK wgmmas
     "overlap_dq": dict(DQ_SHARED=True, OVERLAP_DQ=True),
+    # session 12: dQ through shared memory and a TMA reduce-add (d = 64 keeps its OVERLAP_DQ)
+    "dq_tma": dict(DQ_TMA=True),
+    "dq_tma_overlap": dict(DQ_TMA=True, OVERLAP_DQ=True),
 }
 VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128),
                 "dq_vec4": (64, 128), "dq_shared": (64, 128), "dq_shared_vec4": (64, 128),
-                "dq_per_consumer": (64, 128), "overlap_dq": (64, 128)}  # fmt: skip
+                "dq_per_consumer": (64, 128), "overlap_dq": (64, 128), "dq_tma": (64, 128),
+                "dq_tma_overlap": (128,)}  # fmt: skip
 
 
 def _emit(**row):

@@ -98,6 +98,10 @@ def build(d=128, dt="fp16", CAUSAL=False, **overrides):
         "qk_scale": "fp32",
         "sm_scale": "fp32",
     }
+    if cfg.get("DQ_TMA"):  # session 12: dQ_acc through a TMA descriptor of fp32 chunk blocks
+        cols = d // cfg["NUM_CONSUMERS"] // cfg["DQ_SPLIT"]
+        lay = gl.NVMMASharedLayout.get_default_for([BM, cols], gl.float32)
+        sig["dq_ptr"] = f"tensordesc<fp32[{BM}, {cols}],{lay!r}>"
     consts = dict(HEAD_DIM=d, CAUSAL=CAUSAL, **cfg)
     return _compile(B._attn_bwd_kernel, sig, consts)
 
@@ -162,6 +166,13 @@ CONFIGS = (
         dict(d=128, DQ_SHARED=True, OVERLAP_DQ=True, DQ_VEC=4),
         dict(d=128, DQ_SHARED=True, OVERLAP_DQ=True, STAGES=1),
     ]
+    + [  # session 12: dQ through shared memory and a TMA reduce-add (DQ_TMA)
+        dict(d=d, dt=dt, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=o, DQ_TMA=True)
+        for d in (64, 128)
+        for o in (False, True)
+        for dt in ("fp16", "bf16")
+        for c in (False, True)
+    ]
 )
 
 
@@ -215,6 +226,20 @@ def main():
             {},
         )
         print("dq epilogue", dt, ptxas_info(k.asm["ptx"]))
+        for d in (64, 128):
+            k = _compile(
+                B._bwd_dq_epilogue_rows,
+                {
+                    "dq_acc_ptr": "*fp32",
+                    "dq_ptr": f"*{dt}",
+                    "N": "i32",
+                    "N_PAD": "i32",
+                    "scale": "fp32",
+                },  # fmt: skip
+                dict(HEAD_DIM=d),
+                num_warps=8,
+            )
+            print("dq epilogue (rows, DQ_TMA)", dt, d, ptxas_info(k.asm["ptx"]))
 
 
 if __name__ == "__main__":

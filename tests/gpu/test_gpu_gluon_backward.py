@@ -65,7 +65,15 @@ def test_backward_matches_float64(N, causal, d, dtype):
 
 
 @pytest.mark.parametrize(
-    "cfg", [{}, dict(DQ_SHARED=True, DQ_VEC=4), dict(OVERLAP_DQ=True)], ids=str
+    "cfg",
+    [
+        {},
+        dict(DQ_SHARED=True, DQ_VEC=4),
+        dict(OVERLAP_DQ=True),
+        dict(DQ_TMA=True),
+        dict(DQ_TMA=True, OVERLAP_DQ=True),
+    ],  # fmt: skip
+    ids=str,
 )
 def test_backward_batch_and_heads_are_separate(cfg):
     """B = 2, H = 3 at a ragged N: a wrong head/batch offset (or the next head's rows leaking
@@ -96,6 +104,12 @@ def test_backward_batch_and_heads_are_separate(cfg):
         dict(OVERLAP_DQ=True, DQ_VEC=4),
         dict(OVERLAP_DQ=True, DQ_SPLIT=1),
         dict(OVERLAP_DQ=True, STAGES=1),
+        # session 12: dQ through shared memory and a TMA reduce-add (DQ_TMA)
+        dict(DQ_TMA=True),
+        dict(DQ_TMA=True, OVERLAP_DQ=True),
+        dict(DQ_TMA=True, OVERLAP_DQ=False),
+        dict(DQ_TMA=True, STAGES=1),
+        dict(DQ_TMA=True, BM=128),
     ],
     ids=str,
 )
@@ -160,3 +174,20 @@ def test_deterministic_mode_keeps_the_bitwise_tl_backward(monkeypatch):
     assert calls1 == calls2 == 0
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dq_tma_matches_the_atomics_over_many_heads(d, causal):
+    """DQ_TMA adds the same fp32 partials as the atomics, through TMA reductions into a dQ_acc
+    padded per head (rows past N land in the head's own padding): over B * H = 12 heads of a
+    ragged N, dq agrees with the atomic path's to fp32 summation order, and dk, dv are the same
+    bits (DQ_TMA does not touch them)."""
+    q, k, v, do = _inputs(2, 6, 1337, d, torch.float16, 21)
+    o, lse = G.gluon_attention_forward(q, k, v, causal=causal)
+    want = GB.gluon_attention_backward(do, q, k, v, o, lse, causal=causal)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_attention_backward(do, q, k, v, o, lse, causal=causal, DQ_TMA=True)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    tol = 2 * 2**-10 * want[0].abs().max().item()  # fp32 sums in another order, then one rounding
+    assert (got[0].float() - want[0].float()).abs().max().item() <= tol
