@@ -219,14 +219,19 @@ def test_overlap_dq_is_on_at_d64_only_and_needs_dq_shared():
 
 
 # ------------------------------------------------ session 12: DQ_TMA
-def test_dq_tma_is_off_by_default_and_needs_dq_shared_and_one_swizzle_row():
+def test_dq_tma_is_the_default_where_it_applies_and_needs_dq_shared_and_one_swizzle_row():
     """DQ_TMA's staging tile is one fp32 TMA box of [BM, cols] with the 128-byte swizzle, whose
     rows are at most 32 fp32 columns: refused (a ValueError that says what is accepted) for
-    chunks of 64 columns and without DQ_SHARED's split."""
+    chunks of 64 columns and without DQ_SHARED's split; on by default (measured in session 12)
+    wherever it applies, off where it does not (no error for a schedule that never asked)."""
     for d in (64, 128):
-        assert GB._check_config(d, {})["DQ_TMA"] is False
+        assert GB._check_config(d, {})["DQ_TMA"] is True
+        assert GB._check_config(d, dict(DQ_TMA=False))["DQ_TMA"] is False
+        assert GB._check_config(d, dict(DQ_SHARED=False))["DQ_TMA"] is False
         assert GB._check_config(d, dict(DQ_TMA=True))["DQ_TMA"] is True
-        assert GB._check_config(d, dict(DQ_TMA=True, BM=128))["DQ_TMA"] is True
+    assert GB._check_config(128, dict(DQ_SPLIT=1))["DQ_TMA"] is False  # 64-column chunks
+    assert GB._check_config(128, dict(BM=128))["DQ_TMA"] is False  # the tiles would not fit
+    assert GB._check_config(64, dict(DQ_TMA=True, BM=128))["DQ_TMA"] is True
     assert GB._check_config(128, dict(DQ_TMA=True, DQ_SPLIT=4))["DQ_TMA"] is True  # 16 columns
     with pytest.raises(ValueError, match=r"DQ_TMA needs DQ_SHARED=True .* got DQ_SHARED=False"):
         GB.gluon_attention_backward(**_args(), DQ_TMA=True, DQ_SHARED=False, OVERLAP_DQ=False)
@@ -234,6 +239,20 @@ def test_dq_tma_is_off_by_default_and_needs_dq_shared_and_one_swizzle_row():
         GB.gluon_attention_backward(**_args(d=128), DQ_TMA=True, DQ_SPLIT=1)
     with pytest.raises(ValueError, match=r"DQ_TMA='yes' not supported; accepted: \(False, True\)"):
         GB.gluon_attention_backward(**_args(), DQ_TMA="yes")
+
+
+def test_shared_memory_estimate_matches_the_compile_and_refuses_what_does_not_fit():
+    """shared_bytes against the sm_90a compile (compile_bwd_sm90.py, session 12: 83,248 /
+    148,784 / 99,648 / 181,568 bytes with barriers), and a schedule over the limit refused
+    before any launch (d = 128, BM = 128 with DQ_TMA's tiles: ~297 KB)."""
+    full = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False)  # the compile's switches
+    for d, tma, compiled in ((64, False, 83248), (128, False, 148784), (64, True, 99648),
+                             (128, True, 181568)):  # fmt: skip
+        est = GB.shared_bytes(d, {**GB.BACKWARD_CONFIG[d], **full, "DQ_TMA": tma})
+        assert 0 <= compiled - est <= 512, (d, tma, est)
+    with pytest.raises(ValueError, match=r"needs about 29\d{4} bytes of shared memory .* lower"):
+        GB.gluon_attention_backward(**_args(d=128), DQ_TMA=True, BM=128)
+    assert GB._check_config(128, dict(BM=128))["BM"] == 128  # fits without the tiles
 
 
 class _Bar:

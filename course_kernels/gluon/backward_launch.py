@@ -62,9 +62,13 @@ _ACCEPTED = {
 # DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
 # reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
 # registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
-BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, DQ_TMA=False)
+# Measured in session 12 (course_kernels/data/gluon/h200_gluon_backward_session12_dqtma.json,
+# N = 8K, fp16, one process): d = 64 +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on
+# wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
+BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False)
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
+SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
 
 
 def _check_backward_inputs(do, q, k, v, o, lse) -> None:
@@ -113,10 +117,19 @@ def _check_config(d: int, config: dict) -> dict:
     if cfg["OVERLAP_DQ"] and not cfg["DQ_SHARED"]:
         raise ValueError("OVERLAP_DQ is implemented with DQ_SHARED only: it needs DQ_SHARED=True")
     cols = d // cfg["DQ_SPLIT"] // (cfg["NUM_CONSUMERS"] if cfg["DQ_SHARED"] else 1)
+    if "DQ_TMA" not in config:  # the measured default, where it applies
+        fits = shared_bytes(d, dict(cfg, DQ_TMA=True)) <= SMEM_LIMIT
+        cfg["DQ_TMA"] = bool(cfg["DQ_SHARED"]) and cols in (16, 32) and fits
     if cols < 16:
         raise ValueError(
             f"dQ chunks of {cols} columns (d={d}, DQ_SPLIT={cfg['DQ_SPLIT']}, DQ_SHARED="
             f"{cfg['DQ_SHARED']}): need at least 16; lower DQ_SPLIT"
+        )
+    need = shared_bytes(d, cfg)
+    if need > SMEM_LIMIT:
+        raise ValueError(
+            f"this schedule needs about {need} bytes of shared memory a CTA, over Hopper's "
+            f"{SMEM_LIMIT}: lower BM or STAGES (d={d}, {cfg})"
         )
     if cfg["DQ_TMA"] and not (cfg["DQ_SHARED"] and cols in (16, 32)):
         raise ValueError(
@@ -125,6 +138,16 @@ def _check_config(d: int, config: dict) -> dict:
             f"{cfg['DQ_SPLIT']})"
         )
     return cfg
+
+
+def shared_bytes(d: int, cfg: dict) -> int:
+    """Shared memory of one backward CTA in bytes (the buffers of ``_attn_bwd_kernel``; the
+    sm_90a compile adds a few hundred bytes of barriers): the (Q, dO, L, D) ring, K and V of
+    every consumer, the dS^T tiles, and DQ_TMA's fp32 staging tiles."""
+    BM, NC, split = cfg["BM"], cfg["NUM_CONSUMERS"], cfg["DQ_SPLIT"]
+    ring = cfg["STAGES"] * (2 * BM * d * 2 + 2 * BM * 4)
+    tiles = NC * BM * (d // NC // split) * split * 4 if cfg.get("DQ_TMA") else 0
+    return ring + NC * 2 * 64 * d * 2 + NC * 64 * BM * 2 + tiles
 
 
 def _row_layout(BM: int):
