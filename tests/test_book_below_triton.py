@@ -161,3 +161,25 @@ def test_the_scheduler_listings_show_package_code():
         assert f'show("{name}")' in code, name
         assert colab.LISTINGS[name][0].startswith("course_kernels.gluon.")
     assert "gl.atomic_xchg(sched_ptr, 0)" in colab.listing("gluon.retire_scheduler")
+
+
+# ---------------------------------------------- ping-pong turns (PINGPONG), session 12
+def test_pingpong_is_the_default_where_it_won_and_the_chapter_says_so():
+    from course_kernels.gluon import launch
+
+    def gains(rows):
+        return [r["ms"]["default"] / r["ms"]["pingpong"] - 1 for r in rows]
+
+    full = load_json("gluon/h200_pingpong_full.json")["rows"]
+    causal = load_json("gluon/h200_pingpong_causal.json")["rows"]
+    rep = [r for w in load_json("gluon/h200_pingpong_full64.json")["runs"] for r in w["rows"]]
+    assert len(rep) == 18 and all(r["d"] == 64 for r in rep)
+    assert min(gains(rep)) > 0 and min(gains([r for r in full if r["d"] == 64])) > 0
+    assert max(gains([r for r in full + causal if r["d"] == 128])) < 0
+    assert max(gains([r for r in causal if r["d"] == 64])) < 0
+    assert launch.NONCAUSAL_CONFIG[64].get("PINGPONG") is True
+    assert not launch.NONCAUSAL_CONFIG[128].get("PINGPONG")
+    assert not any(c.get("PINGPONG") for c in launch.CAUSAL_CONFIG.values())
+    prose = _prose()
+    assert "## Ping-pong: the consumers take turns" in prose
+    assert "unmeasured" not in prose and "not yet run on a GPU" not in prose

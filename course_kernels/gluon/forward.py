@@ -36,9 +36,9 @@ measured in session 11, mixed, off): ``O_STAGE`` gives each consumer its own O s
 epilogue's TMA store is waited for only before the next tile's, not at once (FA3's epilogue).
 Session 11: ``WINDOW`` (a causal sliding window, ``win_left`` keys before the diagonal: the
 producer loads a tile's window only, each consumer starts at its own first visible block) and
-``PINGPONG`` (off, not measured: FA3's warp-scheduler barriers, the consumers take turns to issue
-their GEMMs, so one's softmax runs under another's GEMMs). The switches reach the roles as one
-:class:`Schedule`.
+``PINGPONG`` (FA3's warp-scheduler barriers: the consumers take turns to issue their GEMMs, so
+one's softmax runs under another's GEMMs; measured in session 12, on for d = 64 non-causal calls
+only, ``launch.NONCAUSAL_CONFIG``). The switches reach the roles as one :class:`Schedule`.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is

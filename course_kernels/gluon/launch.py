@@ -248,8 +248,8 @@ def gluon_attention_forward(
     score against each row's last visible key; not at all where the rows see the whole block) and
     O_STAGE (session 10, measured in session 11 and left off: O stored through its own shared-memory
     tile per consumer, its TMA store waited for only before the next tile's) and PINGPONG (session
-    11, not measured: the consumers take turns to issue their GEMMs, FA3's warp-scheduler
-    barriers; needs OVERLAP)."""
+    11, measured in session 12: the consumers take turns to issue their GEMMs, FA3's
+    warp-scheduler barriers; needs OVERLAP; on for d = 64 non-causal calls, NONCAUSAL_CONFIG)."""
     _check_inputs(q, k, v)
     if not gluon_available():
         raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
