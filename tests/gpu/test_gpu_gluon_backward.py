@@ -200,3 +200,68 @@ def test_dq_tma_matches_the_atomics_over_many_heads(d, causal):
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
     tol = 2 * 2**-10 * want[0].abs().max().item()  # fp32 sums in another order, then one rounding
     assert (got[0].float() - want[0].float()).abs().max().item() <= tol
+
+
+# ------------------------------------------- session 12: the causal sliding window
+def _window_grads(q, k, v, do, scale, left, f64):
+    """dq, dk, dv with row i seeing keys [i - left, i]: float64 autograd with the boolean mask,
+    or SDPA with it in the inputs' dtype (the naive side of the 2x rule)."""
+    import torch.nn.functional as F
+
+    n = q.shape[2]
+    i = torch.arange(n, device=q.device)[:, None]
+    j = torch.arange(n, device=q.device)[None, :]
+    keep = (j <= i) & (j >= i - left)
+    xs = [x.detach().to(torch.float64 if f64 else x.dtype).requires_grad_() for x in (q, k, v)]
+    if f64:
+        s = (xs[0] @ xs[1].transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+        o = torch.softmax(s, -1) @ xs[2]
+    else:
+        o = F.scaled_dot_product_attention(*xs, attn_mask=keep, scale=scale)
+    return torch.autograd.grad(o, xs, do.to(o.dtype))
+
+
+@pytest.mark.parametrize("left", [1, 37, 63, 64, 65, 128, 300, 1023])
+@pytest.mark.parametrize("N", [17, 1000, 2053])
+@pytest.mark.parametrize("d", [64, 128])
+def test_window_backward_matches_float64(left, N, d):
+    """Session 12: the Gluon backward with a causal sliding window (WINDOW): each key block
+    visits only the query blocks that see it, masks both window edges (d = 128 masks every block
+    after the diagonal), and its gradients pass flash-attn's 2x rule against float64, with the
+    forward's own o and lse."""
+    q, k, v, do = _inputs(1, 2, N, d, torch.float16, seed=hash((left, N, d)) % 2**31)
+    scale = 1.0 / math.sqrt(d)
+    ref = _window_grads(q, k, v, do, scale, left, True)
+    sdpa = _window_grads(q, k, v, do, scale, left, False)
+    o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, window_left=left)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_attention_backward(do, q, k, v, o, lse, True, scale, window_left=left)
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
+        assert torch.isfinite(g).all(), f"NaN/inf in {name} (unwritten rows?)"
+        err = (g.double() - r).abs().max().item()
+        err_sdpa = (s.double() - r).abs().max().item()
+        assert err <= 2 * err_sdpa + 1e-5, f"{name} error {err:.3e} > 2 x SDPA's {err_sdpa:.3e}"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_attention_runs_window_backwards_on_the_gluon_kernel(monkeypatch, d):
+    """``window_size=(left, 0)`` with left >= 1 takes the Gluon backward under auto (B = 2,
+    H = 3 heads at a ragged N: head offsets), with gradients close to the tl backward's."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.flash import flash_attention
+
+    q, k, v, do = _inputs(2, 3, 1333, d, torch.float16, seed=31)
+    monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
+    grads, calls = {}, []
+    real = launch.gluon_attention_backward
+    monkeypatch.setattr(
+        launch, "gluon_attention_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    for choice in ("auto", "triton"):
+        monkeypatch.setenv(launch.BACKWARD_ENV, choice)
+        xs = [x.detach().requires_grad_() for x in (q, k, v)]
+        out = flash_attention(*xs, causal=True, window_size=(200, 0))
+        grads[choice] = torch.autograd.grad(out, xs, do)
+        assert len(calls) == 1  # auto took the Gluon backward; "triton" did not
+    for a, b in zip(grads["auto"], grads["triton"], strict=True):
+        assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-8 * b.abs().max().item()
