@@ -1,8 +1,6 @@
 """The Gluon backward's host side on a machine without Hopper (CI): it imports anywhere, refuses
 unsupported inputs with a message that says what is accepted, and says why it cannot run."""
 
-import random
-
 import numpy as np
 import pytest
 
@@ -255,41 +253,6 @@ def test_shared_memory_estimate_matches_the_compile_and_refuses_what_does_not_fi
     with pytest.raises(ValueError, match=r"needs about 29\d{4} bytes of shared memory .* lower"):
         GB.gluon_attention_backward(**_args(d=128), DQ_TMA=True, BM=128)
     assert GB._check_config(128, dict(BM=128))["BM"] == 128  # fits without the tiles
-
-
-def test_query_ranges_of_a_key_block_against_brute_force():
-    """_q_range (the kernel's own code, run on Python ints): for a key block [n0, n0 + BN) the
-    visited query blocks [lo, hi) hold every visible (key, query) pair, the unmasked ones
-    [mid, far) only visible pairs, and blocks outside [lo, hi) none; plain, causal and causal
-    sliding windows (query q sees keys [q - left, q]; session 12)."""
-    from course_kernels.gluon import backward as B
-
-    if not hasattr(B, "_q_range"):
-        pytest.skip("Gluon is not importable here")
-    fn, rng = B._q_range.fn, random.Random(7)
-    for _ in range(400):
-        BM, BN = rng.choice([64, 128]), rng.choice([64, 128])
-        N = rng.randint(1, 700)
-        n0 = BN * rng.randrange((N + BN - 1) // BN)
-        causal = rng.random() < 0.8
-        left = rng.choice([1, 2, 63, 64, 65, 127, 128, 300, 1000]) if causal else -1
-        window = causal and rng.random() < 0.7
-        lo, mid, far, hi = fn(n0, N, left, BM, BN, causal, window)
-        assert lo <= mid <= far <= hi <= (N + BM - 1) // BM
-        for i in range((N + BM - 1) // BM):
-            pairs = [(k, q) for k in range(n0, n0 + BN) for q in range(i * BM, i * BM + BM)]
-
-            def sees(k, q, causal=causal, window=window, left=left):
-                return (not causal or k <= q) and (not window or q - k <= left)
-
-            live = any(sees(k, q) for k, q in pairs if k < N and q < N)
-            case = (BM, BN, N, n0, causal, window, left, i, (lo, mid, far, hi))
-            if live:
-                assert lo <= i < hi, case
-            if mid <= i < far:
-                assert n0 + BN <= N and all(sees(k, q) for k, q in pairs), case
-            if not lo <= i < hi:
-                assert not live, case
 
 
 class _Bar:

@@ -120,17 +120,16 @@ def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
 
 def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
     """Where the backward choice says Gluon, ``_backward_c`` returns what the Gluon backward
-    returns, given the lse in natural-log units, the causal flag and (session 12) a causal
-    window's left side; masks it does not take (a window of one key, two-sided windows,
-    softcap, ALiBi, varlen) never ask for it."""
+    returns, given the lse in natural-log units and the causal flag; masks it does not take
+    (windows, bottom-right, ALiBi, varlen) never ask for it."""
     from course_kernels.triton import launch
     from course_kernels.triton.masks import CAUSAL, PLAIN, Variant
 
     asked, calls = [], []
     monkeypatch.setattr(launch, "_use_gluon", lambda q, k, backward=False: asked.append(1) or True)
 
-    def fake(do, q, k, v, o, lse, causal, scale, window_left=None):
-        calls.append((lse, causal, scale, window_left))
+    def fake(do, q, k, v, o, lse, causal, scale):
+        calls.append((lse, causal, scale))
         return "dq", "dk", "dv"
 
     monkeypatch.setattr(launch, "gluon_attention_backward", fake)
@@ -138,16 +137,13 @@ def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
     lse_c = torch.randn(1, 2, 8)
     for variant in (PLAIN, CAUSAL):
         assert launch._backward_c(do, q, k, v, o, lse_c, variant, 0.3) == ("dq", "dk", "dv")
-        lse, causal, scale, left = calls[-1]
+        lse, causal, scale = calls[-1]
         assert torch.equal(lse, lse_c * variant.units(0.3)[1]) and causal is variant.causal
-        assert scale == 0.3 and left is None
+        assert scale == 0.3
     assert len(asked) == 2
     window = Variant(causal=True, window=(4, 0))
-    assert launch._backward_c(do, q, k, v, o, lse_c, window, 0.3) == ("dq", "dk", "dv")
-    assert calls[-1][1:] == (True, 0.3, 4) and len(asked) == 3
-    for other in (Variant(causal=True, window=(0, 0)), Variant(window=(4, 4))):
-        dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, other, 0.3)  # the tl kernels
-        assert len(asked) == 3 and len(calls) == 3 and dq.shape == q.shape
+    dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, window, 0.3)  # the tl kernels
+    assert len(asked) == 2 and len(calls) == 2 and dq.shape == q.shape
 
 
 def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():

@@ -91,46 +91,26 @@ if HAVE_GLUON:
 
     # ------------------------------------------------------------- the ranges
     @gluon.jit
-    def _q_range(
-        n0, N, win_left, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
-        WINDOW: gl.constexpr,
-    ):  # fmt: skip
-        """Query blocks of key block [n0, n0 + BN): [lo, hi), the masked ones [lo, mid) and
-        [far, hi). Masked: the causal diagonal blocks, every block of the key-tail CTA, and with
-        a causal sliding WINDOW (query q sees keys [q - win_left, q]) the blocks holding a query
-        past some key's window; blocks wholly past the window's reach are not visited."""
-        hi = (N + BM - 1) // BM  # plain integer arithmetic: the CPU tests run it on ints
+    def _q_range(n0, N, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """Query blocks of key block [n0, n0 + BN): [lo, n_blocks), the masked ones [lo, mid).
+        Masked: the causal diagonal blocks, and every block of the key-tail CTA."""
+        n_blocks = gl.cdiv(N, BM)
         if CAUSAL:
             lo = n0 // BM
-            mid = (n0 + BN + BM - 1) // BM
-            if mid > hi:
-                mid = hi
+            mid = gl.minimum(n_blocks, gl.cdiv(n0 + BN, BM))
         else:
             lo = n0 * 0
             mid = lo
-        far = hi
-        if WINDOW:  # the last query that sees a key of the block: n0 + BN - 1 + win_left
-            reach = (n0 + BN - 1 + win_left) // BM + 1
-            if reach < hi:
-                hi = reach
-            if mid > hi:
-                mid = hi
-            far = (n0 + win_left + 1) // BM  # first block with a query past key n0's window
-            if far > hi:
-                far = hi
-            if far < mid:
-                far = mid
         if n0 + BN > N:  # keys past N: the next head's K rows (or TMA's zeros) must give P = 0
-            mid = hi
-            far = hi
-        return lo, mid, far, hi
+            mid = n_blocks
+        return lo, mid, n_blocks
 
     # ----------------------------------------------------------------- producer
     @gluon.jit
     def _bwd_producer(
-        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left,
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD,
         BM: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+        CAUSAL: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -149,9 +129,9 @@ if HAVE_GLUON:
             tma.async_copy_global_to_shared(
                 desc_v, [row0 + n0 + c * KEYS, 0], kv_ready.index(0), v_bufs.index(c)
             )
-        lo, mid, far, hi = _q_range(n0, N, win_left, BM, BN, CAUSAL, WINDOW)
+        lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
         # (Q_i, dO_i, L_i log2 e, D_i) ring
-        for i in range(lo, hi):
+        for i in range(lo, n_blocks):
             jc = i - lo
             s = jc % STAGES
             mbarrier.wait(q_empty.index(s), ((jc // STAGES) & 1) ^ 1)
@@ -190,11 +170,11 @@ if HAVE_GLUON:
     # ----------------------------------------------------------------- consumer
     @gluon.jit
     def _bwd_consumer(
-        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale, sm_scale,
+        dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale,
         CID: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
         NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
-        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, WINDOW: gl.constexpr,
+        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -208,31 +188,20 @@ if HAVE_GLUON:
                 q_empty, ds_bars)  # fmt: skip
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
-        lo, mid, far, hi = _q_range(n0, N, win_left, BM, BN, CAUSAL, WINDOW)
+        lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
         mbarrier.wait(kv_ready.index(0), 0)
         for i in range(lo, mid):  # masked: causal diagonal, key tail
             dk, dv = _bwd_step(
-                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale,
-                True, CAUSAL, WINDOW, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
+                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
+                True, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
                 DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
             )  # fmt: skip
-        # WINDOW at d = 128: the blocks after the diagonal all masked, one copy of the step
-        # (sm_90a: 344 B of spills a thread, against 644 B with a third, unmasked copy; d = 64
-        # spills nothing either way and keeps the unmasked middle; compile_bwd_sm90.py)
-        MASK_ALL: gl.constexpr = WINDOW and HEAD_DIM > 64
-        for i in range(mid, hi if MASK_ALL else far):
+        for i in range(mid, n_blocks):
             dk, dv = _bwd_step(
-                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale,
-                MASK_ALL, CAUSAL, WINDOW, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID,
-                NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
+                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
+                False, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
+                DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
             )  # fmt: skip
-        if WINDOW and not MASK_ALL:
-            for i in range(far, hi):  # masked: queries past some key's window
-                dk, dv = _bwd_step(
-                    bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale,
-                    True, CAUSAL, WINDOW, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID,
-                    NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-                )  # fmt: skip
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
             tma.store_wait(pendings=0)
         _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype)
@@ -241,12 +210,11 @@ if HAVE_GLUON:
     @gluon.jit
     def _attn_bwd_kernel(
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_ptr, dk_ptr, dv_ptr, N, N_PAD,
-        win_left, qk_scale, sm_scale,
+        qk_scale, sm_scale,
         BM: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr = 2, DQ_SHARED: gl.constexpr = False,
         OVERLAP_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
-        WINDOW: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head)."""
@@ -290,11 +258,10 @@ if HAVE_GLUON:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, win_left, BM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     WINDOW)),
-                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale, sm_scale, 0,
+                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, WINDOW)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -303,14 +270,13 @@ if HAVE_GLUON:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, win_left, BM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     WINDOW)),
-                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale, sm_scale, 0,
+                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, WINDOW)),
-                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale, sm_scale, 1,
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 1,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, WINDOW)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

@@ -17,7 +17,7 @@ import math
 
 from ..numpy.reference import LOG2E
 from ._lang import HAVE_GLUON
-from .launch import _check_inputs, _check_window, _smem_layout, gluon_available, why_unavailable
+from .launch import _check_inputs, _smem_layout, gluon_available, why_unavailable
 
 if HAVE_GLUON:
     import triton
@@ -156,22 +156,18 @@ def _row_layout(BM: int):
     return _ROW_LAYOUTS[BM]
 
 
-def gluon_attention_backward(
-    do, q, k, v, o, lse, causal: bool = False, scale=None, window_left=None, **config
-):
+def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=None, **config):
     """Gradients (dq, dk, dv) of attention with the FA3-style Gluon backward (first version).
 
     q, k, v, o, do: (B, H, N, d), fp16 or bf16, d in {64, 128}, as many K/V heads as query
     heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
-    ``is_causal``); scale defaults to 1/sqrt(d); window_left (causal only): row i sees keys
-    [i - window_left, i], as in :func:`.launch.gluon_attention_forward`. Keyword overrides of the schedule (for
+    ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
     OVERLAP_DQ, DQ_TMA (see BACKWARD_CONFIG).
     dq is summed with fp32 atomics in whatever order the CTAs finish: not bit-reproducible.
     """
     _check_backward_inputs(do, q, k, v, o, lse)
-    win = _check_window(window_left, causal, q.shape[2])
     cfg = _check_config(q.shape[-1], config)
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
@@ -222,7 +218,6 @@ def gluon_attention_backward(
         dv,
         N,
         n_pad,
-        win,
         scale * LOG2E,  # c = scale log2(e): P = exp2(S c - L log2 e)
         scale,
         BM=BM,
@@ -236,7 +231,6 @@ def gluon_attention_backward(
         DQ_SHARED=bool(cfg["DQ_SHARED"]),
         OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]),
         DQ_TMA=dq_tma,
-        WINDOW=win >= 0,
         num_warps=4,
     )
     dq = torch.empty_like(q)

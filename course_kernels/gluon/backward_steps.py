@@ -48,9 +48,8 @@ if HAVE_GLUON:
     # ------------------------------------------------------------ consumer step
     @gluon.jit
     def _bwd_step(
-        bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale,
-        MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STAGES: gl.constexpr,
-        BM: gl.constexpr,
+        bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
+        MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
         HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
         CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
         DQ_SHARED: gl.constexpr, OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
@@ -79,8 +78,6 @@ if HAVE_GLUON:
             if CAUSAL:
                 qrow = i * BM + gl.arange(0, BM, layout=col_layout)
                 keep = keep & (key[:, None] <= qrow[None, :])
-                if WINDOW:  # query q sees keys [q - win_left, q]
-                    keep = keep & (qrow[None, :] - key[:, None] <= win_left)
             pT = gl.where(keep, pT, 0.0)
         dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dpT,))
         delta = d_bufs.index(s).load(col_layout)

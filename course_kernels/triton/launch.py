@@ -76,8 +76,10 @@ def _gluon_fits(q, k) -> bool:
     )
 
 
-# Head dims where "auto" takes the Gluon backward: d = 64 since session 10, 128 since DQ_TMA
-# (session 12, notes/gluon_backward.md). torch.use_deterministic_algorithms keeps tl (bitwise).
+# Head dims where "auto" takes the Gluon backward: on the H200 5-9% faster than tl at d = 64,
+# 4-10% slower at 128 (data/bench/h200_features_bench_gluon_backward.json); since session 12's
+# DQ_TMA (+11-17% at d = 128, data/gluon/h200_gluon_backward_session12_dqtma.json) both. Its dQ
+# sums are not bit-reproducible: under torch.use_deterministic_algorithms(True) "auto" keeps tl.
 GLUON_BACKWARD_AUTO = (64, 128)
 
 
@@ -332,10 +334,9 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
     if _one_key_closed_form(k, variant, alibi, varlen):
         return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
-    form = variant.gluon_form() if varlen is None and alibi is None else None
-    if form is not None and _use_gluon(q, k, True):  # plain, causal, causal window (left >= 1)
+    if varlen is None and alibi is None and variant in (PLAIN, CAUSAL) and _use_gluon(q, k, True):
         lse = lse_c * variant.units(scale)[1]  # units of c -> the natural-log lse it takes
-        return gluon_attention_backward(do, q, k, v, o, lse, form[0], scale, form[1])
+        return gluon_attention_backward(do, q, k, v, o, lse, causal=variant.causal, scale=scale)
     if INTERPRET and q.dtype == torch.bfloat16:
         f = (x.float() for x in (do, q, k, v, o))
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)

@@ -95,7 +95,6 @@ def build(d=128, dt="fp16", CAUSAL=False, **overrides):
         "dv_ptr": f"*{dt}",
         "N": "i32",
         "N_PAD": "i32",
-        "win_left": "i32",
         "qk_scale": "fp32",
         "sm_scale": "fp32",
     }
@@ -173,18 +172,6 @@ CONFIGS = (
         for o in (False, True)
         for dt in ("fp16", "bf16")
         for c in (False, True)
-    ]
-    + [  # session 12: the causal sliding window (WINDOW), with the defaults' DQ_TMA
-        dict(
-            d=d,
-            dt="fp16",
-            CAUSAL=True,
-            WINDOW=True,
-            DQ_SHARED=True,
-            DQ_TMA=True,
-            OVERLAP_DQ=d == 64,
-        )  # fmt: skip
-        for d in (64, 128)
     ]
 )
 
