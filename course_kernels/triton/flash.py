@@ -8,8 +8,8 @@ Chapter: "Flash Attention in Triton" (forward, backward, the autograd wrapper).
 Semantics are those of ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
 is_causal=causal, scale=scale, enable_gqa=True)``. The forward saves q, k, v (the inputs), O and
 the logsumexp: nothing N x N. The backward recomputes P the FlashAttention-2 way, deterministic
-(no atomics) but for the Gluon backward ``launch._use_gluon`` picks on Hopper at d = 64 (dQ
-atomics; never under ``torch.use_deterministic_algorithms(True)``).
+(no atomics) but for the Gluon backward ``launch._use_gluon`` picks on Hopper at d = 64 and 128
+(dQ sums in no fixed order; never under ``torch.use_deterministic_algorithms(True)``).
 
 Where it runs (``_triton_env``): a CUDA GPU, or, without one, Triton's CPU interpreter (CPU
 tensors; slow; for tests and laptops). On GPUs below sm_80 (Colab's T4, sm_75) Triton >= 3.3

@@ -76,10 +76,9 @@ def _gluon_fits(q, k) -> bool:
     )
 
 
-# Head dims where "auto" takes the Gluon backward: on the H200 5-9% faster than tl at d = 64,
-# 4-10% slower at 128 (data/bench/h200_features_bench_gluon_backward.json); since session 12's
-# DQ_TMA (+11-17% at d = 128, data/gluon/h200_gluon_backward_session12_dqtma.json) both. Its dQ
-# sums are not bit-reproducible: under torch.use_deterministic_algorithms(True) "auto" keeps tl.
+# Head dims where "auto" takes the Gluon backward (H200): d = 64, 5-9% faster than tl; d = 128
+# since DQ_TMA (session 12; 4-10% slower before, bench/h200_features_bench_gluon_backward.json).
+# dQ sums not bit-reproducible: under torch.use_deterministic_algorithms(True) "auto" keeps tl.
 GLUON_BACKWARD_AUTO = (64, 128)
 
 
