@@ -274,6 +274,10 @@ LISTINGS = {
     "gluon.attn_fwd_kernel": ("course_kernels.gluon.forward", "_attn_fwd_kernel"),
     "gluon.bwd_step": ("course_kernels.gluon.backward_steps", "_bwd_step"),
     "gluon.bwd_dq": ("course_kernels.gluon.backward_steps", "_bwd_dq"),
+    "gluon.bwd_dq_tma": ("course_kernels.gluon.backward_steps", "_bwd_dq_tma"),
+    # the course's wrapper of an op Gluon 3.6 has no Python function for (a public name of a
+    # private module: the chapter shows it, never imports it)
+    "gluon.tma_reduce_add": ("course_kernels.gluon._lang", "tma_reduce_add"),
 }
 
 

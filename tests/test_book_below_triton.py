@@ -183,3 +183,33 @@ def test_pingpong_is_the_default_where_it_won_and_the_chapter_says_so():
     prose = _prose()
     assert "## Ping-pong: the consumers take turns" in prose
     assert "unmeasured" not in prose and "not yet run on a GPU" not in prose
+
+
+# ---------------------------------------------- the backward's dQ by a TMA reduce-add (DQ_TMA)
+def test_dq_tma_won_in_every_row_is_the_default_and_the_chapter_says_so():
+    from course_kernels.gluon import backward_launch as GB
+    from course_kernels.triton import launch
+
+    run = load_json("gluon/h200_gluon_backward_session12_dqtma.json")
+    assert run["checks"] and all(c["ok"] for c in run["checks"])
+    t = {(r["provider"], r["d"], r["causal"]): r for r in run["times"]}
+    rows = [(d, c) for d in (64, 128) for c in (False, True)]
+    for d, c in rows:  # DQ_TMA faster than the atomics in every row
+        assert t[("gluon dq_tma", d, c)]["tflops"] > t[("gluon default", d, c)]["tflops"]
+    for c in (False, True):  # with OVERLAP_DQ it lost at d = 128
+        assert t[("gluon dq_tma_overlap", 128, c)]["tflops"] < t[("gluon dq_tma", 128, c)]["tflops"]
+    for d in (64, 128):  # the default wherever it applies: both head dims
+        assert GB._check_config(d, {})["DQ_TMA"] is True
+    assert GB.BACKWARD_OVERLAP_DQ == {64: True, 128: False}
+    assert launch.GLUON_BACKWARD_AUTO == (64, 128)
+    # still below the 0.9x cuDNN goal in some row: the chapter must say it is not met
+    assert min(t[("gluon dq_tma", d, c)]["ratio_vs_cudnn"] for d, c in rows) < 0.9
+    prose = _prose()
+    assert "### $dQ$ through a TMA reduce-add (`DQ_TMA`)" in prose
+    assert "**The backward at cuDNN's speed.**" in prose
+    assert "dedicated $dQ$ writer warp and GQA are not\n  written" in prose
+    for stale in ("does not offer\non Hopper", "the `tl` backward was faster)", "only at $d$ ="):
+        assert stale not in prose, stale
+    code = _code()
+    assert 'load_json("gluon/h200_gluon_backward_session12_dqtma.json")' in code
+    assert 'show("gluon.tma_reduce_add")' in code and 'show("gluon.bwd_dq_tma")' in code

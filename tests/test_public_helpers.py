@@ -88,4 +88,5 @@ def test_gluon_listings_are_read_from_the_file_where_gluon_does_not_import(monke
     assert colab.listing("gluon.load_tile") == src
     for name in colab.LISTINGS:
         text = colab.listing(name)
-        assert text == text.lstrip() and re.search(r"^def _", text, re.M), name
+        # a private function, or the one public wrapper of a private module (gluon._lang)
+        assert text == text.lstrip() and re.search(r"^def (_|tma_reduce_add\()", text, re.M), name
