@@ -1,5 +1,5 @@
-"""FlashAttention-3's backward schedule on Hopper, written in Gluon (Triton 3.6): a FIRST
-VERSION, compiled offline for sm_90a but not yet run on a GPU (notes/gluon_backward.md).
+"""FlashAttention-3's backward schedule on Hopper, written in Gluon (Triton 3.6); design,
+predictions and H200 measurements in notes/gluon_backward.md.
 
 One CTA per (key block of ``BN = 64 * NUM_CONSUMERS`` keys, batch x head). Roles:
 
@@ -23,9 +23,9 @@ One CTA per (key block of ``BN = 64 * NUM_CONSUMERS`` keys, batch x head). Roles
 
 L is the forward's NATURAL-log logsumexp (:func:`.launch.gluon_attention_forward`). The math is
 FA2's Algorithm 2 transposed, as in :mod:`course_kernels.triton.backward`; the split into roles
-follows FA3 (arXiv 2407.08608), except that dQ leaves through atomics from the consumers
-instead of FA3's dedicated dQ warpgroup with TMA reduce-add. Host side:
-:mod:`.backward_launch`.
+follows FA3 (arXiv 2407.08608), except that dQ leaves from the consumers themselves (DQ_TMA,
+the default: a TMA bulk reduce-add of a shared-memory tile, as FA3's; else atomics), not from
+FA3's dedicated dQ warp. Host side: :mod:`.backward_launch`.
 """
 
 from __future__ import annotations

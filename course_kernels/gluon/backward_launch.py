@@ -1,12 +1,12 @@
 """Launching the Gluon backward (:mod:`.backward`): checks, its schedule per head dim, the call.
 
-A FIRST VERSION: compiled offline for sm_90a (``experiments/gluon/compile_bwd_sm90.py``), not
-yet run on a GPU, so neither its correctness nor its speed is measured (notes/gluon_backward.md).
-It is not wired into ``course_kernels.flash_attention``.
+Measured on the H200 (notes/gluon_backward.md: sessions 8-12) and the backward that
+``course_kernels.flash_attention``'s ``auto`` runs on Hopper at d = 64 and 128 (plain or causal,
+``triton/launch.py``). Compiled offline for sm_90a by ``experiments/gluon/compile_bwd_sm90.py``.
 
 Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O) and L log2 e, padded per head),
-``_attn_bwd_kernel`` (dK, dV, and dQ added in fp32 with atomics), ``_bwd_dq_epilogue`` (dq in
-the input dtype). Like the forward, importing this module needs neither a GPU nor Gluon; the
+``_attn_bwd_kernel`` (dK, dV, and dQ added in fp32: by TMA reduce-adds of shared-memory tiles,
+DQ_TMA, the default; or by atomics), a dq epilogue (dq in the input dtype). Like the forward, importing this module needs neither a GPU nor Gluon; the
 call raises a RuntimeError saying why where the kernel cannot run, and a ValueError saying
 what is accepted for inputs it does not support (checked first, on any machine).
 """
@@ -165,7 +165,8 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
     OVERLAP_DQ, DQ_TMA (see BACKWARD_CONFIG).
-    dq is summed with fp32 atomics in whatever order the CTAs finish: not bit-reproducible.
+    dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
+    bit-reproducible.
     """
     _check_backward_inputs(do, q, k, v, o, lse)
     cfg = _check_config(q.shape[-1], config)
