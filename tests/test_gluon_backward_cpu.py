@@ -351,3 +351,57 @@ def test_overlap_dq_schedule_releases_nothing_early_and_never_deadlocks(stages):
             b for seed in range(150) for b in _simulate_overlap_dq(seed, stages=stages, early=early)
         ]
         assert bad, early
+
+
+# ------------------------------------------------ session 13: MASKED_LAST (the unmasked run first)
+@pytest.mark.parametrize("masked_last", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_query_block_runs_cover_every_block_once_in_ring_order(masked_last, causal):
+    """_bwd_runs (the kernel's own code, run on Python ints): the two runs visit every query block
+    the key block needs exactly once, ring slots jc = i - base count 0, 1, 2, ... in visiting
+    order (the producer fills slots in that order), the masked run is exactly [lo, mid) (causal
+    diagonal, key tail), and MASKED_LAST puts it second. Checked against a brute-force mask."""
+    if not GB_kernel.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    runs = GB_kernel._bwd_runs.fn
+    BM, BN = 64, 128
+    for N in (1, 17, 64, 127, 128, 129, 200, 1000, 1024, 2053):
+        n_blocks = -(-N // BM)
+        for n0 in range(0, N, BN):
+            keys, rows = np.arange(n0, n0 + BN), np.arange(n_blocks * BM)
+            see = (keys[:, None] <= rows[None, :]) if causal else np.ones((BN, rows.size), bool)
+            need = [i for i in range(n_blocks) if see[:, i * BM : (i + 1) * BM].any()]
+            full = [  # every key of the block < N, and every (key, row) pair visible
+                i for i in need if n0 + BN <= N and see[:, i * BM : (i + 1) * BM].all()
+            ]  # fmt: skip
+            lo = need[0]
+            mid = max([i + 1 for i in need if i not in full], default=lo)
+            assert all(i in full for i in range(mid, n_blocks)), (N, n0)
+            visited, masked = [], []
+            for k, (start, stop, base) in enumerate(runs(lo, mid, n_blocks, masked_last)):
+                is_masked = k == (1 if masked_last else 0)
+                for i in range(start, stop):
+                    assert i - base == len(visited), (N, n0, k, i, base)
+                    visited.append(i)
+                    (masked if is_masked else []).append(i)
+            assert sorted(visited) == need and masked == list(range(lo, mid)), (N, n0)
+            if masked and len(masked) < len(visited):
+                assert (visited[-1] in masked) == masked_last, (N, n0)
+            if not masked_last:  # the producer's single loop: range(lo, n_blocks)
+                assert visited == list(range(lo, n_blocks))
+
+
+def test_masked_last_and_dv_early_are_off_until_measured_and_checked():
+    for d in (64, 128):
+        assert GB._check_config(d, {})["MASKED_LAST"] is False
+        assert GB._check_config(d, {})["DV_EARLY"] is False
+        assert (
+            GB._check_config(d, dict(DV_EARLY=True))["OVERLAP_DQ"] is False
+        )  # d = 64's default off
+    with pytest.raises(ValueError, match="DV_EARLY is written for the step without OVERLAP_DQ"):
+        GB.gluon_attention_backward(**_args(), DV_EARLY=True, OVERLAP_DQ=True)
+        assert GB._check_config(d, dict(MASKED_LAST=True))["MASKED_LAST"] is True
+    with pytest.raises(
+        ValueError, match=r"MASKED_LAST='yes' not supported; accepted: \(False, True\)"
+    ):
+        GB.gluon_attention_backward(**_args(), MASKED_LAST="yes")

@@ -105,15 +105,25 @@ if HAVE_GLUON:
             mid = n_blocks
         return lo, mid, n_blocks
 
+    @gluon.jit
+    def _bwd_runs(lo, mid, n_blocks, MASKED_LAST: gl.constexpr):
+        """The CTA's query blocks in ring order, as two runs (start, stop, base) of the loop
+        ``for i in range(start, stop)`` with ring slot jc = i - base; [lo, mid) is the masked
+        run. Default: masked first. MASKED_LAST (session 13): the unmasked run first, which
+        ptxas then compiles without spills (it spills in whichever loop comes second)."""
+        if MASKED_LAST:
+            return (mid, n_blocks, mid), (lo, mid, lo - (n_blocks - mid))
+        else:
+            return (lo, mid, lo), (mid, n_blocks, lo)
+
     # ----------------------------------------------------------------- producer
     @gluon.jit
     def _bwd_producer(
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD,
         BM: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr,
+        CAUSAL: gl.constexpr, MASKED_LAST: gl.constexpr,
     ):  # fmt: skip
-        (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
-         ds_bars) = ring  # fmt: skip
+        _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
         n0 = gl.program_id(0) * BN
         rowp = gl.program_id(1) * N_PAD  # the same head's first row in the padded L, D
@@ -130,9 +140,26 @@ if HAVE_GLUON:
                 desc_v, [row0 + n0 + c * KEYS, 0], kv_ready.index(0), v_bufs.index(c)
             )
         lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
-        # (Q_i, dO_i, L_i log2 e, D_i) ring
-        for i in range(lo, n_blocks):
-            jc = i - lo
+        if MASKED_LAST:  # the consumers' order (``_bwd_runs``): unmasked blocks first
+            run0, run1 = _bwd_runs(lo, mid, n_blocks, MASKED_LAST)
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0[0], run0[1], run0[2],
+                       row0, rowp, BM, STAGES)  # fmt: skip
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1[0], run1[1], run1[2],
+                       row0, rowp, BM, STAGES)  # fmt: skip
+        else:  # the same order as the consumers' two runs, in one loop
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, lo, n_blocks, lo, row0, rowp,
+                       BM, STAGES)  # fmt: skip
+
+    @gluon.jit
+    def _bwd_loads(
+        desc_q, desc_do, desc_lse, desc_d, ring, start, stop, base, row0, rowp,
+        BM: gl.constexpr, STAGES: gl.constexpr,
+    ):  # fmt: skip
+        """(Q_i, dO_i, L_i log2 e, D_i) of query blocks i in [start, stop) into ring slots
+        jc = i - base (the consumers take them in the same order)."""
+        q_bufs, do_bufs, l_bufs, d_bufs, _k, _v, _ds, q_ready, q_empty, _kv, _dsb = ring
+        for i in range(start, stop):
+            jc = i - base
             s = jc % STAGES
             mbarrier.wait(q_empty.index(s), ((jc // STAGES) & 1) ^ 1)
             mbarrier.expect(
@@ -174,7 +201,8 @@ if HAVE_GLUON:
         CID: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
         NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
-        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
+        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, MASKED_LAST: gl.constexpr,
+        DV_EARLY: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -190,21 +218,37 @@ if HAVE_GLUON:
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
         mbarrier.wait(kv_ready.index(0), 0)
-        for i in range(lo, mid):  # masked: causal diagonal, key tail
-            dk, dv = _bwd_step(
-                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
-                True, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-                DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-            )  # fmt: skip
-        for i in range(mid, n_blocks):
-            dk, dv = _bwd_step(
-                bufs, i - lo, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
-                False, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-                DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-            )  # fmt: skip
+        run0, run1 = _bwd_runs(lo, mid, n_blocks, MASKED_LAST)
+        dk, dv = _bwd_steps(
+            bufs, run0[0], run0[1], run0[2], dk, dv, dq_ptr, row0, k0, N, qk_scale,
+            not MASKED_LAST, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
+            DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
+        )  # fmt: skip
+        dk, dv = _bwd_steps(
+            bufs, run1[0], run1[1], run1[2], dk, dv, dq_ptr, row0, k0, N, qk_scale,
+            MASKED_LAST, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
+            DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
+        )  # fmt: skip
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
             tma.store_wait(pendings=0)
         _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype)
+
+    @gluon.jit
+    def _bwd_steps(
+        bufs, start, stop, base, dk, dv, dq_ptr, row0, k0, N, qk_scale, MASK: gl.constexpr,
+        CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
+        DQ_SPLIT: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr,
+        NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
+        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, DV_EARLY: gl.constexpr,
+    ):  # fmt: skip
+        """Query blocks i in [start, stop), ring slots jc = i - base, masked or not."""
+        for i in range(start, stop):
+            dk, dv = _bwd_step(
+                bufs, i - base, i, dk, dv, dq_ptr, row0, k0, N, qk_scale, MASK, CAUSAL, STAGES,
+                BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED,
+                OVERLAP_DQ, DQ_TMA, DV_EARLY,
+            )  # fmt: skip
+        return dk, dv
 
     # ------------------------------------------------------------------- kernel
     @gluon.jit
@@ -215,6 +259,7 @@ if HAVE_GLUON:
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr = 2, DQ_SHARED: gl.constexpr = False,
         OVERLAP_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
+        MASKED_LAST: gl.constexpr = False, DV_EARLY: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head)."""
@@ -258,10 +303,12 @@ if HAVE_GLUON:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
+                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL,
+                                     MASKED_LAST)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
+                                     MASKED_LAST, DV_EARLY)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -270,13 +317,16 @@ if HAVE_GLUON:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL)),
+                                     N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL,
+                                     MASKED_LAST)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
+                                     MASKED_LAST, DV_EARLY)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 1,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA)),
+                                     DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
+                                     MASKED_LAST, DV_EARLY)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

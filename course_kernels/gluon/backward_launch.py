@@ -53,6 +53,8 @@ _ACCEPTED = {
     "DQ_SHARED": (False, True),
     "OVERLAP_DQ": (False, True),
     "DQ_TMA": (False, True),
+    "MASKED_LAST": (False, True),
+    "DV_EARLY": (False, True),
 }
 # OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
 # S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
@@ -65,7 +67,15 @@ _ACCEPTED = {
 # Measured in session 12 (course_kernels/data/gluon/h200_gluon_backward_session12_dqtma.json,
 # N = 8K, fp16, one process): d = 64 +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on
 # wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
-BACKWARD_DQ_DEFAULTS = dict(DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False)
+BACKWARD_DQ_DEFAULTS = dict(
+    DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=False, DV_EARLY=False
+)
+# MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
+# key tail) after. Same work, another order: ptxas then spills the hoisted wgmma descriptors in
+# the masked loop (a few blocks a CTA) and not in the unmasked one (offline sm_90a compile,
+# d = 128: 19 local loads and 4 stores a step leave the hot loop). Off until measured.
+# DV_EARLY (session 13, FA3's order): dV += P^T dO issued before the wait for dP^T, so it runs
+# while dS^T is computed (not with OVERLAP_DQ). Off until measured.
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
@@ -111,9 +121,15 @@ def _check_config(d: int, config: dict) -> dict:
     for key, val in BACKWARD_DQ_DEFAULTS.items():
         cfg.setdefault(key, val)
     if "OVERLAP_DQ" not in config:  # the measured default, where its DQ_SHARED holds
-        cfg["OVERLAP_DQ"] = BACKWARD_OVERLAP_DQ[d] and bool(cfg["DQ_SHARED"])
+        cfg["OVERLAP_DQ"] = (
+            BACKWARD_OVERLAP_DQ[d] and bool(cfg["DQ_SHARED"]) and not cfg["DV_EARLY"]
+        )
     if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
         raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
+    if cfg["DV_EARLY"] and cfg["OVERLAP_DQ"]:
+        raise ValueError(
+            "DV_EARLY is written for the step without OVERLAP_DQ: pass OVERLAP_DQ=False"
+        )
     if cfg["OVERLAP_DQ"] and not cfg["DQ_SHARED"]:
         raise ValueError("OVERLAP_DQ is implemented with DQ_SHARED only: it needs DQ_SHARED=True")
     cols = d // cfg["DQ_SPLIT"] // (cfg["NUM_CONSUMERS"] if cfg["DQ_SHARED"] else 1)
@@ -164,7 +180,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
-    OVERLAP_DQ, DQ_TMA (see BACKWARD_CONFIG).
+    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY (see BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
     """
@@ -232,6 +248,8 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         DQ_SHARED=bool(cfg["DQ_SHARED"]),
         OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]),
         DQ_TMA=dq_tma,
+        MASKED_LAST=bool(cfg["MASKED_LAST"]),
+        DV_EARLY=bool(cfg["DV_EARLY"]),
         num_warps=4,
     )
     dq = torch.empty_like(q)

@@ -53,9 +53,12 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
         CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
         DQ_SHARED: gl.constexpr, OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
+        DV_EARLY: gl.constexpr = False,
     ):  # fmt: skip
         """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0. dq_ptr: the
-        fp32 dQ (a pointer), or with DQ_TMA a (tensor descriptor, staging tiles) pair."""
+        fp32 dQ (a pointer), or with DQ_TMA a (tensor descriptor, staging tiles) pair.
+        DV_EARLY (session 13, FA3's order): dV += P^T dO issued as soon as P^T is known, before
+        the wait for dP^T, so that it runs while dS^T is computed."""
         q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_smem, ds_bufs, q_ready, q_empty, ds_bars = bufs
         k_smem = k_bufs.index(CID)
         ds_smem = ds_bufs.index(CID)
@@ -79,13 +82,19 @@ if HAVE_GLUON:
                 qrow = i * BM + gl.arange(0, BM, layout=col_layout)
                 keep = keep & (key[:, None] <= qrow[None, :])
             pT = gl.where(keep, pT, 0.0)
-        dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dpT,))
+        a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)
+        if DV_EARLY:  # groups retire in order: waiting for dP^T leaves dV running
+            pT_a = gl.convert_layout(pT.to(dtype), a_layout)
+            dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
+            dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dpT,))
+        else:
+            dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dpT,))
         delta = d_bufs.index(s).load(col_layout)
         dsT = (pT * (dpT - delta[None, :])).to(dtype)
         if DQ_SHARED:  # both consumers' dQ wgmmas of the previous block have read our dS^T tile
             mbarrier.wait(ds_bars.index(1), (jc & 1) ^ 1)
-        a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)
-        pT_a = gl.convert_layout(pT.to(dtype), a_layout)
+        if not DV_EARLY:
+            pT_a = gl.convert_layout(pT.to(dtype), a_layout)
         dsT_a = gl.convert_layout(dsT, a_layout)
         if OVERLAP_DQ:
             return _bwd_dkdv_dq(
@@ -93,7 +102,8 @@ if HAVE_GLUON:
                 q_empty.index(s), jc, i, dq_ptr, row0, N, BM, HEAD_DIM, DQ_SPLIT, dtype, CID,
                 NUM_CONSUMERS, DQ_VEC, DQ_TMA,
             )  # fmt: skip
-        dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
+        if not DV_EARLY:
+            dv = warpgroup_mma(pT_a, do_smem, dv, is_async=True)
         dk = warpgroup_mma(dsT_a, q_smem, dk, is_async=True)
         ds_smem.store(dsT)  # without DQ_SHARED: our previous dQ wgmma has been waited for
         fence_async_shared()

@@ -10,6 +10,8 @@
         --variants default,dq_tma,dq_tma_overlap              # session 12's TMA reduce-add
     (DQ_TMA is the default since session 12: its comparison today is --variants
     default,dq_atomics,dq_tma_overlap)
+    python experiments/gluon/bench_backward.py --out DIR --Ns 8192 \
+        --variants default,masked_last,dv_early,masked_last_dv_early   # session 13
 
 The backward is a first version (notes/gluon_backward.md) that may fault. So every Gluon call
 runs in a child process: first the correctness checks of each config (the configs' check children
@@ -62,13 +64,20 @@ VARIANTS = {  # config name -> overrides of BACKWARD_CONFIG (the default first)
     # session 12: dQ through shared memory and a TMA reduce-add (d = 64 keeps its OVERLAP_DQ)
     "dq_tma": dict(DQ_TMA=True),
     "dq_tma_overlap": dict(DQ_TMA=True, OVERLAP_DQ=True),
+    # session 13: the unmasked query blocks first (the hot loop without spills at d = 128)
+    "masked_last": dict(MASKED_LAST=True),
+    # session 13: dV issued before the wait for dP^T (FA3's order; turns d = 64's OVERLAP_DQ off)
+    "dv_early": dict(DV_EARLY=True),
+    "masked_last_dv_early": dict(MASKED_LAST=True, DV_EARLY=True),
     # the atomics of sessions 9-11 (the session-12 file's "default"), since DQ_TMA is the default
     "dq_atomics": dict(DQ_TMA=False),
 }
 VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128),
                 "dq_vec4": (64, 128), "dq_shared": (64, 128), "dq_shared_vec4": (64, 128),
                 "dq_per_consumer": (64, 128), "overlap_dq": (64, 128), "dq_tma": (64, 128),
-                "dq_tma_overlap": (128,), "dq_atomics": (64, 128)}  # fmt: skip
+                "dq_tma_overlap": (128,), "dq_atomics": (64, 128),
+                "masked_last": (64, 128), "dv_early": (64, 128),
+                "masked_last_dv_early": (64, 128)}  # fmt: skip
 
 
 def _emit(**row):

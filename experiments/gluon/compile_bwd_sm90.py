@@ -173,6 +173,28 @@ CONFIGS = (
         for dt in ("fp16", "bf16")
         for c in (False, True)
     ]
+    + [  # session 13: the unmasked query blocks first (MASKED_LAST)
+        dict(
+            d=d, dt=dt, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=d == 64, DQ_TMA=True, MASKED_LAST=True
+        )
+        for d in (64, 128)
+        for dt in ("fp16", "bf16")
+        for c in (False, True)
+    ]
+    + [  # session 13: dV issued before the wait for dP^T (DV_EARLY), alone and with MASKED_LAST
+        dict(
+            d=d,
+            CAUSAL=c,
+            DQ_SHARED=True,
+            OVERLAP_DQ=False,
+            DQ_TMA=True,
+            DV_EARLY=True,
+            MASKED_LAST=m,
+        )
+        for d in (64, 128)
+        for m in (False, True)
+        for c in (False, True)
+    ]
 )
 
 
