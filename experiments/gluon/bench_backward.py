@@ -11,7 +11,7 @@
     (DQ_TMA is the default since session 12: its comparison today is --variants
     default,dq_atomics,dq_tma_overlap)
     python experiments/gluon/bench_backward.py --out DIR --Ns 8192 \
-        --variants default,masked_last,dv_early,masked_last_dv_early   # session 13
+        --variants default,masked_last,dv_early,masked_last_dv_early,masked_last_overlap
 
 The backward is a first version (notes/gluon_backward.md) that may fault. So every Gluon call
 runs in a child process: first the correctness checks of each config (the configs' check children
@@ -69,6 +69,7 @@ VARIANTS = {  # config name -> overrides of BACKWARD_CONFIG (the default first)
     # session 13: dV issued before the wait for dP^T (FA3's order; turns d = 64's OVERLAP_DQ off)
     "dv_early": dict(DV_EARLY=True),
     "masked_last_dv_early": dict(MASKED_LAST=True, DV_EARLY=True),
+    "masked_last_overlap": dict(MASKED_LAST=True, OVERLAP_DQ=True),  # d = 64's default + switch
     # the atomics of sessions 9-11 (the session-12 file's "default"), since DQ_TMA is the default
     "dq_atomics": dict(DQ_TMA=False),
 }
@@ -77,7 +78,7 @@ VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128)
                 "dq_per_consumer": (64, 128), "overlap_dq": (64, 128), "dq_tma": (64, 128),
                 "dq_tma_overlap": (128,), "dq_atomics": (64, 128),
                 "masked_last": (64, 128), "dv_early": (64, 128),
-                "masked_last_dv_early": (64, 128)}  # fmt: skip
+                "masked_last_dv_early": (64, 128), "masked_last_overlap": (128,)}  # fmt: skip
 
 
 def _emit(**row):

@@ -195,6 +195,10 @@ CONFIGS = (
         for m in (False, True)
         for c in (False, True)
     ]
+    + [  # session 13: MASKED_LAST with OVERLAP_DQ at d = 128 (spills moved out of the hot loop?)
+        dict(d=128, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=True, DQ_TMA=True, MASKED_LAST=True)
+        for c in (False, True)
+    ]
 )
 
 

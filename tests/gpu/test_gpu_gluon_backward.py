@@ -126,6 +126,7 @@ def test_dq_tma_with_128_query_rows():
         dict(DV_EARLY=True),
         dict(DV_EARLY=True, MASKED_LAST=True),
         dict(DV_EARLY=True, DQ_TMA=False, STAGES=1),
+        dict(MASKED_LAST=True, OVERLAP_DQ=True),
     ],
     ids=str,
 )
