@@ -68,14 +68,18 @@ _ACCEPTED = {
 # N = 8K, fp16, one process): d = 64 +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on
 # wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
-    DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=False, DV_EARLY=False
+    DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False
 )
 # MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
 # key tail) after. Same work, another order: ptxas then spills the hoisted wgmma descriptors in
 # the masked loop (a few blocks a CTA) and not in the unmasked one (offline sm_90a compile,
-# d = 128: 19 local loads and 4 stores a step leave the hot loop). Off until measured.
+# d = 128: 19 local loads and 4 stores a step leave the hot loop). Measured in session 13
+# (course_kernels/data/gluon/h200_gluon_backward_session13.json and ..._session13_repeat.json, two
+# processes, fp16, N = 4K-16K): d = 128 +9.3 to +16.2% in 8 of 8 rows, d = 64 +0.9 to +3.1% in 8
+# of 8; the default at both d since.
 # DV_EARLY (session 13, FA3's order): dV += P^T dO issued before the wait for dP^T, so it runs
-# while dS^T is computed (not with OVERLAP_DQ). Off until measured.
+# while dS^T is computed (not with OVERLAP_DQ). Measured in session 13 on top of MASKED_LAST: -5.5 to
+# +3.0% at d = 128 (signs split), -5.1 to -2.4% at d = 64 (it loses OVERLAP_DQ); off.
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin

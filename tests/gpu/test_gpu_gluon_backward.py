@@ -72,7 +72,7 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(OVERLAP_DQ=True),
         dict(DQ_TMA=True),
         dict(DQ_TMA=True, OVERLAP_DQ=True),
-        dict(MASKED_LAST=True),  # session 13: the unmasked query blocks first
+        dict(MASKED_LAST=False),  # the order before session 13 (masked blocks first)
         dict(MASKED_LAST=True, DV_EARLY=True),  # and dV issued before the wait for dP^T
     ],  # fmt: skip
     ids=str,
@@ -118,12 +118,13 @@ def test_dq_tma_with_128_query_rows():
         dict(DQ_TMA=True, OVERLAP_DQ=False),
         dict(DQ_TMA=False),  # the atomics of sessions 9-11 (DQ_TMA is the default since 12)
         dict(DQ_TMA=True, STAGES=1),
-        # session 13: the unmasked query blocks first (ring order changed in both roles)
-        dict(MASKED_LAST=True),
+        # session 13: the unmasked query blocks first (ring order changed in both roles), now
+        # the default; the order before it
+        dict(MASKED_LAST=False),
         dict(MASKED_LAST=True, STAGES=1),
         dict(MASKED_LAST=True, DQ_TMA=False),
         dict(MASKED_LAST=True, DQ_SHARED=False),
-        dict(DV_EARLY=True),
+        dict(DV_EARLY=True, MASKED_LAST=False),
         dict(DV_EARLY=True, MASKED_LAST=True),
         dict(DV_EARLY=True, DQ_TMA=False, STAGES=1),
         dict(MASKED_LAST=True, OVERLAP_DQ=True),
