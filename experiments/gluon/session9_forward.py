@@ -2,9 +2,7 @@
 three per row), then candidate levers on the rows below 1.0 (notes/gluon.md, sessions 9 and 10).
 One command on the H200 (``--candidates`` picks the levers, ``--tag`` names the file):
 
-    PYTHONPATH=. python experiments/gluon/session9_forward.py --out $OUT --budget 230
-
-``--dry-run`` lists the plan and the kernel compiles without a GPU.
+    PYTHONPATH=. python experiments/gluon/session9_forward.py --out $OUT --budget 230  # --dry-run
 
 The parent process never touches CUDA; each phase is a child process of this script:
 
@@ -191,6 +189,7 @@ def child_candidates(rows, levers, deadline, check):
                     continue
                 if time.time() > deadline - 30:  # not checked in time: not timed
                     res["checks"].append(dict(variant=name, d=d, causal=causal, ok=False))
+                    print(f"  CHECK SKIPPED (no time) {name} d={d} causal={causal}", flush=True)
                     continue
                 try:
                     checked = S7.check(cfg, d, causal)
@@ -199,6 +198,8 @@ def child_candidates(rows, levers, deadline, check):
                 for r in checked:
                     r["variant"] = name
                     res["checks"].append(r)
+                    if not r["ok"]:  # logged at once: a pass that times out returns nothing
+                        print("  CHECK FAILED " + json.dumps(r, default=str), flush=True)
         ok = [n for n in levers if all(r["ok"] for r in res["checks"] if r["variant"] == n)]
         print(f"  checks: {sum(r['ok'] for r in res['checks'])}/{len(res['checks'])} pass")
 
