@@ -213,3 +213,34 @@ def test_dq_tma_won_in_every_row_is_the_default_and_the_chapter_says_so():
     code = _code()
     assert 'load_json("gluon/h200_gluon_backward_session12_dqtma.json")' in code
     assert 'show("gluon.tma_reduce_add")' in code and 'show("gluon.bwd_dq_tma")' in code
+
+
+# ---------------------------------------------- the backward's hot loop first (MASKED_LAST)
+def test_masked_last_won_in_every_row_is_the_default_and_the_chapter_says_so():
+    from course_kernels.gluon import backward_launch as GB
+
+    spills = load_json("gluon/sm90_backward_loop_spills.json")["configs"]
+    hot = {}  # (causal, masked_last) -> local loads of the unmasked loops (no mask selects)
+    for c in spills:
+        cfg = c["config"]
+        if cfg["d"] == 128 and cfg.get("dt") == "fp16" and not cfg["OVERLAP_DQ"]:
+            key = (cfg["CAUSAL"], cfg.get("MASKED_LAST", False))
+            hot[key] = [L["LDL"] for L in c["loops"] if L["FSEL"] == 0]
+    assert all(min(hot[(c, False)]) > 0 and max(hot[(c, True)]) == 0 for c in (False, True))
+    gains = []
+    for name in ("h200_gluon_backward_session13.json", "h200_gluon_backward_session13_repeat.json"):
+        run = load_json("gluon/" + name)
+        assert run["checks"] and all(c["ok"] for c in run["checks"])
+        t = {(r["provider"], r["d"], r["N"], r["causal"]): r["ms"] for r in run["times"]}
+        gains += [t[("gluon default",) + k[1:]] / ms - 1 for k, ms in t.items()
+                  if k[0] == "gluon masked_last"]  # fmt: skip
+    assert len(gains) == 16 and min(gains) > 0
+    for d in (64, 128):
+        assert GB._check_config(d, {})["MASKED_LAST"] is True
+        assert GB._check_config(d, {})["DV_EARLY"] is False
+    prose = _prose()
+    assert "### The hot loop first (`MASKED_LAST`)" in prose
+    assert "*Decision.* `MASKED_LAST` is the default at both head dimensions" in prose
+    code = _code()
+    assert 'show("gluon.bwd_runs")' in code
+    assert 'load_json("gluon/h200_gluon_backward_session13_repeat.json")' in code

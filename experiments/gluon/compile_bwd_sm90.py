@@ -202,12 +202,43 @@ CONFIGS = (
 )
 
 
+def loops(ptx):
+    """The consumer loops of the compiled kernel, in code order: for each backward branch that
+    closes a loop holding wgmmas (one such loop per run of ``_bwd_step`` and consumer), its
+    counts of SASS instructions, local loads (``LDL``) and stores (``STL``: spills), ``HGMMA``
+    and ``FSEL`` (the mask's selects: 0 in an unmasked step). ptxas + cuobjdump of the wheel."""
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as f:
+            f.write(ptx)
+        subprocess.run(
+            [os.path.join(bin_dir, "ptxas"), "-arch=sm_90a", src, "-o", cubin], check=True
+        )
+        sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    out = []
+    for addr, text in ins:
+        m = re.search(r"\bBRA (0x[0-9a-f]+)", text)
+        if not m or not 0x400 < addr - int(m.group(1), 16) < 0x4000:
+            continue
+        body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+        count = {k: sum(k in t for t in body) for k in ("LDL", "STL", "HGMMA", "FSEL")}
+        exits = any(t.split()[-1] in ("EXIT", "RET.REL.NODEC") or "EXIT" in t for t in body)
+        if count["HGMMA"] >= 16 and not exits:  # a step loop, not a barrier's out-of-line retry
+            out.append(dict(instructions=len(body), **count))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ptx-dir", help="write each config's PTX here")
     ap.add_argument("--no-hints", action="store_true", help="no divisibility hints (session 8)")
     ap.add_argument("--only", help="substring of the config's printed dict to select configs")
+    ap.add_argument("--loops-json", help="write each selected config's consumer loops (loops())")
     args = ap.parse_args()
+    table = []
     global HINTS
     HINTS = not args.no_hints
     for cfg in CONFIGS:
@@ -220,6 +251,9 @@ def main():
             smem = k.metadata.shared
             fits = "fits" if smem <= SMEM_LIMIT else "TOO BIG"
             print(cfg, "PTX", h, f"shared {smem} B ({fits} 227 KB)", ptxas_info(ptx), atomics(ptx))
+            if args.loops_json:
+                table.append(dict(config=cfg, spills=ptxas_info(ptx), loops=loops(ptx)))
+                print("  loops:", table[-1]["loops"])
             if args.ptx_dir:
                 os.makedirs(args.ptx_dir, exist_ok=True)
                 name = "_".join(f"{a}{b}" for a, b in cfg.items())
@@ -229,6 +263,20 @@ def main():
             while e.__cause__ is not None:  # the innermost error says what is wrong
                 e = e.__cause__
             print(cfg, "FAIL", type(e).__name__, str(e)[-3000:])
+    if args.loops_json:  # the selected configs only, with what made them
+        import datetime
+        import json
+
+        meta = dict(
+            triton=triton.__version__, target="sm_90a (ptxas of the Triton wheel, no GPU)",
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            command="PYTHONPATH=/tmp/t36:. python experiments/gluon/" + " ".join(
+                [os.path.basename(sys.argv[0])] + [repr(a) if " " in a else a for a in sys.argv[1:]]
+            ),
+        )  # fmt: skip
+        with open(args.loops_json, "w") as f:
+            json.dump(dict(meta=meta, configs=table), f, indent=1)
+        return
     for dt in ("fp16", "bf16"):
         for d in (64, 128):
             k = _compile(
