@@ -354,16 +354,19 @@ def test_overlap_dq_schedule_releases_nothing_early_and_never_deadlocks(stages):
 
 
 # ------------------------------------------------ session 13: MASKED_LAST (the unmasked run first)
-@pytest.mark.parametrize("masked_last", [False, True])
+@pytest.mark.parametrize("order", ["masked_first", "masked_last", "rotate"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_query_block_runs_cover_every_block_once_in_ring_order(masked_last, causal):
-    """_bwd_runs (the kernel's own code, run on Python ints): the two runs visit every query block
-    the key block needs exactly once, ring slots jc = i - base count 0, 1, 2, ... in visiting
-    order (the producer fills slots in that order), the masked run is exactly [lo, mid) (causal
-    diagonal, key tail), and MASKED_LAST puts it second. Checked against a brute-force mask."""
+def test_query_block_runs_cover_every_block_once_in_ring_order(order, causal):
+    """_bwd_runs and _bwd_block (the kernel's own code, run on Python ints): the two runs visit
+    every query block the key block needs exactly once, ring slots jc = t - base count 0, 1, 2,
+    ... in visiting order (the producer fills slots in that order), the masked run is exactly
+    [lo, mid) (causal diagonal, key tail), MASKED_LAST puts it second, and ROTATE starts the
+    unmasked run at the key block's own query block (n0 // BM, mod the run's length) and wraps.
+    Checked against a brute-force mask."""
     if not GB_kernel.HAVE_GLUON:
         pytest.skip("triton.experimental.gluon not importable here")
-    runs = GB_kernel._bwd_runs.fn
+    runs, block = GB_kernel._bwd_runs.fn, GB_kernel._bwd_block.fn
+    masked_last, rotate = order != "masked_first", order == "rotate"
     BM, BN = 64, 128
     for N in (1, 17, 64, 127, 128, 129, 200, 1000, 1024, 2053):
         n_blocks = -(-N // BM)
@@ -378,17 +381,26 @@ def test_query_block_runs_cover_every_block_once_in_ring_order(masked_last, caus
             mid = max([i + 1 for i in need if i not in full], default=lo)
             assert all(i in full for i in range(mid, n_blocks)), (N, n0)
             visited, masked = [], []
-            for k, (start, stop, base) in enumerate(runs(lo, mid, n_blocks, masked_last)):
+            for k, (start, stop, base, shift) in enumerate(
+                runs(lo, mid, n_blocks, n0 // BM, masked_last, rotate)
+            ):
                 is_masked = k == (1 if masked_last else 0)
-                for i in range(start, stop):
-                    assert i - base == len(visited), (N, n0, k, i, base)
-                    visited.append(i)
-                    (masked if is_masked else []).append(i)
+                for t in range(start, stop):
+                    assert t - base == len(visited), (N, n0, k, t, base)
+                    visited.append(block(t, start, stop, shift, rotate and not is_masked))
+                    (masked if is_masked else []).append(visited[-1])
             assert sorted(visited) == need and masked == list(range(lo, mid)), (N, n0)
             if masked and len(masked) < len(visited):
                 assert (visited[-1] in masked) == masked_last, (N, n0)
-            if not masked_last:  # the producer's single loop: range(lo, n_blocks)
+            unmasked = [i for i in visited if i not in masked]
+            if order == "masked_first":  # the producer's single loop: range(lo, n_blocks)
                 assert visited == list(range(lo, n_blocks))
+            elif unmasked:
+                first = mid + (n0 // BM) % len(unmasked) if rotate else mid
+                assert unmasked[0] == first and unmasked == sorted(
+                    unmasked, key=lambda i: i < first
+                )
+                assert not rotate or causal or n0 + BN > N or unmasked[0] == n0 // BM
 
 
 def test_masked_last_is_the_measured_default_and_dv_early_is_off_and_checked():
@@ -402,6 +414,9 @@ def test_masked_last_is_the_measured_default_and_dv_early_is_off_and_checked():
             GB._check_config(d, dict(DV_EARLY=True))["OVERLAP_DQ"] is False
         )  # d = 64's default off
     assert GB._check_config(64, {})["OVERLAP_DQ"] is True
+    assert GB._check_config(128, {})["ROTATE"] is False  # off until measured
+    with pytest.raises(ValueError, match="ROTATE turns the unmasked run of MASKED_LAST"):
+        GB.gluon_attention_backward(**_args(), ROTATE=True, MASKED_LAST=False)
     with pytest.raises(ValueError, match="DV_EARLY is written for the step without OVERLAP_DQ"):
         GB.gluon_attention_backward(**_args(), DV_EARLY=True, OVERLAP_DQ=True)
     with pytest.raises(

@@ -106,22 +106,38 @@ if HAVE_GLUON:
         return lo, mid, n_blocks
 
     @gluon.jit
-    def _bwd_runs(lo, mid, n_blocks, MASKED_LAST: gl.constexpr):
-        """The CTA's query blocks in ring order, as two runs (start, stop, base) of the loop
-        ``for i in range(start, stop)`` with ring slot jc = i - base; [lo, mid) is the masked
-        run. Default: masked first. MASKED_LAST (session 13): the unmasked run first, which
-        ptxas then compiles without spills (it spills in whichever loop comes second)."""
+    def _bwd_runs(lo, mid, n_blocks, rot, MASKED_LAST: gl.constexpr, ROTATE: gl.constexpr):
+        """The CTA's query blocks in ring order, as two runs (start, stop, base, shift): the
+        loop ``for t in range(start, stop)`` visits block i = start + (t - start + shift) %
+        (stop - start), in ring slot jc = t - base; [lo, mid) is the masked run. Default: masked
+        first, shift 0. MASKED_LAST (session 13): the unmasked run first, which ptxas then
+        compiles without spills (it spills in whichever loop comes second). ROTATE (with
+        MASKED_LAST): the unmasked run starts at block ``rot`` (mod its length) and wraps, so
+        that the CTAs of one head do not all read the same Q block and add to the same dQ rows
+        at once (without the causal mask they would otherwise walk in step)."""
         if MASKED_LAST:
-            return (mid, n_blocks, mid), (lo, mid, lo - (n_blocks - mid))
+            shift = rot * 0
+            if ROTATE:  # noqa: SIM102 (a constexpr test, then a runtime one)
+                if n_blocks > mid:
+                    shift = rot % (n_blocks - mid)
+            return (mid, n_blocks, mid, shift), (lo, mid, lo - (n_blocks - mid), rot * 0)
         else:
-            return (lo, mid, lo), (mid, n_blocks, lo)
+            return (lo, mid, lo, rot * 0), (mid, n_blocks, lo, rot * 0)
+
+    @gluon.jit
+    def _bwd_block(t, start, stop, shift, ROT: gl.constexpr):
+        """Query block of step t of a run (``_bwd_runs``): t itself, or rotated by ``shift``."""
+        if ROT:
+            return start + (t - start + shift) % (stop - start)
+        else:
+            return t
 
     # ----------------------------------------------------------------- producer
     @gluon.jit
     def _bwd_producer(
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD,
         BM: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, MASKED_LAST: gl.constexpr,
+        CAUSAL: gl.constexpr, MASKED_LAST: gl.constexpr, ROTATE: gl.constexpr,
     ):  # fmt: skip
         _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
@@ -141,25 +157,27 @@ if HAVE_GLUON:
             )
         lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
         if MASKED_LAST:  # the consumers' order (``_bwd_runs``): unmasked blocks first
-            run0, run1 = _bwd_runs(lo, mid, n_blocks, MASKED_LAST)
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0[0], run0[1], run0[2],
-                       row0, rowp, BM, STAGES)  # fmt: skip
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1[0], run1[1], run1[2],
-                       row0, rowp, BM, STAGES)  # fmt: skip
+            run0, run1 = _bwd_runs(lo, mid, n_blocks, n0 // BM, MASKED_LAST, ROTATE)
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0, row0, rowp, BM, STAGES,
+                       ROTATE)  # fmt: skip
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1, row0, rowp, BM, STAGES,
+                       False)  # fmt: skip
         else:  # the same order as the consumers' two runs, in one loop
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, lo, n_blocks, lo, row0, rowp,
-                       BM, STAGES)  # fmt: skip
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, (lo, n_blocks, lo, 0), row0,
+                       rowp, BM, STAGES, False)  # fmt: skip
 
     @gluon.jit
     def _bwd_loads(
-        desc_q, desc_do, desc_lse, desc_d, ring, start, stop, base, row0, rowp,
-        BM: gl.constexpr, STAGES: gl.constexpr,
+        desc_q, desc_do, desc_lse, desc_d, ring, run, row0, rowp, BM: gl.constexpr,
+        STAGES: gl.constexpr, ROT: gl.constexpr,
     ):  # fmt: skip
-        """(Q_i, dO_i, L_i log2 e, D_i) of query blocks i in [start, stop) into ring slots
-        jc = i - base (the consumers take them in the same order)."""
+        """(Q_i, dO_i, L_i log2 e, D_i) of the query blocks of one run (``_bwd_runs``) into
+        their ring slots (the consumers take them in the same order)."""
         q_bufs, do_bufs, l_bufs, d_bufs, _k, _v, _ds, q_ready, q_empty, _kv, _dsb = ring
-        for i in range(start, stop):
-            jc = i - base
+        start, stop, base, shift = run
+        for t in range(start, stop):
+            jc = t - base
+            i = _bwd_block(t, start, stop, shift, ROT)
             s = jc % STAGES
             mbarrier.wait(q_empty.index(s), ((jc // STAGES) & 1) ^ 1)
             mbarrier.expect(
@@ -202,7 +220,7 @@ if HAVE_GLUON:
         NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
         OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, MASKED_LAST: gl.constexpr,
-        DV_EARLY: gl.constexpr,
+        DV_EARLY: gl.constexpr, ROTATE: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -218,16 +236,16 @@ if HAVE_GLUON:
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         lo, mid, n_blocks = _q_range(n0, N, BM, BN, CAUSAL)
         mbarrier.wait(kv_ready.index(0), 0)
-        run0, run1 = _bwd_runs(lo, mid, n_blocks, MASKED_LAST)
+        run0, run1 = _bwd_runs(lo, mid, n_blocks, n0 // BM, MASKED_LAST, ROTATE)
         dk, dv = _bwd_steps(
-            bufs, run0[0], run0[1], run0[2], dk, dv, dq_ptr, row0, k0, N, qk_scale,
-            not MASKED_LAST, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-            DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
+            bufs, run0, dk, dv, dq_ptr, row0, k0, N, qk_scale, not MASKED_LAST, CAUSAL, STAGES,
+            BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
+            DQ_TMA, DV_EARLY, ROTATE,
         )  # fmt: skip
         dk, dv = _bwd_steps(
-            bufs, run1[0], run1[1], run1[2], dk, dv, dq_ptr, row0, k0, N, qk_scale,
-            MASKED_LAST, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS,
-            DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
+            bufs, run1, dk, dv, dq_ptr, row0, k0, N, qk_scale, MASKED_LAST, CAUSAL, STAGES, BM,
+            HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
+            DV_EARLY, False,
         )  # fmt: skip
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
             tma.store_wait(pendings=0)
@@ -235,18 +253,20 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _bwd_steps(
-        bufs, start, stop, base, dk, dv, dq_ptr, row0, k0, N, qk_scale, MASK: gl.constexpr,
+        bufs, run, dk, dv, dq_ptr, row0, k0, N, qk_scale, MASK: gl.constexpr,
         CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
         DQ_SPLIT: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr,
         NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
         OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, DV_EARLY: gl.constexpr,
+        ROT: gl.constexpr,
     ):  # fmt: skip
-        """Query blocks i in [start, stop), ring slots jc = i - base, masked or not."""
-        for i in range(start, stop):
+        """The query blocks of one run (``_bwd_runs``), masked or not."""
+        start, stop, base, shift = run
+        for t in range(start, stop):
             dk, dv = _bwd_step(
-                bufs, i - base, i, dk, dv, dq_ptr, row0, k0, N, qk_scale, MASK, CAUSAL, STAGES,
-                BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED,
-                OVERLAP_DQ, DQ_TMA, DV_EARLY,
+                bufs, t - base, _bwd_block(t, start, stop, shift, ROT), dk, dv, dq_ptr, row0, k0,
+                N, qk_scale, MASK, CAUSAL, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID,
+                NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
             )  # fmt: skip
         return dk, dv
 
@@ -260,6 +280,7 @@ if HAVE_GLUON:
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr = 2, DQ_SHARED: gl.constexpr = False,
         OVERLAP_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
         MASKED_LAST: gl.constexpr = False, DV_EARLY: gl.constexpr = False,
+        ROTATE: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head)."""
@@ -304,11 +325,11 @@ if HAVE_GLUON:
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
                                      N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     MASKED_LAST)),
+                                     MASKED_LAST, ROTATE)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
                                      DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-                                     MASKED_LAST, DV_EARLY)),
+                                     MASKED_LAST, DV_EARLY, ROTATE)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -318,15 +339,15 @@ if HAVE_GLUON:
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
                                      N, N_PAD, BM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     MASKED_LAST)),
+                                     MASKED_LAST, ROTATE)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 0,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
                                      DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-                                     MASKED_LAST, DV_EARLY)),
+                                     MASKED_LAST, DV_EARLY, ROTATE)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, qk_scale, sm_scale, 1,
                                      BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL,
                                      DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-                                     MASKED_LAST, DV_EARLY)),
+                                     MASKED_LAST, DV_EARLY, ROTATE)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

@@ -55,6 +55,7 @@ _ACCEPTED = {
     "DQ_TMA": (False, True),
     "MASKED_LAST": (False, True),
     "DV_EARLY": (False, True),
+    "ROTATE": (False, True),
 }
 # OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
 # S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
@@ -68,7 +69,7 @@ _ACCEPTED = {
 # N = 8K, fp16, one process): d = 64 +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on
 # wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
-    DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False
+    DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False
 )
 # MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
 # key tail) after. Same work, another order: ptxas then spills the hoisted wgmma descriptors in
@@ -80,6 +81,9 @@ BACKWARD_DQ_DEFAULTS = dict(
 # DV_EARLY (session 13, FA3's order): dV += P^T dO issued before the wait for dP^T, so it runs
 # while dS^T is computed (not with OVERLAP_DQ). Measured in session 13 on top of MASKED_LAST: -5.5 to
 # +3.0% at d = 128 (signs split), -5.1 to -2.4% at d = 64 (it loses OVERLAP_DQ); off.
+# ROTATE (session 13, with MASKED_LAST): each key block's CTA starts its unmasked run at the query
+# block of its own keys and wraps round, so that without the causal mask the CTAs of one head do
+# not read the same Q / dO block and add to the same dQ rows in step. Off until measured.
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
@@ -130,6 +134,8 @@ def _check_config(d: int, config: dict) -> dict:
         )
     if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
         raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
+    if cfg["ROTATE"] and not cfg["MASKED_LAST"]:
+        raise ValueError("ROTATE turns the unmasked run of MASKED_LAST: it needs MASKED_LAST=True")
     if cfg["DV_EARLY"] and cfg["OVERLAP_DQ"]:
         raise ValueError(
             "DV_EARLY is written for the step without OVERLAP_DQ: pass OVERLAP_DQ=False"
@@ -184,7 +190,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
-    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY (see BACKWARD_CONFIG).
+    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE (see BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
     """
@@ -254,6 +260,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         DQ_TMA=dq_tma,
         MASKED_LAST=bool(cfg["MASKED_LAST"]),
         DV_EARLY=bool(cfg["DV_EARLY"]),
+        ROTATE=bool(cfg["ROTATE"]),
         num_warps=4,
     )
     dq = torch.empty_like(q)

@@ -67,6 +67,7 @@ VARIANTS = {  # config name -> overrides of BACKWARD_CONFIG (the default first)
     # session 13: the unmasked query blocks first (the hot loop without spills at d = 128)
     "masked_last": dict(MASKED_LAST=True),  # the default since session 13, measured with:
     "masked_first": dict(MASKED_LAST=False),  # the order before session 13
+    "rotate": dict(ROTATE=True),  # session 13: the unmasked run started at the block's own rows
     # session 13: dV issued before the wait for dP^T (FA3's order; turns d = 64's OVERLAP_DQ off)
     "dv_early": dict(DV_EARLY=True),
     "masked_last_dv_early": dict(MASKED_LAST=True, DV_EARLY=True),
@@ -79,6 +80,7 @@ VARIANT_DIMS = {"default": (64, 128), "d64 BM=128": (64,), "stages=3": (64, 128)
                 "dq_per_consumer": (64, 128), "overlap_dq": (64, 128), "dq_tma": (64, 128),
                 "dq_tma_overlap": (128,), "dq_atomics": (64, 128),
                 "masked_last": (64, 128), "dv_early": (64, 128), "masked_first": (64, 128),
+                "rotate": (64, 128),
                 "masked_last_dv_early": (64, 128), "masked_last_overlap": (128,)}  # fmt: skip
 
 

@@ -195,6 +195,20 @@ CONFIGS = (
         for m in (False, True)
         for c in (False, True)
     ]
+    + [  # session 13: ROTATE (the unmasked run started at the key block's own query block)
+        dict(
+            d=d,
+            dt="fp16",
+            CAUSAL=c,
+            DQ_SHARED=True,
+            OVERLAP_DQ=d == 64,
+            DQ_TMA=True,
+            MASKED_LAST=True,
+            ROTATE=True,
+        )
+        for d in (64, 128)
+        for c in (False, True)
+    ]
     + [  # session 13: MASKED_LAST with OVERLAP_DQ at d = 128 (spills moved out of the hot loop?)
         dict(d=128, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=True, DQ_TMA=True, MASKED_LAST=True)
         for c in (False, True)

@@ -74,6 +74,7 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(DQ_TMA=True, OVERLAP_DQ=True),
         dict(MASKED_LAST=False),  # the order before session 13 (masked blocks first)
         dict(MASKED_LAST=True, DV_EARLY=True),  # and dV issued before the wait for dP^T
+        dict(ROTATE=True),  # and the unmasked run started at the key block's own query block
     ],  # fmt: skip
     ids=str,
 )
@@ -128,6 +129,9 @@ def test_dq_tma_with_128_query_rows():
         dict(DV_EARLY=True, MASKED_LAST=True),
         dict(DV_EARLY=True, DQ_TMA=False, STAGES=1),
         dict(MASKED_LAST=True, OVERLAP_DQ=True),
+        dict(ROTATE=True),
+        dict(ROTATE=True, STAGES=1),
+        dict(ROTATE=True, DQ_TMA=False),
     ],
     ids=str,
 )
