@@ -381,9 +381,9 @@ def test_query_block_runs_cover_every_block_once_in_ring_order(order, causal):
             mid = max([i + 1 for i in need if i not in full], default=lo)
             assert all(i in full for i in range(mid, n_blocks)), (N, n0)
             visited, masked = [], []
-            for k, (start, stop, base, shift) in enumerate(
-                runs(lo, mid, n_blocks, n0 // BM, masked_last, rotate)
-            ):
+            all_runs = runs(lo, mid, n_blocks, n_blocks, n0 // BM, masked_last, rotate)
+            assert all_runs[2][0] == all_runs[2][1]  # no window: the far-edge run is empty
+            for k, (start, stop, base, shift) in enumerate(all_runs[:2]):
                 is_masked = k == (1 if masked_last else 0)
                 for t in range(start, stop):
                     assert t - base == len(visited), (N, n0, k, t, base)
@@ -401,6 +401,54 @@ def test_query_block_runs_cover_every_block_once_in_ring_order(order, causal):
                     unmasked, key=lambda i: i < first
                 )
                 assert not rotate or causal or n0 + BN > N or unmasked[0] == n0 // BM
+
+
+@pytest.mark.parametrize("masked_last", [False, True])
+def test_window_ranges_and_runs_visit_exactly_the_blocks_a_key_block_needs(masked_last):
+    """Session 14, the causal sliding window (query q sees keys [q - left, q]): _window_range and
+    _bwd_runs (the kernel's own code, run on Python ints) visit every query block holding a
+    (key, query) pair the window shows, and no other, each once, in consecutive ring slots; a
+    block runs unmasked only if every pair in it is shown and every key is < N; with MASKED_LAST
+    the unmasked run comes first. Against brute force over 600 random cases."""
+    if not GB_kernel.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    window_range, runs = GB_kernel._window_range.fn, GB_kernel._bwd_runs.fn
+    block = GB_kernel._bwd_block.fn
+    rng = np.random.default_rng(14)
+    for _ in range(1500):
+        BM, BN = int(rng.choice([64, 128])), int(rng.choice([64, 128, 192]))
+        N = int(rng.integers(1, 900))
+        n0 = BN * int(rng.integers(0, -(-N // BN)))
+        edges = [1, 2, 62, 63, 64, 65, 126, 127, 128, 129, 190, 191, 1000]  # near block sizes
+        left = int(rng.choice(edges)) if rng.random() < 0.5 else int(rng.integers(1, 1100))
+        n_blocks = -(-N // BM)
+        lo = n0 // BM  # as _q_range: the causal diagonal, then the key tail
+        mid = n_blocks if n0 + BN > N else min(n_blocks, -(-(n0 + BN) // BM))
+        mid, far, hi = window_range(n0, mid, n_blocks, left, BM, BN)
+        keys, rows = np.arange(n0, n0 + BN), np.arange(n_blocks * BM)  # rows past N: P = 0
+        shown = (keys[:, None] <= rows[None, :]) & (rows[None, :] - keys[:, None] <= left)
+        shown &= keys[:, None] < N
+        need = [i for i in range(n_blocks) if shown[:, i * BM : min(N, (i + 1) * BM)].any()]
+        visited, unmasked, seen_masked = [], [], False
+        case = (BM, BN, N, n0, left, (lo, mid, far, hi))
+        for k, (start, stop, base, shift) in enumerate(
+            runs(lo, mid, far, hi, 0, masked_last, False)
+        ):
+            is_masked = k != (0 if masked_last else 1)
+            for t in range(start, stop):
+                assert t - base == len(visited), case
+                i = block(t, start, stop, shift, False)
+                visited.append(i)
+                if is_masked:
+                    seen_masked = True
+                else:
+                    assert not (masked_last and seen_masked), case  # unmasked first
+                    unmasked.append(i)
+        assert sorted(visited) == need, case
+        for i in visited:  # unmasked exactly where no pair of the block, padding rows included,
+            # needs the mask (rows past N have L = +inf, so P = 0 there either way)
+            whole = n0 + BN <= N and shown[:, i * BM : (i + 1) * BM].all()
+            assert (i in unmasked) == whole, (case, i)
 
 
 def test_masked_last_is_the_measured_default_and_dv_early_is_off_and_checked():

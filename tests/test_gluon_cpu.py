@@ -120,30 +120,63 @@ def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
 
 def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
     """Where the backward choice says Gluon, ``_backward_c`` returns what the Gluon backward
-    returns, given the lse in natural-log units and the causal flag; masks it does not take
-    (windows, bottom-right, ALiBi, varlen) never ask for it."""
+    returns, given the lse in natural-log units, the causal flag and (session 14) a causal
+    window's left side, asking the choice whether a window backward may run there; masks it does
+    not take (a window of one key, two-sided windows, softcap, ALiBi, varlen) never ask for it."""
     from course_kernels.triton import launch
     from course_kernels.triton.masks import CAUSAL, PLAIN, Variant
 
     asked, calls = [], []
-    monkeypatch.setattr(launch, "_use_gluon", lambda q, k, backward=False: asked.append(1) or True)
 
-    def fake(do, q, k, v, o, lse, causal, scale):
-        calls.append((lse, causal, scale))
+    def use(q, k, backward=False, window=False):
+        asked.append(window)
+        return True
+
+    def fake(do, q, k, v, o, lse, causal, scale, window_left=None):
+        calls.append((lse, causal, scale, window_left))
         return "dq", "dk", "dv"
 
+    monkeypatch.setattr(launch, "_use_gluon", use)
     monkeypatch.setattr(launch, "gluon_attention_backward", fake)
     q, k, v, o, do = (torch.randn(1, 2, 8, 64) for _ in range(5))
     lse_c = torch.randn(1, 2, 8)
-    for variant in (PLAIN, CAUSAL):
+    cases = [(PLAIN, False, None), (CAUSAL, True, None)]
+    cases += [(Variant(causal=True, window=(4, 0)), True, 4)]
+    for variant, want_causal, want_left in cases:
         assert launch._backward_c(do, q, k, v, o, lse_c, variant, 0.3) == ("dq", "dk", "dv")
-        lse, causal, scale = calls[-1]
-        assert torch.equal(lse, lse_c * variant.units(0.3)[1]) and causal is variant.causal
-        assert scale == 0.3
-    assert len(asked) == 2
-    window = Variant(causal=True, window=(4, 0))
-    dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, window, 0.3)  # the tl kernels
-    assert len(asked) == 2 and len(calls) == 2 and dq.shape == q.shape
+        lse, causal, scale, left = calls[-1]
+        assert torch.equal(lse, lse_c * variant.units(0.3)[1]) and causal is want_causal
+        assert scale == 0.3 and left == want_left
+    assert asked == [False, False, True]
+    for variant in (
+        Variant(causal=True, window=(0, 0)),  # one key a row: tl's exact closed form
+        Variant(causal=False, window=(4, 4)),  # two-sided
+        Variant(causal=True, softcap=30.0),
+    ):
+        dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, variant, 0.3)  # the tl kernels
+        assert len(asked) == 3 and len(calls) == 3 and dq.shape == q.shape
+
+
+def test_auto_takes_the_window_backward_only_at_its_measured_dims(monkeypatch):
+    """``auto`` takes the Gluon backward of a causal window only at GLUON_WINDOW_BACKWARD_AUTO's
+    head dims (the plain and causal ones at GLUON_BACKWARD_AUTO's); ``triton`` never."""
+    from course_kernels.triton import launch
+
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
+    monkeypatch.setattr(launch, "gluon_available", lambda: True)
+    q = torch.empty(1, 1, 1 << 12, 64, device="meta")
+    k = torch.empty(1, 1, 1 << 24, 64, device="meta")  # enough work for GLUON_MIN_WORK
+    monkeypatch.setenv(launch.BACKWARD_ENV, "auto")
+    for dims in ((), (64,)):
+        monkeypatch.setattr(launch, "GLUON_WINDOW_BACKWARD_AUTO", dims)
+        assert launch._use_gluon(q, k, True, window=True) is (64 in dims)
+        assert launch._use_gluon(q, k, True) is (64 in launch.GLUON_BACKWARD_AUTO)
+    monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")
+    monkeypatch.setattr(launch, "GLUON_WINDOW_BACKWARD_AUTO", ())
+    assert launch._use_gluon(q, k, True, window=True)
+    monkeypatch.setenv(launch.BACKWARD_ENV, "triton")
+    assert not launch._use_gluon(q, k, True, window=True)
 
 
 def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():

@@ -17,7 +17,7 @@ import math
 
 from ..numpy.reference import LOG2E
 from ._lang import HAVE_GLUON
-from .launch import _check_inputs, _smem_layout, gluon_available, why_unavailable
+from .launch import _check_inputs, _check_window, _smem_layout, gluon_available, why_unavailable
 
 if HAVE_GLUON:
     import triton
@@ -182,19 +182,23 @@ def _row_layout(BM: int):
     return _ROW_LAYOUTS[BM]
 
 
-def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=None, **config):
+def gluon_attention_backward(
+    do, q, k, v, o, lse, causal: bool = False, scale=None, window_left=None, **config
+):
     """Gradients (dq, dk, dv) of attention with the FA3-style Gluon backward (first version).
 
     q, k, v, o, do: (B, H, N, d), fp16 or bf16, d in {64, 128}, as many K/V heads as query
     heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
-    ``is_causal``); scale defaults to 1/sqrt(d). Keyword overrides of the schedule (for
+    ``is_causal``); scale defaults to 1/sqrt(d); window_left (with causal): row i sees keys
+    [i - window_left, i], as in :func:`.launch.gluon_attention_forward`. Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
     OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE (see BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
     """
     _check_backward_inputs(do, q, k, v, o, lse)
+    win = _check_window(window_left, causal, q.shape[2])
     cfg = _check_config(q.shape[-1], config)
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
@@ -247,6 +251,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         n_pad,
         scale * LOG2E,  # c = scale log2(e): P = exp2(S c - L log2 e)
         scale,
+        win,
         BM=BM,
         HEAD_DIM=d,
         NUM_CONSUMERS=NC,
@@ -261,6 +266,7 @@ def gluon_attention_backward(do, q, k, v, o, lse, causal: bool = False, scale=No
         MASKED_LAST=bool(cfg["MASKED_LAST"]),
         DV_EARLY=bool(cfg["DV_EARLY"]),
         ROTATE=bool(cfg["ROTATE"]),
+        WINDOW=win >= 0,
         num_warps=4,
     )
     dq = torch.empty_like(q)

@@ -48,8 +48,9 @@ if HAVE_GLUON:
     # ------------------------------------------------------------ consumer step
     @gluon.jit
     def _bwd_step(
-        bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, qk_scale,
-        MASK: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+        bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale,
+        MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STAGES: gl.constexpr,
+        BM: gl.constexpr,
         HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
         CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
         DQ_SHARED: gl.constexpr, OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
@@ -81,6 +82,8 @@ if HAVE_GLUON:
             if CAUSAL:
                 qrow = i * BM + gl.arange(0, BM, layout=col_layout)
                 keep = keep & (key[:, None] <= qrow[None, :])
+                if WINDOW:  # query q sees keys [q - win_left, q] (session 14)
+                    keep = keep & (qrow[None, :] - key[:, None] <= win_left)
             pT = gl.where(keep, pT, 0.0)
         a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)
         if DV_EARLY:  # groups retire in order: waiting for dP^T leaves dV running

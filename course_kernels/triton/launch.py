@@ -77,14 +77,14 @@ def _gluon_fits(q, k) -> bool:
 
 
 # Head dims where "auto" takes the Gluon backward (H200): d = 64, 5-9% faster than tl; d = 128
-# since DQ_TMA (session 12; 4-10% slower before, bench/h200_features_bench_gluon_backward.json).
-# dQ sums not bit-reproducible: under torch.use_deterministic_algorithms(True) "auto" keeps tl.
-GLUON_BACKWARD_AUTO = (64, 128)
+# since DQ_TMA (session 12, notes/gluon_backward.md); causal sliding windows (session 14) at the
+# second tuple's. Not bit-reproducible: torch.use_deterministic_algorithms(True) keeps tl.
+GLUON_BACKWARD_AUTO, GLUON_WINDOW_BACKWARD_AUTO = (64, 128), ()
 
 
-def _use_gluon(q, k, backward: bool = False) -> bool:
-    """Whether the forward (or ``backward``) runs the Gluon kernel (``$COURSE_KERNELS_FORWARD``,
-    ``$COURSE_KERNELS_BACKWARD``, see above)."""
+def _use_gluon(q, k, backward: bool = False, window: bool = False) -> bool:
+    """Whether the forward (or ``backward``, of a causal sliding ``window``) runs the Gluon kernel
+    (``$COURSE_KERNELS_FORWARD``, ``$COURSE_KERNELS_BACKWARD``, see above)."""
     env, what = (BACKWARD_ENV, "backward") if backward else (FORWARD_ENV, "forward")
     choice = _environ_get(env, "auto")
     if choice not in FORWARD_CHOICES:
@@ -92,9 +92,8 @@ def _use_gluon(q, k, backward: bool = False) -> bool:
     if choice == "triton":
         return False
     auto_bwd = backward and choice == "auto"
-    if auto_bwd and (
-        q.shape[-1] not in GLUON_BACKWARD_AUTO or torch.are_deterministic_algorithms_enabled()
-    ):
+    dims = GLUON_WINDOW_BACKWARD_AUTO if window else GLUON_BACKWARD_AUTO
+    if auto_bwd and (q.shape[-1] not in dims or torch.are_deterministic_algorithms_enabled()):
         return False
     fits = _gluon_fits(q, k) and (not backward or q.shape[1] == k.shape[1])
     if choice == "gluon":
@@ -333,9 +332,10 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
     if _one_key_closed_form(k, variant, alibi, varlen):
         return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
-    if varlen is None and alibi is None and variant in (PLAIN, CAUSAL) and _use_gluon(q, k, True):
+    form = variant.gluon_form() if varlen is None and alibi is None else None
+    if form is not None and _use_gluon(q, k, True, form[1] is not None):  # plain/causal/window
         lse = lse_c * variant.units(scale)[1]  # units of c -> the natural-log lse it takes
-        return gluon_attention_backward(do, q, k, v, o, lse, causal=variant.causal, scale=scale)
+        return gluon_attention_backward(do, q, k, v, o, lse, form[0], scale, window_left=form[1])
     if INTERPRET and q.dtype == torch.bfloat16:
         f = (x.float() for x in (do, q, k, v, o))
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)

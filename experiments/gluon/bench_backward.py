@@ -229,12 +229,19 @@ def time_reference(provider, d, N, causal):
                     *xs, is_causal=causal, scale=scale
                 )
             ms = _time_ms(lambda: torch.autograd.grad(o, xs, do, retain_graph=True))
-        else:  # the course's tl backward (two kernels, deterministic dQ) on its own forward
+        else:  # the course's tl backward (two kernels, deterministic dQ) on its own forward,
+            # forced: the op's "auto" takes the Gluon backward at d = 64 and 128 on Hopper (until
+            # session 14 this row was that auto path, i.e. the Gluon kernel, not tl)
             import course_kernels.triton.flash  # noqa: F401  (registers the ops)
+            from course_kernels.triton.launch import BACKWARD_ENV
 
-            o, lse = torch.ops.course_kernels.flash_attn_fwd(q, k, v, causal, scale)
-            bwd = torch.ops.course_kernels.flash_attn_bwd
-            ms = _time_ms(lambda: bwd(do, q, k, v, o, lse, causal, scale))
+            os.environ[BACKWARD_ENV] = "triton"
+            try:
+                o, lse = torch.ops.course_kernels.flash_attn_fwd(q, k, v, causal, scale)
+                bwd = torch.ops.course_kernels.flash_attn_bwd
+                ms = _time_ms(lambda: bwd(do, q, k, v, o, lse, causal, scale))
+            finally:
+                os.environ.pop(BACKWARD_ENV)
         row.update(ms=ms, tflops=_flops(B, H, N, d, causal) / ms / 1e9)
     except Exception as e:
         row.update(ms=None, error=f"{type(e).__name__}: {str(e)[:500]}")

@@ -97,6 +97,7 @@ def build(d=128, dt="fp16", CAUSAL=False, **overrides):
         "N_PAD": "i32",
         "qk_scale": "fp32",
         "sm_scale": "fp32",
+        "win_left": "i32",
     }
     if cfg.get("DQ_TMA"):  # session 12: dQ_acc through a TMA descriptor of fp32 chunk blocks
         cols = d // cfg["NUM_CONSUMERS"] // cfg["DQ_SPLIT"]
@@ -212,6 +213,21 @@ CONFIGS = (
     + [  # session 13: MASKED_LAST with OVERLAP_DQ at d = 128 (spills moved out of the hot loop?)
         dict(d=128, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=True, DQ_TMA=True, MASKED_LAST=True)
         for c in (False, True)
+    ]
+    + [  # session 14: the causal sliding window (WINDOW), unmasked middle first or in block order
+        dict(
+            d=d,
+            dt=dt,
+            CAUSAL=True,
+            DQ_SHARED=True,
+            OVERLAP_DQ=d == 64,
+            DQ_TMA=True,
+            MASKED_LAST=m,
+            WINDOW=True,
+        )
+        for d in (64, 128)
+        for dt in ("fp16", "bf16")
+        for m in (True, False)
     ]
 )
 

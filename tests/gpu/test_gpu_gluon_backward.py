@@ -216,3 +216,85 @@ def test_dq_tma_matches_the_atomics_over_many_heads(d, causal):
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
     tol = 2 * 2**-10 * want[0].abs().max().item()  # fp32 sums in another order, then one rounding
     assert (got[0].float() - want[0].float()).abs().max().item() <= tol
+
+
+# ------------------------------------------- session 14: the causal sliding window (WINDOW)
+def _window_grads(q, k, v, do, scale, left, f64):
+    """dq, dk, dv with row i seeing keys [i - left, i]: float64 autograd with the boolean mask,
+    or SDPA with it in the inputs' dtype (the naive side of flash-attn's 2x rule)."""
+    n = q.shape[2]
+    i = torch.arange(n, device=q.device)[:, None]
+    j = torch.arange(n, device=q.device)[None, :]
+    keep = (j <= i) & (j >= i - left)
+    xs = [x.detach().to(torch.float64 if f64 else x.dtype).requires_grad_() for x in (q, k, v)]
+    if f64:
+        s = (xs[0] @ xs[1].transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+        o = torch.softmax(s, -1) @ xs[2]
+    else:
+        o = torch.nn.functional.scaled_dot_product_attention(*xs, attn_mask=keep, scale=scale)
+    return torch.autograd.grad(o, xs, do.to(o.dtype))
+
+
+@pytest.mark.parametrize("masked_last", [True, False])
+@pytest.mark.parametrize("left", [1, 37, 63, 64, 65, 127, 300, 1023])
+@pytest.mark.parametrize("N", [17, 1000, 2053])
+@pytest.mark.parametrize("d", [64, 128])
+def test_window_backward_matches_float64(left, N, d, masked_last):
+    """The Gluon backward with a causal sliding window (WINDOW): each key block visits only the
+    query blocks that see one of its keys, the unmasked middle first (MASKED_LAST) or in block
+    order, both window edges masked; flash-attn's 2x rule against float64, with the forward's
+    own o and lse. The message carries every error (session 12's one failure was cut)."""
+    q, k, v, do = _inputs(1, 2, N, d, torch.float16, seed=1000 * left + N + d)
+    scale = 1.0 / math.sqrt(d)
+    ref = _window_grads(q, k, v, do, scale, left, True)
+    sdpa = _window_grads(q, k, v, do, scale, left, False)
+    o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, window_left=left)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_attention_backward(
+        do, q, k, v, o, lse, True, scale, window_left=left, MASKED_LAST=masked_last
+    )
+    errs = {}
+    for name, g, r, s in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
+        assert torch.isfinite(g).all(), f"NaN/inf in {name} (unwritten rows?)"
+        errs[name] = ((g.double() - r).abs().max().item(), (s.double() - r).abs().max().item())
+    assert all(e <= 2 * s + 1e-5 for e, s in errs.values()), errs
+
+
+def test_window_backward_batch_heads_and_wide_windows():
+    """B = 2, H = 3 (head offsets), a ragged N, and windows that reach past the start (left >=
+    N - 1: plain causal) or only just: each passes the 2x rule on every head."""
+    for left in (200, 1332, 5000):
+        q, k, v, do = _inputs(2, 3, 1333, 64, torch.bfloat16, seed=left)
+        scale = 0.125
+        ref = _window_grads(q, k, v, do, scale, left, True)
+        sdpa = _window_grads(q, k, v, do, scale, left, False)
+        o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, window_left=left)
+        got = GB.gluon_attention_backward(do, q, k, v, o, lse, True, scale, window_left=left)
+        for g, r, s in zip(got, ref, sdpa, strict=True):
+            err, err_sdpa = ((x.double() - r).abs().max().item() for x in (g, s))
+            assert err <= 2 * err_sdpa + 1e-5, (left, err, err_sdpa)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_attention_runs_window_backwards_on_the_gluon_kernel(monkeypatch, d):
+    """``window_size=(left, 0)``, left >= 1, takes the Gluon backward under ``gluon`` (and under
+    ``auto`` where GLUON_WINDOW_BACKWARD_AUTO lists d), with gradients close to the tl
+    backward's."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.flash import flash_attention
+
+    q, k, v, do = _inputs(2, 3, 1333, d, torch.float16, seed=31)
+    monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
+    grads, calls = {}, []
+    real = launch.gluon_attention_backward
+    monkeypatch.setattr(
+        launch, "gluon_attention_backward", lambda *a, **kw: calls.append(kw) or real(*a, **kw)
+    )
+    for choice in ("gluon", "triton"):
+        monkeypatch.setenv(launch.BACKWARD_ENV, choice)
+        xs = [x.detach().requires_grad_() for x in (q, k, v)]
+        out = flash_attention(*xs, causal=True, window_size=(200, 0))
+        grads[choice] = torch.autograd.grad(out, xs, do)
+        assert len(calls) == 1 and calls[0]["window_left"] == 200  # only "gluon" took it
+    for a, b in zip(grads["gluon"], grads["triton"], strict=True):
+        assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-8 * b.abs().max().item()
