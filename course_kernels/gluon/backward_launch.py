@@ -192,7 +192,8 @@ def gluon_attention_backward(
     heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d); window_left (with causal): row i sees keys
-    [i - window_left, i], as in :func:`.launch.gluon_attention_forward`. Keyword overrides of the schedule (for
+    [i - window_left, i], as in :func:`.launch.gluon_attention_forward` (session 14: tested on
+    the CPU and compiled for sm_90a, its GPU tests not yet run). Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
     OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE (see BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not

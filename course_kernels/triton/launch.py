@@ -50,8 +50,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, at least GLUON_MIN_WORK; else tl),
 # "gluon" (always; an error where it cannot) or "triton". The backward has its own variable (the
 # Gluon one also needs as many K/V heads as query heads; "auto": GLUON_BACKWARD_AUTO's dims).
-FORWARD_ENV = "COURSE_KERNELS_FORWARD"
-BACKWARD_ENV = "COURSE_KERNELS_BACKWARD"
+FORWARD_ENV, BACKWARD_ENV = "COURSE_KERNELS_FORWARD", "COURSE_KERNELS_BACKWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
 
 # The Gluon forward's host path (four TMA descriptors, a warp-specialised launch) took up to
@@ -77,8 +76,8 @@ def _gluon_fits(q, k) -> bool:
 
 
 # Head dims where "auto" takes the Gluon backward (H200): d = 64, 5-9% faster than tl; d = 128
-# since DQ_TMA (session 12, notes/gluon_backward.md); causal sliding windows (session 14) at the
-# second tuple's. Not bit-reproducible: torch.use_deterministic_algorithms(True) keeps tl.
+# since DQ_TMA (session 12, notes/gluon_backward.md). Causal sliding windows (session 14, not yet
+# run on a GPU): the second tuple's dims, under either choice. Deterministic mode keeps tl.
 GLUON_BACKWARD_AUTO, GLUON_WINDOW_BACKWARD_AUTO = (64, 128), ()
 
 
@@ -91,9 +90,10 @@ def _use_gluon(q, k, backward: bool = False, window: bool = False) -> bool:
         raise ValueError(f"${env}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
     if choice == "triton":
         return False
-    auto_bwd = backward and choice == "auto"
     dims = GLUON_WINDOW_BACKWARD_AUTO if window else GLUON_BACKWARD_AUTO
-    if auto_bwd and (q.shape[-1] not in dims or torch.are_deterministic_algorithms_enabled()):
+    if (backward and choice == "auto" or window) and (
+        q.shape[-1] not in dims or torch.are_deterministic_algorithms_enabled()
+    ):
         return False
     fits = _gluon_fits(q, k) and (not backward or q.shape[1] == k.shape[1])
     if choice == "gluon":

@@ -277,24 +277,25 @@ def test_window_backward_batch_heads_and_wide_windows():
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_flash_attention_runs_window_backwards_on_the_gluon_kernel(monkeypatch, d):
-    """``window_size=(left, 0)``, left >= 1, takes the Gluon backward under ``gluon`` (and under
-    ``auto`` where GLUON_WINDOW_BACKWARD_AUTO lists d), with gradients close to the tl
-    backward's."""
+    """``window_size=(left, 0)``, left >= 1, takes the Gluon backward where
+    GLUON_WINDOW_BACKWARD_AUTO lists d (set here), not under ``triton``, with gradients close to
+    the tl backward's."""
     from course_kernels.triton import launch
     from course_kernels.triton.flash import flash_attention
 
     q, k, v, do = _inputs(2, 3, 1333, d, torch.float16, seed=31)
     monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
+    monkeypatch.setattr(launch, "GLUON_WINDOW_BACKWARD_AUTO", (d,))
     grads, calls = {}, []
     real = launch.gluon_attention_backward
     monkeypatch.setattr(
         launch, "gluon_attention_backward", lambda *a, **kw: calls.append(kw) or real(*a, **kw)
     )
-    for choice in ("gluon", "triton"):
+    for choice in ("auto", "triton"):
         monkeypatch.setenv(launch.BACKWARD_ENV, choice)
         xs = [x.detach().requires_grad_() for x in (q, k, v)]
         out = flash_attention(*xs, causal=True, window_size=(200, 0))
         grads[choice] = torch.autograd.grad(out, xs, do)
-        assert len(calls) == 1 and calls[0]["window_left"] == 200  # only "gluon" took it
-    for a, b in zip(grads["gluon"], grads["triton"], strict=True):
+        assert len(calls) == 1 and calls[0]["window_left"] == 200  # only "auto" took it
+    for a, b in zip(grads["auto"], grads["triton"], strict=True):
         assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-8 * b.abs().max().item()
