@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from course_kernels.gluon import backward as GB_kernel  # noqa: E402
+from course_kernels.gluon import backward_steps as GB_steps  # noqa: E402
 from course_kernels.gluon import backward_launch as GB  # noqa: E402
 from course_kernels.gluon import launch as G  # noqa: E402
 
@@ -403,34 +404,51 @@ def test_query_block_runs_cover_every_block_once_in_ring_order(order, causal):
                 assert not rotate or causal or n0 + BN > N or unmasked[0] == n0 // BM
 
 
+def _random_documents(rng, N):
+    """cu_seqlens of random documents packed into N tokens, and each token's document end."""
+    cuts = sorted(set(rng.integers(1, N, size=int(rng.integers(0, 6))).tolist())) if N > 1 else []
+    cu = [0, *cuts, N]
+    return cu, np.repeat(cu[1:], np.diff(cu))
+
+
+@pytest.mark.parametrize("mask", ["window", "documents"])
 @pytest.mark.parametrize("masked_last", [False, True])
-def test_window_ranges_and_runs_visit_exactly_the_blocks_a_key_block_needs(masked_last):
-    """Session 14, the causal sliding window (query q sees keys [q - left, q]): _window_range and
-    _bwd_runs (the kernel's own code, run on Python ints) visit every query block holding a
-    (key, query) pair the window shows, and no other, each once, in consecutive ring slots; a
-    block runs unmasked only if every pair in it is shown and every key is < N; with MASKED_LAST
-    the unmasked run comes first. Against brute force over 600 random cases."""
+def test_masked_ranges_and_runs_visit_exactly_the_blocks_a_key_block_needs(mask, masked_last):
+    """Sessions 12 and 14: a causal sliding window (query q sees keys [q - left, q]) or causal
+    documents packed into one sequence (q sees the keys of its own document, k <= q < end(k)).
+    _edge_range and _bwd_runs (the kernel's own code, run on Python ints, with the arguments
+    _q_range gives them) visit every query block holding a (key, query) pair the mask shows, and
+    no other, each once, in consecutive ring slots; a block runs unmasked if and only if every
+    pair in it is shown and every key is < N; with MASKED_LAST the unmasked run comes first.
+    Against brute force over 1500 random cases."""
     if not GB_kernel.HAVE_GLUON:
         pytest.skip("triton.experimental.gluon not importable here")
-    window_range, runs = GB_kernel._window_range.fn, GB_kernel._bwd_runs.fn
+    edge_range, runs = GB_steps._edge_range.fn, GB_steps._bwd_runs.fn
     block = GB_kernel._bwd_block.fn
     rng = np.random.default_rng(14)
     for _ in range(1500):
         BM, BN = int(rng.choice([64, 128])), int(rng.choice([64, 128, 192]))
         N = int(rng.integers(1, 900))
         n0 = BN * int(rng.integers(0, -(-N // BN)))
-        edges = [1, 2, 62, 63, 64, 65, 126, 127, 128, 129, 190, 191, 1000]  # near block sizes
-        left = int(rng.choice(edges)) if rng.random() < 0.5 else int(rng.integers(1, 1100))
         n_blocks = -(-N // BM)
         lo = n0 // BM  # as _q_range: the causal diagonal, then the key tail
         mid = n_blocks if n0 + BN > N else min(n_blocks, -(-(n0 + BN) // BM))
-        mid, far, hi = window_range(n0, mid, n_blocks, left, BM, BN)
         keys, rows = np.arange(n0, n0 + BN), np.arange(n_blocks * BM)  # rows past N: P = 0
-        shown = (keys[:, None] <= rows[None, :]) & (rows[None, :] - keys[:, None] <= left)
-        shown &= keys[:, None] < N
+        shown = (keys[:, None] <= rows[None, :]) & (keys[:, None] < N)
+        if mask == "window":
+            edges = [1, 2, 62, 63, 64, 65, 126, 127, 128, 129, 190, 191, 1000]  # near block sizes
+            left = int(rng.choice(edges)) if rng.random() < 0.5 else int(rng.integers(1, 1100))
+            mid, far, hi = edge_range(mid, n_blocks, n0 + left + 1, n0 + BN + left, BM)
+            shown &= rows[None, :] - keys[:, None] <= left
+            case = (BM, BN, N, n0, left, (lo, mid, far, hi))
+        else:
+            cu, end = _random_documents(rng, N)
+            last = min(n0 + BN, N) - 1
+            mid, far, hi = edge_range(mid, n_blocks, int(end[n0]), int(end[last]), BM)
+            shown &= rows[None, :] < np.concatenate([end, np.zeros(BN, int)])[keys][:, None]
+            case = (BM, BN, N, n0, cu, (lo, mid, far, hi))
         need = [i for i in range(n_blocks) if shown[:, i * BM : min(N, (i + 1) * BM)].any()]
         visited, unmasked, seen_masked = [], [], False
-        case = (BM, BN, N, n0, left, (lo, mid, far, hi))
         for k, (start, stop, base, shift) in enumerate(
             runs(lo, mid, far, hi, 0, masked_last, False)
         ):
@@ -471,3 +489,78 @@ def test_masked_last_is_the_measured_default_and_dv_early_is_off_and_checked():
         ValueError, match=r"MASKED_LAST='yes' not supported; accepted: \(False, True\)"
     ):
         GB.gluon_attention_backward(**_args(), MASKED_LAST="yes")
+
+
+# ------------------------------------------------ session 14: the masks' host side
+def test_window_left_and_cu_seqlens_are_checked_before_anything_runs():
+    """window_left and cu_seqlens (packed causal documents) get clear errors for what is not
+    accepted, before the kernel's availability is asked (CI has no Hopper)."""
+    with pytest.raises(ValueError, match="window_left must be None or an int >= 0"):
+        GB.gluon_attention_backward(**_args(), causal=True, window_left=-2)
+    with pytest.raises(ValueError, match="causal sliding window: causal=True"):
+        GB.gluon_attention_backward(**_args(), window_left=4)
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+    bad = [
+        (dict(causal=False, cu_seqlens=cu), "packed causal documents"),
+        (dict(causal=True, window_left=3, cu_seqlens=cu), "packed causal documents"),
+        (dict(causal=True, cu_seqlens=[0, 5, 16]), "1-D int32 or int64 tensor"),
+        (dict(causal=True, cu_seqlens=cu.float()), "1-D int32 or int64 tensor"),
+        (dict(causal=True, cu_seqlens=cu[:1]), "at least 2 offsets"),
+        (dict(causal=True, cu_seqlens=torch.tensor([1, 5, 16])), "rise from 0 to N = 16"),
+        (dict(causal=True, cu_seqlens=torch.tensor([0, 5, 15])), "rise from 0 to N = 16"),
+        (dict(causal=True, cu_seqlens=torch.tensor([0, 9, 5, 16])), "rise from 0 to N = 16"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            GB.gluon_attention_backward(**_args(), **kwargs)
+    with pytest.raises(ValueError, match="one sequence, B = 1; got B = 2"):
+        GB.gluon_attention_backward(**_args(B=2), causal=True, cu_seqlens=cu)
+    with pytest.raises(RuntimeError, match="unavailable"):  # valid: only the GPU is missing
+        GB.gluon_attention_backward(**_args(), causal=True, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_doc_ends_gives_each_token_the_end_of_its_document(dtype):
+    """The DOCS mask's per-key bound, against a loop, empty documents included."""
+    q = torch.empty(1, 1, 11, 64)
+    for cu in ([0, 11], [0, 3, 3, 7, 11], [0, 1, 2, 10, 11], [0, 0, 11]):
+        got = GB._doc_ends(torch.tensor(cu, dtype=dtype), True, None, q)
+        want = [next(e for e in cu[1:] if e > t) for t in range(11)]
+        assert got.dtype == torch.int32 and got.tolist() == want, cu
+
+
+def test_packed_documents_ask_for_the_gluon_backward_only_when_it_applies(monkeypatch):
+    """``_backward_c`` on packed varlen inputs asks the choice for the "documents" backward only
+    for a causal mask with one cu_seqlens for queries and keys (the same tensor), and hands the
+    Gluon varlen backward the natural-log lse and those offsets; otherwise the tl kernels run."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import CAUSAL, PLAIN, Variant
+
+    asked, calls = [], []
+
+    def use(q, k, backward=False, mask=""):
+        asked.append((mask, tuple(q.shape), tuple(k.shape)))
+        return True
+
+    def fake(do, q, k, v, o, lse, cu_seqlens, scale):
+        calls.append((lse, cu_seqlens, scale))
+        return "dq", "dk", "dv"
+
+    monkeypatch.setattr(launch, "_use_gluon", use)
+    monkeypatch.setattr(launch, "gluon_varlen_backward", fake)
+    T, H, d = 12, 2, 64
+    q, k, v, o, do = (torch.randn(T, H, d) for _ in range(5))
+    lse_c = torch.randn(H, T)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    got = launch._backward_c(do, q, k, v, o, lse_c, CAUSAL, 0.3, None, (cu, cu, 7, 7))
+    assert got == ("dq", "dk", "dv") and asked == [("documents", (1, H, T, d), (1, H, T, d))]
+    lse, offsets, scale = calls[0]
+    assert torch.equal(lse, lse_c * CAUSAL.units(0.3)[1]) and offsets is cu and scale == 0.3
+    for variant, cu_k in (
+        (CAUSAL, cu.clone()),  # another tensor for the keys: not checked equal, not taken
+        (PLAIN, cu),
+        (Variant(causal=True, window=(3, 0)), cu),
+        (Variant(causal=True, softcap=20.0), cu),
+    ):
+        dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, variant, 0.3, None, (cu, cu_k, 7, 7))
+        assert dq.shape == q.shape and len(calls) == 1 and len(asked) == 1, variant

@@ -128,8 +128,8 @@ def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
 
     asked, calls = [], []
 
-    def use(q, k, backward=False, window=False):
-        asked.append(window)
+    def use(q, k, backward=False, mask=""):
+        asked.append(mask)
         return True
 
     def fake(do, q, k, v, o, lse, causal, scale, window_left=None):
@@ -147,7 +147,7 @@ def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
         lse, causal, scale, left = calls[-1]
         assert torch.equal(lse, lse_c * variant.units(0.3)[1]) and causal is want_causal
         assert scale == 0.3 and left == want_left
-    assert asked == [False, False, True]
+    assert asked == ["", "", "window"]
     for variant in (
         Variant(causal=True, window=(0, 0)),  # one key a row: tl's exact closed form
         Variant(causal=False, window=(4, 4)),  # two-sided
@@ -157,14 +157,15 @@ def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
         assert len(asked) == 3 and len(calls) == 3 and dq.shape == q.shape
 
 
-def test_the_window_backward_runs_only_at_its_listed_dims(monkeypatch):
-    """A causal window's Gluon backward runs only at GLUON_WINDOW_BACKWARD_AUTO's head dims, under
-    ``auto`` and ``gluon`` alike (empty until its GPU tests and benchmark have run: the tl
-    backward then, whatever the choice); plain and causal ones follow GLUON_BACKWARD_AUTO under
-    ``auto``; ``triton`` and deterministic mode never take it."""
+@pytest.mark.parametrize("mask", ["window", "documents"])
+def test_masked_backwards_run_only_at_their_listed_dims(monkeypatch, mask):
+    """A causal window's or packed documents' Gluon backward runs only at the head dims that
+    GLUON_MASKED_BACKWARD lists for it, under ``auto`` and ``gluon`` alike (empty until its GPU
+    tests and benchmark have run: the tl backward then, whatever the choice); plain and causal
+    ones follow GLUON_BACKWARD_AUTO under ``auto``; ``triton`` and deterministic mode never."""
     from course_kernels.triton import launch
 
-    assert launch.GLUON_WINDOW_BACKWARD_AUTO == ()  # not yet run on a GPU (session 14)
+    assert launch.GLUON_MASKED_BACKWARD[mask] == ()  # not yet run on a GPU (session 14)
     monkeypatch.setattr(launch, "INTERPRET", False)
     monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
     monkeypatch.setattr(launch, "gluon_available", lambda: True)
@@ -173,19 +174,17 @@ def test_the_window_backward_runs_only_at_its_listed_dims(monkeypatch):
     for choice in ("auto", "gluon"):
         monkeypatch.setenv(launch.BACKWARD_ENV, choice)
         for dims in ((), (128,), (64,)):
-            monkeypatch.setattr(launch, "GLUON_WINDOW_BACKWARD_AUTO", dims)
-            assert launch._use_gluon(q, k, True, window=True) is (64 in dims)
-            assert launch._use_gluon(q, k, True) is (
-                choice == "gluon" or 64 in launch.GLUON_BACKWARD_AUTO
-            )
+            monkeypatch.setitem(launch.GLUON_MASKED_BACKWARD, mask, dims)
+            assert launch._use_gluon(q, k, True, mask) is (64 in dims)
+            plain = choice == "gluon" or 64 in launch.GLUON_BACKWARD_AUTO
+            assert launch._use_gluon(q, k, True) is plain
         torch.use_deterministic_algorithms(True)
         try:
-            assert not launch._use_gluon(q, k, True, window=True)
+            assert not launch._use_gluon(q, k, True, mask)
         finally:
             torch.use_deterministic_algorithms(False)
     monkeypatch.setenv(launch.BACKWARD_ENV, "triton")
-    monkeypatch.setattr(launch, "GLUON_WINDOW_BACKWARD_AUTO", (64,))
-    assert not launch._use_gluon(q, k, True, window=True)
+    assert not launch._use_gluon(q, k, True, mask)
 
 
 def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():

@@ -36,7 +36,7 @@ from .backward_steps import DqVecBases  # noqa: F401 (the dQ layout's bases, for
 
 if HAVE_GLUON:
     from ._lang import gl, gluon, mbarrier, tma
-    from .backward_steps import KEYS, _bwd_step
+    from .backward_steps import KEYS, _bwd_block, _bwd_runs, _bwd_step, _q_range
     from .producer import _mma_layout
 
     LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
@@ -89,85 +89,13 @@ if HAVE_GLUON:
         out = dq_ptr + (hz * N + r).to(gl.int64)[:, None] * HEAD_DIM + cols
         gl.store(out, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
-    # ------------------------------------------------------------- the ranges
-    @gluon.jit
-    def _q_range(
-        n0, N, win_left, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
-        WINDOW: gl.constexpr,
-    ):  # fmt: skip
-        """Query blocks of key block [n0, n0 + BN): [lo, hi), the masked ones [lo, mid) and
-        [far, hi). Masked: the causal diagonal blocks, every block of the key-tail CTA, and with
-        a causal sliding WINDOW the blocks past some key's window (``_window_range``); without
-        one far = hi = the number of query blocks."""
-        n_blocks = gl.cdiv(N, BM)
-        if CAUSAL:
-            lo = n0 // BM
-            mid = gl.minimum(n_blocks, gl.cdiv(n0 + BN, BM))
-        else:
-            lo = n0 * 0
-            mid = lo
-        if n0 + BN > N:  # keys past N: the next head's K rows (or TMA's zeros) must give P = 0
-            mid = n_blocks
-        if WINDOW:
-            mid, far, hi = _window_range(n0, mid, n_blocks, win_left, BM, BN)
-            return lo, mid, far, hi
-        else:
-            return lo, mid, n_blocks, n_blocks
-
-    @gluon.jit
-    def _window_range(n0, mid, hi, win_left, BM: gl.constexpr, BN: gl.constexpr):
-        """A causal sliding window (query q sees keys [q - win_left, q]) on the causal range of
-        key block [n0, n0 + BN): blocks from ``hi`` on hold no query that sees one of its keys
-        (not visited), [far, hi) a query past some key's window (masked), [mid, far) neither.
-        Plain integer code: the CPU tests run it on Python ints (session 12's, commit 3ba6f67)."""
-        reach = (n0 + BN - 1 + win_left) // BM + 1  # past the last query that sees key n0+BN-1
-        if reach < hi:
-            hi = reach
-        if mid > hi:
-            mid = hi
-        far = (n0 + win_left + 1) // BM  # the first block with a query past key n0's window
-        if far > hi:
-            far = hi
-        if far < mid:
-            far = mid
-        return mid, far, hi
-
-    @gluon.jit
-    def _bwd_runs(lo, mid, far, hi, rot, MASKED_LAST: gl.constexpr, ROTATE: gl.constexpr):
-        """The CTA's query blocks in ring order, as three runs (start, stop, base, shift): the
-        loop ``for t in range(start, stop)`` visits block i = start + (t - start + shift) %
-        (stop - start), in ring slot jc = t - base; [lo, mid) and [far, hi) are masked (the
-        last is empty without a window). Default: in block order, shift 0. MASKED_LAST (session
-        13): the unmasked run [mid, far) first, which ptxas then compiles without spills (it
-        spills in whichever loop comes later). ROTATE (with MASKED_LAST): the unmasked run
-        starts at block ``rot`` (mod its length) and wraps, so that the CTAs of one head do not
-        all read the same Q block and add to the same dQ rows at once."""
-        if MASKED_LAST:
-            shift = rot * 0
-            if ROTATE:  # noqa: SIM102 (a constexpr test, then a runtime one)
-                if far > mid:
-                    shift = rot % (far - mid)
-            return (
-                (mid, far, mid, shift), (lo, mid, lo - (far - mid), rot * 0), (far, hi, lo, rot * 0)
-            )  # fmt: skip
-        else:
-            return (lo, mid, lo, rot * 0), (mid, far, lo, rot * 0), (far, hi, lo, rot * 0)
-
-    @gluon.jit
-    def _bwd_block(t, start, stop, shift, ROT: gl.constexpr):
-        """Query block of step t of a run (``_bwd_runs``): t itself, or rotated by ``shift``."""
-        if ROT:
-            return start + (t - start + shift) % (stop - start)
-        else:
-            return t
-
     # ----------------------------------------------------------------- producer
     @gluon.jit
     def _bwd_producer(
-        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left,
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left, kend_ptr,
         BM: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, MASKED_LAST: gl.constexpr, ROTATE: gl.constexpr,
-        WINDOW: gl.constexpr,
+        WINDOW: gl.constexpr, DOCS: gl.constexpr,
     ):  # fmt: skip
         _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
@@ -185,14 +113,14 @@ if HAVE_GLUON:
             tma.async_copy_global_to_shared(
                 desc_v, [row0 + n0 + c * KEYS, 0], kv_ready.index(0), v_bufs.index(c)
             )
-        lo, mid, far, hi = _q_range(n0, N, win_left, BM, BN, CAUSAL, WINDOW)
+        lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
         if MASKED_LAST:  # the consumers' order (``_bwd_runs``): unmasked blocks first
             run0, run1, run2 = _bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE)
             _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0, row0, rowp, BM, STAGES,
                        ROTATE)  # fmt: skip
             _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1, row0, rowp, BM, STAGES,
                        False)  # fmt: skip
-            if WINDOW:  # the window's far edge, masked
+            if WINDOW or DOCS:  # the far edge (window, document end), masked
                 _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run2, row0, rowp, BM,
                            STAGES, False)  # fmt: skip
         else:  # the same order as the consumers' runs, in one loop
@@ -248,12 +176,12 @@ if HAVE_GLUON:
     # ----------------------------------------------------------------- consumer
     @gluon.jit
     def _bwd_consumer(
-        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale, sm_scale,
+        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale,
         CID: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
         NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
         OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, MASKED_LAST: gl.constexpr,
-        DV_EARLY: gl.constexpr, ROTATE: gl.constexpr, WINDOW: gl.constexpr,
+        DV_EARLY: gl.constexpr, ROTATE: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -267,23 +195,23 @@ if HAVE_GLUON:
                 q_empty, ds_bars)  # fmt: skip
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
-        lo, mid, far, hi = _q_range(n0, N, win_left, BM, BN, CAUSAL, WINDOW)
+        lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
         mbarrier.wait(kv_ready.index(0), 0)
         run0, run1, run2 = _bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE)
         dk, dv = _bwd_steps(
-            bufs, run0, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale, not MASKED_LAST,
-            CAUSAL, WINDOW, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
+            bufs, run0, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
+            not MASKED_LAST, CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
             DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY, ROTATE,
         )  # fmt: skip
         dk, dv = _bwd_steps(
-            bufs, run1, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale, MASKED_LAST, CAUSAL,
-            WINDOW, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
+            bufs, run1, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale, MASKED_LAST,
+            CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
             DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY, False,
         )  # fmt: skip
-        if WINDOW:  # the far edge of the window (queries past some key's window), masked
+        if WINDOW or DOCS:  # the far edge (past some key's window or document), masked
             dk, dv = _bwd_steps(
-                bufs, run2, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale, True, CAUSAL,
-                WINDOW, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
+                bufs, run2, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale, True,
+                CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
                 DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY, False,
             )  # fmt: skip
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
@@ -292,8 +220,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _bwd_steps(
-        bufs, run, dk, dv, dq_ptr, row0, k0, N, win_left, qk_scale, MASK: gl.constexpr,
-        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr,
+        bufs, run, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
+        MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr,
+        STAGES: gl.constexpr, BM: gl.constexpr,
         HEAD_DIM: gl.constexpr,
         DQ_SPLIT: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr,
         NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
@@ -305,8 +234,8 @@ if HAVE_GLUON:
         for t in range(start, stop):
             dk, dv = _bwd_step(
                 bufs, t - base, _bwd_block(t, start, stop, shift, ROT), dk, dv, dq_ptr, row0, k0,
-                N, win_left, qk_scale, MASK, CAUSAL, WINDOW, STAGES, BM, HEAD_DIM, DQ_SPLIT,
-                dtype, CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
+                N, win_left, kend_ptr, qk_scale, MASK, CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM,
+                DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
             )  # fmt: skip
         return dk, dv
 
@@ -314,17 +243,19 @@ if HAVE_GLUON:
     @gluon.jit
     def _attn_bwd_kernel(
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_ptr, dk_ptr, dv_ptr, N, N_PAD,
-        qk_scale, sm_scale, win_left,
+        qk_scale, sm_scale, win_left, kend_ptr,
         BM: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr = 2, DQ_SHARED: gl.constexpr = False,
         OVERLAP_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
         MASKED_LAST: gl.constexpr = False, DV_EARLY: gl.constexpr = False,
-        ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False,
+        ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
-        WINDOW (with CAUSAL): query q sees keys [q - win_left, q] (session 14)."""
+        WINDOW (with CAUSAL): query q sees keys [q - win_left, q]; DOCS (with CAUSAL, one
+        sequence of packed documents): query q sees the keys of its own document, kend_ptr[k]
+        the end (exclusive) of key k's (both session 14)."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
@@ -365,12 +296,12 @@ if HAVE_GLUON:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, win_left, BM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     MASKED_LAST, ROTATE, WINDOW)),
-                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale,
-                                     sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS, STAGES,
-                                     CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-                                     MASKED_LAST, DV_EARLY, ROTATE, WINDOW)),
+                                     N, N_PAD, win_left, kend_ptr, BM, NUM_CONSUMERS, STAGES,
+                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
+                                     qk_scale, sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS,
+                                     STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
+                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -379,16 +310,16 @@ if HAVE_GLUON:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, win_left, BM, NUM_CONSUMERS, STAGES, CAUSAL,
-                                     MASKED_LAST, ROTATE, WINDOW)),
-                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale,
-                                     sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS, STAGES,
-                                     CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-                                     MASKED_LAST, DV_EARLY, ROTATE, WINDOW)),
-                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, qk_scale,
-                                     sm_scale, 1, BM, HEAD_DIM, NUM_CONSUMERS, STAGES,
-                                     CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA,
-                                     MASKED_LAST, DV_EARLY, ROTATE, WINDOW)),
+                                     N, N_PAD, win_left, kend_ptr, BM, NUM_CONSUMERS, STAGES,
+                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
+                                     qk_scale, sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS,
+                                     STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
+                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS)),
+                    (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
+                                     qk_scale, sm_scale, 1, BM, HEAD_DIM, NUM_CONSUMERS,
+                                     STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
+                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

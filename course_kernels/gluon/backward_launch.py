@@ -184,7 +184,17 @@ def _row_layout(BM: int):
 
 
 def gluon_attention_backward(
-    do, q, k, v, o, lse, causal: bool = False, scale=None, window_left=None, **config
+    do,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    causal: bool = False,
+    scale=None,
+    window_left=None,
+    cu_seqlens=None,
+    **config,
 ):
     """Gradients (dq, dk, dv) of attention with the FA3-style Gluon backward (first version).
 
@@ -193,7 +203,10 @@ def gluon_attention_backward(
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d); window_left (with causal): row i sees keys
     [i - window_left, i], as in :func:`.launch.gluon_attention_forward` (session 14: tested on
-    the CPU and compiled for sm_90a, its GPU tests not yet run). Keyword overrides of the schedule (for
+    the CPU and compiled for sm_90a, its GPU tests not yet run); cu_seqlens (with causal, B = 1):
+    documents packed into one sequence, [0, n_1, n_1 + n_2, ..., N] as flash-attn's varlen calls
+    take it, each query seeing only the keys of its own document (session 14, as window_left).
+    Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
     OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE (see BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
@@ -201,6 +214,7 @@ def gluon_attention_backward(
     """
     _check_backward_inputs(do, q, k, v, o, lse)
     win = _check_window(window_left, causal, q.shape[2])
+    kend = lse if cu_seqlens is None else _doc_ends(cu_seqlens, causal, window_left, q)
     cfg = _check_config(q.shape[-1], config)
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
@@ -254,6 +268,7 @@ def gluon_attention_backward(
         scale * LOG2E,  # c = scale log2(e): P = exp2(S c - L log2 e)
         scale,
         win,
+        kend,
         BM=BM,
         HEAD_DIM=d,
         NUM_CONSUMERS=NC,
@@ -269,6 +284,7 @@ def gluon_attention_backward(
         DV_EARLY=bool(cfg["DV_EARLY"]),
         ROTATE=bool(cfg["ROTATE"]),
         WINDOW=win >= 0,
+        DOCS=cu_seqlens is not None,
         num_warps=4,
     )
     dq = torch.empty_like(q)
@@ -279,3 +295,42 @@ def gluon_attention_backward(
         n = dq.numel()
         _bwd_dq_epilogue[(triton.cdiv(n, 512),)](dq_acc, dq, n, scale, num_warps=4)
     return dq, dk, dv
+
+
+def _doc_ends(cu_seqlens, causal, window_left, q):
+    """cu_seqlens of documents packed into one sequence -> the end (exclusive) of each token's
+    document, int32 (N,): the backward's DOCS mask (query i sees key j iff j <= i < end[j])."""
+    import torch
+
+    if not causal or window_left is not None:
+        raise ValueError("cu_seqlens: packed causal documents (causal=True, no window_left)")
+    n = q.shape[2]
+    if q.shape[0] != 1:
+        raise ValueError(
+            f"cu_seqlens: the documents are packed into one sequence, B = 1; got B = {q.shape[0]}"
+        )
+    if not (
+        isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2
+        and cu_seqlens.dtype in (torch.int32, torch.int64) and cu_seqlens.device == q.device
+    ):  # fmt: skip
+        raise ValueError(
+            "cu_seqlens must be a 1-D int32 or int64 tensor of at least 2 offsets on q's device "
+            f"({q.device}), got {cu_seqlens!r:.80}"
+        )
+    cu = cu_seqlens.tolist()
+    if cu[0] != 0 or cu[-1] != n or any(cu[i + 1] < cu[i] for i in range(len(cu) - 1)):
+        raise ValueError(
+            f"cu_seqlens must rise from 0 to N = {n} (document offsets), got {cu[:4]}...{cu[-2:]}"
+        )
+    ends = cu_seqlens[1:].to(torch.int32)
+    return torch.repeat_interleave(ends, (cu_seqlens[1:] - cu_seqlens[:-1]), output_size=n)
+
+
+def gluon_varlen_backward(do, q, k, v, o, lse, cu_seqlens, scale):
+    """The packed causal varlen backward (flash-attn's layout: q, k, v, o, do (total, H, d) with
+    the same cu_seqlens for queries and keys, lse (H, total) natural-log) through
+    :func:`gluon_attention_backward` with ``cu_seqlens``: one sequence of ``total`` tokens a head
+    (copies to (1, H, total, d) and back)."""
+    seq = [x.transpose(0, 1).unsqueeze(0) for x in (do, q, k, v, o)]
+    grads = gluon_attention_backward(*seq, lse.unsqueeze(0), True, scale, cu_seqlens=cu_seqlens)
+    return tuple(g[0].transpose(0, 1).contiguous() for g in grads)

@@ -20,7 +20,7 @@ require_triton()
 
 import torch  # noqa: E402
 
-from ..gluon.backward_launch import gluon_attention_backward  # noqa: E402
+from ..gluon.backward_launch import gluon_attention_backward, gluon_varlen_backward  # noqa: E402
 from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _one_key_closed_form  # noqa: E402
 from .backward import _backward_one_key as _backward_one_key  # noqa: E402
@@ -67,31 +67,27 @@ def _gluon_pays(q, k) -> bool:
 
 
 def _gluon_fits(q, k) -> bool:
-    return (
-        q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and q.shape[3] in (64, 128)
-        and q.shape[2] == k.shape[2]
-    )
+    fp16 = q.dtype in (torch.float16, torch.bfloat16)
+    return q.is_cuda and fp16 and q.shape[3] in (64, 128) and q.shape[2] == k.shape[2]
 
 
 # Head dims where "auto" takes the Gluon backward (H200): d = 64, 5-9% faster than tl; d = 128
-# since DQ_TMA (session 12, notes/gluon_backward.md). Causal sliding windows (session 14, not yet
-# run on a GPU): the second tuple's dims, under either choice. Deterministic mode keeps tl.
-GLUON_BACKWARD_AUTO, GLUON_WINDOW_BACKWARD_AUTO = (64, 128), ()
+# since DQ_TMA (session 12, notes/gluon_backward.md). Causal sliding windows and packed causal
+# documents (session 14, not yet run on a GPU): the listed dims, under either choice.
+GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (), "documents": ()}
 
 
-def _use_gluon(q, k, backward: bool = False, window: bool = False) -> bool:
-    """Whether the forward (or ``backward``, of a causal sliding ``window``) runs the Gluon kernel
-    (``$COURSE_KERNELS_FORWARD``, ``$COURSE_KERNELS_BACKWARD``, see above)."""
+def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
+    """Whether the forward (or ``backward``, with a ``mask`` of GLUON_MASKED_BACKWARD's) runs the
+    Gluon kernel (``$COURSE_KERNELS_FORWARD``, ``$COURSE_KERNELS_BACKWARD``, see above)."""
     env, what = (BACKWARD_ENV, "backward") if backward else (FORWARD_ENV, "forward")
     choice = _environ_get(env, "auto")
     if choice not in FORWARD_CHOICES:
         raise ValueError(f"${env}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
     if choice == "triton":
         return False
-    dims = GLUON_WINDOW_BACKWARD_AUTO if window else GLUON_BACKWARD_AUTO
-    if (backward and choice == "auto" or window) and (
+    dims = GLUON_MASKED_BACKWARD[mask] if mask else GLUON_BACKWARD_AUTO
+    if (backward and choice == "auto" or mask) and (
         q.shape[-1] not in dims or torch.are_deterministic_algorithms_enabled()
     ):
         return False
@@ -123,8 +119,8 @@ def lse_from_base2(lse2, variant: Variant, scale: float):
 
 def _forward(q, k, v, causal, scale: float, alibi=None):
     """Run the forward: ``_attn_fwd`` (the tl kernel), or on Hopper for the plain, causal and
-    causal sliding-window variants (``Variant.gluon_form``) the Gluon FA3-schedule forward (:mod:`course_kernels.gluon`; see :func:`_use_gluon`).
-    q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
+    causal sliding-window variants (``Variant.gluon_form``) the Gluon FA3-schedule forward
+    (:func:`_use_gluon`). q (B, Hq, Nq, d), k/v (B, kv_heads, Nk, d), already checked.
 
     ``causal``: a bool (top-left causal) or a :class:`Variant`; ``alibi``: None or (B or 1, Hq)
     float32 slopes. Returns o (B, Hq, Nq, d) contiguous in q.dtype and lse2 (B, Hq, Nq) float32
@@ -332,10 +328,12 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
     if _one_key_closed_form(k, variant, alibi, varlen):
         return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
-    form = variant.gluon_form() if varlen is None and alibi is None else None
-    if form is not None and _use_gluon(q, k, True, form[1] is not None):  # plain/causal/window
-        lse = lse_c * variant.units(scale)[1]  # units of c -> the natural-log lse it takes
-        return gluon_attention_backward(do, q, k, v, o, lse, form[0], scale, window_left=form[1])
+    form, ln = variant.gluon_form() if alibi is None else None, variant.units(scale)[1]
+    if varlen is not None and form == (True, None) and varlen[0] is varlen[1]:  # documents
+        if _use_gluon(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k)), True, "documents"):
+            return gluon_varlen_backward(do, q, k, v, o, lse_c * ln, varlen[0], scale)
+    elif form and varlen is None and _use_gluon(q, k, True, "window" if form[1] else ""):
+        return gluon_attention_backward(do, q, k, v, o, lse_c * ln, form[0], scale, form[1])
     if INTERPRET and q.dtype == torch.bfloat16:
         f = (x.float() for x in (do, q, k, v, o))
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)

@@ -288,6 +288,7 @@ def flash_attention_varlen(
     dev = q.device
     cu_q = _check_cu(cu_seqlens_q, "cu_seqlens_q", max_seqlen_q, "max_seqlen_q", dev)
     cu_k = _check_cu(cu_seqlens_k, "cu_seqlens_k", max_seqlen_k, "max_seqlen_k", dev)
+    cu_k = cu_q if cu_seqlens_k is cu_seqlens_q else cu_k  # one tensor: the Gluon documents path
     compiling = torch.compiler.is_compiling()
     if compiling:  # the op checks the offsets (data) itself
         _check_count(cu_q, cu_k)

@@ -98,6 +98,7 @@ def build(d=128, dt="fp16", CAUSAL=False, **overrides):
         "qk_scale": "fp32",
         "sm_scale": "fp32",
         "win_left": "i32",
+        "kend_ptr": "*i32",
     }
     if cfg.get("DQ_TMA"):  # session 12: dQ_acc through a TMA descriptor of fp32 chunk blocks
         cols = d // cfg["NUM_CONSUMERS"] // cfg["DQ_SPLIT"]
@@ -228,6 +229,18 @@ CONFIGS = (
         for d in (64, 128)
         for dt in ("fp16", "bf16")
         for m in (True, False)
+    ]
+    + [  # session 14: packed causal documents (DOCS), unmasked middle first
+        dict(
+            d=d,
+            CAUSAL=True,
+            DQ_SHARED=True,
+            OVERLAP_DQ=d == 64,
+            DQ_TMA=True,
+            MASKED_LAST=True,
+            DOCS=True,
+        )  # fmt: skip
+        for d in (64, 128)
     ]
 )
 

@@ -278,14 +278,14 @@ def test_window_backward_batch_heads_and_wide_windows():
 @pytest.mark.parametrize("d", [64, 128])
 def test_flash_attention_runs_window_backwards_on_the_gluon_kernel(monkeypatch, d):
     """``window_size=(left, 0)``, left >= 1, takes the Gluon backward where
-    GLUON_WINDOW_BACKWARD_AUTO lists d (set here), not under ``triton``, with gradients close to
+    GLUON_MASKED_BACKWARD["window"] lists d (set here), not under ``triton``, with gradients close to
     the tl backward's."""
     from course_kernels.triton import launch
     from course_kernels.triton.flash import flash_attention
 
     q, k, v, do = _inputs(2, 3, 1333, d, torch.float16, seed=31)
     monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
-    monkeypatch.setattr(launch, "GLUON_WINDOW_BACKWARD_AUTO", (d,))
+    monkeypatch.setitem(launch.GLUON_MASKED_BACKWARD, "window", (d,))
     grads, calls = {}, []
     real = launch.gluon_attention_backward
     monkeypatch.setattr(
@@ -299,3 +299,84 @@ def test_flash_attention_runs_window_backwards_on_the_gluon_kernel(monkeypatch, 
         assert len(calls) == 1 and calls[0]["window_left"] == 200  # only "auto" took it
     for a, b in zip(grads["auto"], grads["triton"], strict=True):
         assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-8 * b.abs().max().item()
+
+
+# ------------------------------------------- session 14: packed causal documents (DOCS)
+def _doc_mask(cu, n, device):
+    end = torch.repeat_interleave(cu[1:], cu.diff(), output_size=n).to(device)
+    i = torch.arange(n, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    return (j <= i) & (i < end[None, :])  # key j seen by query i: same document, j <= i
+
+
+@pytest.mark.parametrize("masked_last", [True, False])
+@pytest.mark.parametrize(
+    "lengths", [[17], [1, 1, 1], [64, 64], [100, 1, 300, 77], [1000, 24, 1029], [5, 2048]]
+)
+@pytest.mark.parametrize("d", [64, 128])
+def test_documents_backward_matches_float64(lengths, d, masked_last):
+    """The Gluon backward with packed causal documents (DOCS, one sequence, cu_seqlens): flash-attn's
+    2x rule against float64 with the block-diagonal causal mask, on the tl varlen forward's o and
+    lse (what flash_attention_varlen hands it), every error in the message."""
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    n = sum(lengths)
+    cu = torch.tensor(
+        [0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+    )
+    q, k, v, do = _inputs(1, 2, n, d, torch.float16, seed=n + d)
+    scale = 1.0 / math.sqrt(d)
+    keep = _doc_mask(cu, n, "cuda")
+    xs = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    s = (xs[0] @ xs[1].transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+    ref = torch.autograd.grad(torch.softmax(s, -1) @ xs[2], xs, do.double())
+    ys = [x.detach().requires_grad_() for x in (q, k, v)]
+    o_sdpa = torch.nn.functional.scaled_dot_product_attention(*ys, attn_mask=keep, scale=scale)
+    sdpa = torch.autograd.grad(o_sdpa, ys, do)
+    packed = [x[0].transpose(0, 1).contiguous() for x in (q, k, v)]  # (n, H, d)
+    o, lse = flash_attention_varlen(*packed, cu, cu, max(lengths), max(lengths), causal=True,
+                                    scale=scale, return_lse=True)  # fmt: skip
+    o4 = o.transpose(0, 1).unsqueeze(0)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_attention_backward(
+        do, q, k, v, o4, lse.unsqueeze(0), True, scale, cu_seqlens=cu, MASKED_LAST=masked_last
+    )
+    errs = {}
+    for name, g, r, s_ in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
+        assert torch.isfinite(g).all(), f"NaN/inf in {name} (unwritten rows?)"
+        errs[name] = ((g.double() - r).abs().max().item(), (s_.double() - r).abs().max().item())
+    assert all(e <= 2 * s_ + 1e-5 for e, s_ in errs.values()), errs
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_attention_varlen_runs_documents_on_the_gluon_backward(monkeypatch, d):
+    """flash_attention_varlen with one cu_seqlens for queries and keys, causal, takes the Gluon
+    backward where GLUON_MASKED_BACKWARD["documents"] lists d (set here), with gradients close
+    to the tl backward's (``triton``)."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    lengths = [700, 3, 1500, 1]
+    n = sum(lengths)
+    cu = torch.tensor(
+        [0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+    )
+    g = torch.Generator(device="cuda").manual_seed(d)
+    q, k, v, do = (torch.randn(n, 4, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))  # fmt: skip
+    monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
+    monkeypatch.setitem(launch.GLUON_MASKED_BACKWARD, "documents", (d,))
+    grads, calls = {}, []
+    real = launch.gluon_varlen_backward
+    monkeypatch.setattr(
+        launch, "gluon_varlen_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    for choice in ("auto", "triton"):
+        monkeypatch.setenv(launch.BACKWARD_ENV, choice)
+        xs = [x.detach().requires_grad_() for x in (q, k, v)]
+        out = flash_attention_varlen(*xs, cu, cu, max(lengths), max(lengths), causal=True)
+        grads[choice] = torch.autograd.grad(out, xs, do)
+        assert len(calls) == 1  # only "auto" took it
+    for a, b in zip(grads["auto"], grads["triton"], strict=True):
+        assert a.shape == b.shape
+        assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-7 * b.abs().max().item()
