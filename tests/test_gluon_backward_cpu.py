@@ -524,9 +524,10 @@ def test_doc_ends_gives_each_token_the_end_of_its_document(dtype):
     """The DOCS mask's per-key bound, against a loop, empty documents included."""
     q = torch.empty(1, 1, 11, 64)
     for cu in ([0, 11], [0, 3, 3, 7, 11], [0, 1, 2, 10, 11], [0, 0, 11]):
-        got = GB._doc_ends(torch.tensor(cu, dtype=dtype), True, None, q)
         want = [next(e for e in cu[1:] if e > t) for t in range(11)]
-        assert got.dtype == torch.int32 and got.tolist() == want, cu
+        for checked in (False, True):  # the values read here, or by the caller already
+            got = GB._doc_ends(torch.tensor(cu, dtype=dtype), True, None, q, checked)
+            assert got.dtype == torch.int32 and got.tolist() == want, cu
 
 
 def test_packed_documents_ask_for_the_gluon_backward_only_when_it_applies(monkeypatch):
@@ -542,8 +543,8 @@ def test_packed_documents_ask_for_the_gluon_backward_only_when_it_applies(monkey
         asked.append((mask, tuple(q.shape), tuple(k.shape)))
         return True
 
-    def fake(do, q, k, v, o, lse, cu_seqlens, scale):
-        calls.append((lse, cu_seqlens, scale))
+    def fake(do, q, k, v, o, lse, cu_seqlens, scale, packed, offsets_checked):
+        calls.append((lse, cu_seqlens, scale, packed, offsets_checked))
         return "dq", "dk", "dv"
 
     monkeypatch.setattr(launch, "_use_gluon", use)
@@ -554,8 +555,9 @@ def test_packed_documents_ask_for_the_gluon_backward_only_when_it_applies(monkey
     cu = torch.tensor([0, 5, 12], dtype=torch.int32)
     got = launch._backward_c(do, q, k, v, o, lse_c, CAUSAL, 0.3, None, (cu, cu, 7, 7))
     assert got == ("dq", "dk", "dv") and asked == [("documents", (1, H, T, d), (1, H, T, d))]
-    lse, offsets, scale = calls[0]
+    lse, offsets, scale, packed, checked = calls[0]
     assert torch.equal(lse, lse_c * CAUSAL.units(0.3)[1]) and offsets is cu and scale == 0.3
+    assert packed and checked  # in place; the forward has read the offsets already
     for variant, cu_k in (
         (CAUSAL, cu.clone()),  # another tensor for the keys: not checked equal, not taken
         (PLAIN, cu),
@@ -564,3 +566,23 @@ def test_packed_documents_ask_for_the_gluon_backward_only_when_it_applies(monkey
     ):
         dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, variant, 0.3, None, (cu, cu_k, 7, 7))
         assert dq.shape == q.shape and len(calls) == 1 and len(asked) == 1, variant
+
+
+def test_gluon_varlen_backward_checks_its_packed_inputs_like_the_dense_call():
+    """gluon_varlen_backward (flash-attn's (total, H, d) layout, lse (H, total)) refuses what the
+    dense call refuses, with the same messages, before asking for the GPU; both layouts."""
+    T, H, d = 16, 2, 64
+    q, k, v, o, do = (torch.randn(T, H, d, dtype=torch.float16) for _ in range(5))
+    lse = torch.randn(H, T)
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+    for packed in (True, False):
+        with pytest.raises(ValueError, match="lse must be the forward's natural-log logsumexp"):
+            GB.gluon_varlen_backward(do, q, k, v, o, lse[:, :-1], cu, 0.125, packed=packed)
+        with pytest.raises(ValueError, match="rise from 0 to N = 16"):
+            GB.gluon_varlen_backward(do, q, k, v, o, lse, cu + 1, 0.125, packed=packed)
+        with pytest.raises(ValueError, match="GQA/MQA"):
+            GB.gluon_varlen_backward(do, q, k[:, :1], v[:, :1], o, lse, cu, 0.125, packed=packed)
+        with pytest.raises(ValueError, match="unknown"):
+            GB.gluon_varlen_backward(do, q, k, v, o, lse, cu, 0.125, packed=packed, BLOCK=3)
+        with pytest.raises(RuntimeError, match="unavailable"):  # valid: only the GPU is missing
+            GB.gluon_varlen_backward(do, q, k, v, o, lse, cu, 0.125, packed=packed)

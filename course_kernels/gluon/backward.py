@@ -47,10 +47,20 @@ if HAVE_GLUON:
     def _ds_smem_layout(BM, dtype):
         return gl.NVMMASharedLayout.get_default_for([64, BM], dtype)
 
+    @gluon.jit
+    def _flat_rows(hz, r, N, PACKED: gl.constexpr):
+        """Row of (batch x head hz, token r) in the [rows, d] view of q, k, v, o and their
+        gradients: (B, H, N, d), or with PACKED flash-attn's (total, H, d), read in place."""
+        if PACKED:
+            return r * gl.num_programs(1) + hz
+        else:
+            return hz * N + r
+
     # ---------------------------------------------------------- small kernels
     @gluon.jit
     def _bwd_preprocess(
-        o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, HEAD_DIM: gl.constexpr
+        o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, HEAD_DIM: gl.constexpr,
+        PACKED: gl.constexpr = False,
     ):  # fmt: skip
         """Per (batch, head), 64 rows a program, into buffers padded to N_PAD rows a head (a
         multiple of the backward's BM, so TMA reads whole blocks of one head): D = rowsum(dO * O)
@@ -59,7 +69,7 @@ if HAVE_GLUON:
         hz = gl.program_id(1)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))
         ok = r < N
-        offs = (hz * N + r).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+        offs = _flat_rows(hz, r, N, PACKED).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
         o = gl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(gl.float32)
         do = gl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(gl.float32)
         lse = gl.load(lse_ptr + hz * N + r, mask=ok, other=float("inf"))
@@ -76,9 +86,11 @@ if HAVE_GLUON:
         gl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
     @gluon.jit
-    def _bwd_dq_epilogue_rows(dq_acc_ptr, dq_ptr, N, N_PAD, scale, HEAD_DIM: gl.constexpr):
+    def _bwd_dq_epilogue_rows(
+        dq_acc_ptr, dq_ptr, N, N_PAD, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False
+    ):  # fmt: skip
         """DQ_TMA's dQ_acc has N_PAD rows a head: dq[hz, r] = (scale * dQ_acc[hz, r]).to(dq's
-        dtype) for r < N, 64 rows a program (8 warps)."""
+        dtype) for r < N, 64 rows a program (8 warps); dq dense or PACKED (``_flat_rows``)."""
         r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
         hz = gl.program_id(1)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))[None, :]
@@ -86,7 +98,7 @@ if HAVE_GLUON:
         acc = gl.load(
             dq_acc_ptr + (hz * N_PAD + r).to(gl.int64)[:, None] * HEAD_DIM + cols, mask=ok
         )
-        out = dq_ptr + (hz * N + r).to(gl.int64)[:, None] * HEAD_DIM + cols
+        out = dq_ptr + _flat_rows(hz, r, N, PACKED).to(gl.int64)[:, None] * HEAD_DIM + cols
         gl.store(out, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
     # ----------------------------------------------------------------- producer
@@ -95,41 +107,46 @@ if HAVE_GLUON:
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left, kend_ptr,
         BM: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
         CAUSAL: gl.constexpr, MASKED_LAST: gl.constexpr, ROTATE: gl.constexpr,
-        WINDOW: gl.constexpr, DOCS: gl.constexpr,
+        WINDOW: gl.constexpr, DOCS: gl.constexpr, PACKED: gl.constexpr,
     ):  # fmt: skip
         _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
         n0 = gl.program_id(0) * BN
         rowp = gl.program_id(1) * N_PAD  # the same head's first row in the padded L, D
-        row0 = gl.program_id(1) * N  # first row of this (batch, head) in the flat tensors
+        if PACKED:  # (total, H x d) views: token rows, the head's d columns
+            row0 = gl.program_id(1) * 0
+            col0 = gl.program_id(1) * desc_k.block_type.shape[1]
+        else:  # first row of this (batch, head) in the flat tensors
+            row0 = gl.program_id(1) * N
+            col0 = 0
         # K and V of the key block, once: one [64, d] slice per consumer warpgroup
         mbarrier.expect(
             kv_ready.index(0), NUM_CONSUMERS * 2 * desc_k.block_type.nbytes
         )  # fmt: skip
         for c in gl.static_range(NUM_CONSUMERS):
             tma.async_copy_global_to_shared(
-                desc_k, [row0 + n0 + c * KEYS, 0], kv_ready.index(0), k_bufs.index(c)
+                desc_k, [row0 + n0 + c * KEYS, col0], kv_ready.index(0), k_bufs.index(c)
             )
             tma.async_copy_global_to_shared(
-                desc_v, [row0 + n0 + c * KEYS, 0], kv_ready.index(0), v_bufs.index(c)
+                desc_v, [row0 + n0 + c * KEYS, col0], kv_ready.index(0), v_bufs.index(c)
             )
         lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
         if MASKED_LAST:  # the consumers' order (``_bwd_runs``): unmasked blocks first
             run0, run1, run2 = _bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE)
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0, row0, rowp, BM, STAGES,
-                       ROTATE)  # fmt: skip
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1, row0, rowp, BM, STAGES,
-                       False)  # fmt: skip
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0, row0, col0, rowp, BM,
+                       STAGES, ROTATE)  # fmt: skip
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1, row0, col0, rowp, BM,
+                       STAGES, False)  # fmt: skip
             if WINDOW or DOCS:  # the far edge (window, document end), masked
-                _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run2, row0, rowp, BM,
+                _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run2, row0, col0, rowp, BM,
                            STAGES, False)  # fmt: skip
         else:  # the same order as the consumers' runs, in one loop
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, (lo, hi, lo, 0), row0,
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, (lo, hi, lo, 0), row0, col0,
                        rowp, BM, STAGES, False)  # fmt: skip
 
     @gluon.jit
     def _bwd_loads(
-        desc_q, desc_do, desc_lse, desc_d, ring, run, row0, rowp, BM: gl.constexpr,
+        desc_q, desc_do, desc_lse, desc_d, ring, run, row0, col0, rowp, BM: gl.constexpr,
         STAGES: gl.constexpr, ROT: gl.constexpr,
     ):  # fmt: skip
         """(Q_i, dO_i, L_i log2 e, D_i) of the query blocks of one run (``_bwd_runs``) into
@@ -146,10 +163,10 @@ if HAVE_GLUON:
                 + desc_lse.block_type.nbytes + desc_d.block_type.nbytes,
             )  # fmt: skip
             tma.async_copy_global_to_shared(
-                desc_q, [row0 + i * BM, 0], q_ready.index(s), q_bufs.index(s)
+                desc_q, [row0 + i * BM, col0], q_ready.index(s), q_bufs.index(s)
             )
             tma.async_copy_global_to_shared(
-                desc_do, [row0 + i * BM, 0], q_ready.index(s), do_bufs.index(s)
+                desc_do, [row0 + i * BM, col0], q_ready.index(s), do_bufs.index(s)
             )
             tma.async_copy_global_to_shared(
                 desc_lse, [rowp + i * BM], q_ready.index(s), l_bufs.index(s)
@@ -162,13 +179,17 @@ if HAVE_GLUON:
     @gluon.jit
     def _bwd_epilogue(
         dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM: gl.constexpr,
-        dtype: gl.constexpr,
+        dtype: gl.constexpr, PACKED: gl.constexpr,
     ):  # fmt: skip
-        """dK *= scale; dK, dV stored in the input dtype, rows < N only."""
+        """dK *= scale; dK, dV stored in the input dtype (dense or PACKED), rows < N only."""
         kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)
         key = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
         col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-        offs = (row0 + key).to(gl.int64)[:, None] * HEAD_DIM + col[None, :]
+        if PACKED:  # noqa: SIM108 (the dense branch keeps its measured code: row0 + key)
+            rows = _flat_rows(gl.program_id(1), key, N, PACKED)
+        else:
+            rows = row0 + key
+        offs = rows.to(gl.int64)[:, None] * HEAD_DIM + col[None, :]
         ok = (key < N)[:, None]
         gl.store(dk_ptr + offs, (dk * sm_scale).to(dtype), mask=ok)
         gl.store(dv_ptr + offs, dv.to(dtype), mask=ok)
@@ -182,6 +203,7 @@ if HAVE_GLUON:
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
         OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, MASKED_LAST: gl.constexpr,
         DV_EARLY: gl.constexpr, ROTATE: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr,
+        PACKED: gl.constexpr,
     ):  # fmt: skip
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
@@ -216,7 +238,7 @@ if HAVE_GLUON:
             )  # fmt: skip
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
             tma.store_wait(pendings=0)
-        _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype)
+        _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype, PACKED)
 
     @gluon.jit
     def _bwd_steps(
@@ -250,12 +272,14 @@ if HAVE_GLUON:
         OVERLAP_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
         MASKED_LAST: gl.constexpr = False, DV_EARLY: gl.constexpr = False,
         ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
+        PACKED: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
         WINDOW (with CAUSAL): query q sees keys [q - win_left, q]; DOCS (with CAUSAL, one
         sequence of packed documents): query q sees the keys of its own document, kend_ptr[k]
-        the end (exclusive) of key k's (both session 14)."""
+        the end (exclusive) of key k's; PACKED: q, k, v, do (descriptors over (total, H x d)) and
+        dk, dv in flash-attn's (total, H, d) layout, B = 1 (all three session 14)."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
@@ -297,11 +321,12 @@ if HAVE_GLUON:
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
                                      N, N_PAD, win_left, kend_ptr, BM, NUM_CONSUMERS, STAGES,
-                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS)),
+                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS, PACKED)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
                                      qk_scale, sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS,
                                      STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
-                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS)),
+                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS,
+                                     PACKED)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -311,15 +336,17 @@ if HAVE_GLUON:
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
                                      N, N_PAD, win_left, kend_ptr, BM, NUM_CONSUMERS, STAGES,
-                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS)),
+                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS, PACKED)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
                                      qk_scale, sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS,
                                      STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
-                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS)),
+                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS,
+                                     PACKED)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
                                      qk_scale, sm_scale, 1, BM, HEAD_DIM, NUM_CONSUMERS,
                                      STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
-                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS)),
+                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS,
+                                     PACKED)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

@@ -212,47 +212,67 @@ def gluon_attention_backward(
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
     """
+    tensors = (do, q, k, v, o, lse)
+    win, kend, cfg = _check_all(tensors, causal, window_left, cu_seqlens, config)
+    contiguous = (x.contiguous() for x in tensors)
+    return _backward(*contiguous, causal, scale, win, kend, cu_seqlens is not None, cfg, False)
+
+
+def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked=False):
+    """Every check of :func:`gluon_attention_backward` on (do, q, k, v, o, lse) in its
+    (B, H, N, d) shapes: (win_left, the documents' kend or a stand-in, the schedule)."""
+    do, q, k, v, o, lse = tensors
     _check_backward_inputs(do, q, k, v, o, lse)
     win = _check_window(window_left, causal, q.shape[2])
-    kend = lse if cu_seqlens is None else _doc_ends(cu_seqlens, causal, window_left, q)
+    docs = cu_seqlens is not None
+    kend = _doc_ends(cu_seqlens, causal, window_left, q, offsets_checked) if docs else lse
     cfg = _check_config(q.shape[-1], config)
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
-    import torch
-
-    tensors = (do, q, k, v, o, lse)
     if not all(x.is_cuda and x.device == q.device for x in tensors):
         raise ValueError(
             "do, q, k, v, o, lse must all be CUDA tensors on one device, got "
             + ", ".join(str(x.device) for x in tensors)
         )
-    B, H, N, d = q.shape
+    return win, kend, cfg
+
+
+def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
+    """The launches, on contiguous checked tensors: (B, H, N, d), or with ``packed`` flash-attn's
+    (total, H, d) read in place (B = 1; TMA boxes of [rows, d] at column h x d of a
+    (total, H x d) view) with lse (H, total)."""
+    import torch
+
+    if packed:
+        (N, H, d), B = q.shape, 1
+    else:
+        B, H, N, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     BM, NC = cfg["BM"], cfg["NUM_CONSUMERS"]
     BN = 64 * NC
-    do, q, k, v, o, lse = (x.contiguous() for x in tensors)
     n_pad = triton.cdiv(N, BM) * BM  # L and D padded per head to whole query blocks
     delta = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
     lse2 = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
     _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
-        o, do, lse, delta, lse2, N, n_pad, HEAD_DIM=d, num_warps=8
+        o, do, lse, delta, lse2, N, n_pad, HEAD_DIM=d, PACKED=packed, num_warps=8
     )
     dq_tma = bool(cfg["DQ_TMA"])  # dQ_acc then padded to n_pad rows a head, like L and D
     dq_acc = torch.zeros((B, H, n_pad if dq_tma else N, d), device=q.device, dtype=torch.float32)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     q_layout, kv_layout = _smem_layout(BM, d, gdt), _smem_layout(64, d, gdt)
-    desc_q = TensorDescriptor.from_tensor(q.view(-1, d), [BM, d], q_layout)
-    desc_do = TensorDescriptor.from_tensor(do.view(-1, d), [BM, d], q_layout)
-    desc_k = TensorDescriptor.from_tensor(k.view(-1, d), [64, d], kv_layout)
-    desc_v = TensorDescriptor.from_tensor(v.view(-1, d), [64, d], kv_layout)
+    cols = H * d if packed else d  # the rows of the 2-D views TMA reads
+    desc_q = TensorDescriptor.from_tensor(q.view(-1, cols), [BM, d], q_layout)
+    desc_do = TensorDescriptor.from_tensor(do.view(-1, cols), [BM, d], q_layout)
+    desc_k = TensorDescriptor.from_tensor(k.view(-1, cols), [64, d], kv_layout)
+    desc_v = TensorDescriptor.from_tensor(v.view(-1, cols), [64, d], kv_layout)
     desc_lse = TensorDescriptor.from_tensor(lse2, [BM], _row_layout(BM))
     desc_d = TensorDescriptor.from_tensor(delta, [BM], _row_layout(BM))
     dq_out = dq_acc
     if dq_tma:
-        cols = d // NC // cfg["DQ_SPLIT"]
-        lay = gl.NVMMASharedLayout.get_default_for([BM, cols], gl.float32)
-        dq_out = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [BM, cols], lay)
+        chunk = d // NC // cfg["DQ_SPLIT"]
+        lay = gl.NVMMASharedLayout.get_default_for([BM, chunk], gl.float32)
+        dq_out = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [BM, chunk], lay)
     _attn_bwd_kernel[(triton.cdiv(N, BN), B * H)](
         desc_q,
         desc_k,
@@ -284,20 +304,23 @@ def gluon_attention_backward(
         DV_EARLY=bool(cfg["DV_EARLY"]),
         ROTATE=bool(cfg["ROTATE"]),
         WINDOW=win >= 0,
-        DOCS=cu_seqlens is not None,
+        DOCS=docs,
+        PACKED=packed,
         num_warps=4,
     )
     dq = torch.empty_like(q)
-    if dq_tma:
-        grid = (triton.cdiv(N, 64), B * H)
-        _bwd_dq_epilogue_rows[grid](dq_acc, dq, N, n_pad, scale, HEAD_DIM=d, num_warps=8)
+    if dq_tma or packed:  # dQ_acc's rows a head: n_pad (DQ_TMA) or N
+        grid, rows = (triton.cdiv(N, 64), B * H), n_pad if dq_tma else N
+        _bwd_dq_epilogue_rows[grid](
+            dq_acc, dq, N, rows, scale, HEAD_DIM=d, PACKED=packed, num_warps=8
+        )  # fmt: skip
     else:
         n = dq.numel()
         _bwd_dq_epilogue[(triton.cdiv(n, 512),)](dq_acc, dq, n, scale, num_warps=4)
     return dq, dk, dv
 
 
-def _doc_ends(cu_seqlens, causal, window_left, q):
+def _doc_ends(cu_seqlens, causal, window_left, q, values_checked=False):
     """cu_seqlens of documents packed into one sequence -> the end (exclusive) of each token's
     document, int32 (N,): the backward's DOCS mask (query i sees key j iff j <= i < end[j])."""
     import torch
@@ -317,7 +340,7 @@ def _doc_ends(cu_seqlens, causal, window_left, q):
             "cu_seqlens must be a 1-D int32 or int64 tensor of at least 2 offsets on q's device "
             f"({q.device}), got {cu_seqlens!r:.80}"
         )
-    cu = cu_seqlens.tolist()
+    cu = [0, n] if values_checked else cu_seqlens.tolist()  # (a device-to-host copy)
     if cu[0] != 0 or cu[-1] != n or any(cu[i + 1] < cu[i] for i in range(len(cu) - 1)):
         raise ValueError(
             f"cu_seqlens must rise from 0 to N = {n} (document offsets), got {cu[:4]}...{cu[-2:]}"
@@ -326,11 +349,23 @@ def _doc_ends(cu_seqlens, causal, window_left, q):
     return torch.repeat_interleave(ends, (cu_seqlens[1:] - cu_seqlens[:-1]), output_size=n)
 
 
-def gluon_varlen_backward(do, q, k, v, o, lse, cu_seqlens, scale):
-    """The packed causal varlen backward (flash-attn's layout: q, k, v, o, do (total, H, d) with
-    the same cu_seqlens for queries and keys, lse (H, total) natural-log) through
-    :func:`gluon_attention_backward` with ``cu_seqlens``: one sequence of ``total`` tokens a head
-    (copies to (1, H, total, d) and back)."""
-    seq = [x.transpose(0, 1).unsqueeze(0) for x in (do, q, k, v, o)]
-    grads = gluon_attention_backward(*seq, lse.unsqueeze(0), True, scale, cu_seqlens=cu_seqlens)
-    return tuple(g[0].transpose(0, 1).contiguous() for g in grads)
+def gluon_varlen_backward(
+    do, q, k, v, o, lse, cu_seqlens, scale, packed=True, offsets_checked=False, **config
+):
+    """The packed causal varlen backward: flash-attn's layout, q, k, v, o, do (total, H, d) with
+    one cu_seqlens for queries and keys, lse (H, total) natural-log; the causal documents of
+    :func:`gluon_attention_backward` (``cu_seqlens``) on one sequence of ``total`` tokens a head.
+    ``packed``: read and write the packed tensors in place (PACKED), else copy them to
+    (1, H, total, d) and back. Same checks and messages as :func:`gluon_attention_backward`;
+    ``offsets_checked``: the caller has read cu_seqlens's values already (flash_attention_varlen's
+    forward does, once per offsets tensor): skip that device-to-host copy here."""
+    views = [x.transpose(0, 1).unsqueeze(0) for x in (do, q, k, v, o)]
+    if not packed:
+        grads = gluon_attention_backward(
+            *views, lse.unsqueeze(0), True, scale, cu_seqlens=cu_seqlens, **config
+        )  # fmt: skip
+        return tuple(g[0].transpose(0, 1).contiguous() for g in grads)
+    tensors = (*views, lse.unsqueeze(0))
+    win, kend, cfg = _check_all(tensors, True, None, cu_seqlens, config, offsets_checked)
+    flat = (x.contiguous() for x in (do, q, k, v, o, lse))
+    return _backward(*flat, True, scale, win, kend, True, cfg, True)

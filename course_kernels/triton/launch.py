@@ -331,7 +331,7 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     form, ln = variant.gluon_form() if alibi is None else None, variant.units(scale)[1]
     if varlen is not None and form == (True, None) and varlen[0] is varlen[1]:  # documents
         if _use_gluon(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k)), True, "documents"):
-            return gluon_varlen_backward(do, q, k, v, o, lse_c * ln, varlen[0], scale)
+            return gluon_varlen_backward(do, q, k, v, o, lse_c * ln, varlen[0], scale, True, True)
     elif form and varlen is None and _use_gluon(q, k, True, "window" if form[1] else ""):
         return gluon_attention_backward(do, q, k, v, o, lse_c * ln, form[0], scale, form[1])
     if INTERPRET and q.dtype == torch.bfloat16:

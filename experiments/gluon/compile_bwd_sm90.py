@@ -230,7 +230,7 @@ CONFIGS = (
         for dt in ("fp16", "bf16")
         for m in (True, False)
     ]
-    + [  # session 14: packed causal documents (DOCS), unmasked middle first
+    + [  # session 14: causal documents (DOCS), unmasked middle first; PACKED: (total, H, d) in place
         dict(
             d=d,
             CAUSAL=True,
@@ -239,8 +239,10 @@ CONFIGS = (
             DQ_TMA=True,
             MASKED_LAST=True,
             DOCS=True,
+            PACKED=p,
         )  # fmt: skip
         for d in (64, 128)
+        for p in (False, True)
     ]
 )
 
@@ -321,7 +323,7 @@ def main():
             json.dump(dict(meta=meta, configs=table), f, indent=1)
         return
     for dt in ("fp16", "bf16"):
-        for d in (64, 128):
+        for d, packed in ((64, False), (128, False), (64, True), (128, True)):
             k = _compile(
                 B._bwd_preprocess,
                 {
@@ -333,17 +335,17 @@ def main():
                     "N": "i32",
                     "N_PAD": "i32",
                 },
-                dict(HEAD_DIM=d),
+                dict(HEAD_DIM=d, PACKED=packed),
                 num_warps=8,
             )
-            print("preprocess", dt, d, ptxas_info(k.asm["ptx"]))
+            print("preprocess", dt, d, "PACKED" * packed, ptxas_info(k.asm["ptx"]))
         k = _compile(
             B._bwd_dq_epilogue,
             {"dq_acc_ptr": "*fp32", "dq_ptr": f"*{dt}", "n_elems": "i32", "scale": "fp32"},
             {},
         )
         print("dq epilogue", dt, ptxas_info(k.asm["ptx"]))
-        for d in (64, 128):
+        for d, packed in ((64, False), (128, False), (64, True), (128, True)):
             k = _compile(
                 B._bwd_dq_epilogue_rows,
                 {
@@ -353,10 +355,10 @@ def main():
                     "N_PAD": "i32",
                     "scale": "fp32",
                 },  # fmt: skip
-                dict(HEAD_DIM=d),
+                dict(HEAD_DIM=d, PACKED=packed),
                 num_warps=8,
             )
-            print("dq epilogue (rows, DQ_TMA)", dt, d, ptxas_info(k.asm["ptx"]))
+            print("dq epilogue (rows)", dt, d, "PACKED" * packed, ptxas_info(k.asm["ptx"]))
 
 
 if __name__ == "__main__":

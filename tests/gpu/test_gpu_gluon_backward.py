@@ -309,21 +309,23 @@ def _doc_mask(cu, n, device):
     return (j <= i) & (i < end[None, :])  # key j seen by query i: same document, j <= i
 
 
-@pytest.mark.parametrize("masked_last", [True, False])
+@pytest.mark.parametrize(
+    "schedule", [dict(packed=True), dict(packed=False), dict(packed=True, MASKED_LAST=False)]
+)
 @pytest.mark.parametrize(
     "lengths", [[17], [1, 1, 1], [64, 64], [100, 1, 300, 77], [1000, 24, 1029], [5, 2048]]
 )
 @pytest.mark.parametrize("d", [64, 128])
-def test_documents_backward_matches_float64(lengths, d, masked_last):
-    """The Gluon backward with packed causal documents (DOCS, one sequence, cu_seqlens): flash-attn's
-    2x rule against float64 with the block-diagonal causal mask, on the tl varlen forward's o and
-    lse (what flash_attention_varlen hands it), every error in the message."""
+def test_documents_backward_matches_float64(lengths, d, schedule):
+    """The Gluon backward with packed causal documents (DOCS), through gluon_varlen_backward on
+    flash-attn's (total, H, d) layout, read in place (PACKED) or copied: flash-attn's 2x rule
+    against float64 with the block-diagonal causal mask, on the tl varlen forward's o and lse
+    (what flash_attention_varlen hands it), every error in the message."""
     from course_kernels.triton.varlen import flash_attention_varlen
 
     n = sum(lengths)
-    cu = torch.tensor(
-        [0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32
-    )
+    offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    cu = torch.tensor(offsets, device="cuda", dtype=torch.int32)
     q, k, v, do = _inputs(1, 2, n, d, torch.float16, seed=n + d)
     scale = 1.0 / math.sqrt(d)
     keep = _doc_mask(cu, n, "cuda")
@@ -333,17 +335,15 @@ def test_documents_backward_matches_float64(lengths, d, masked_last):
     ys = [x.detach().requires_grad_() for x in (q, k, v)]
     o_sdpa = torch.nn.functional.scaled_dot_product_attention(*ys, attn_mask=keep, scale=scale)
     sdpa = torch.autograd.grad(o_sdpa, ys, do)
-    packed = [x[0].transpose(0, 1).contiguous() for x in (q, k, v)]  # (n, H, d)
-    o, lse = flash_attention_varlen(*packed, cu, cu, max(lengths), max(lengths), causal=True,
-                                    scale=scale, return_lse=True)  # fmt: skip
-    o4 = o.transpose(0, 1).unsqueeze(0)
+    qp, kp, vp, dop = (x[0].transpose(0, 1).contiguous() for x in (q, k, v, do))  # (n, H, d)
+    m = max(lengths)
+    o, lse = flash_attention_varlen(qp, kp, vp, cu, cu, m, m, True, scale, True)
     _poison(16 * q.numel() * q.element_size())
-    got = GB.gluon_attention_backward(
-        do, q, k, v, o4, lse.unsqueeze(0), True, scale, cu_seqlens=cu, MASKED_LAST=masked_last
-    )
+    got = GB.gluon_varlen_backward(dop, qp, kp, vp, o, lse, cu, scale, **schedule)
     errs = {}
     for name, g, r, s_ in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
-        assert torch.isfinite(g).all(), f"NaN/inf in {name} (unwritten rows?)"
+        assert g.shape == qp.shape and torch.isfinite(g).all(), f"{name}: shape or NaN/inf"
+        g = g.transpose(0, 1).unsqueeze(0)
         errs[name] = ((g.double() - r).abs().max().item(), (s_.double() - r).abs().max().item())
     assert all(e <= 2 * s_ + 1e-5 for e, s_ in errs.values()), errs
 
