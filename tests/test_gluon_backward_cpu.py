@@ -558,6 +558,10 @@ def test_packed_documents_ask_for_the_gluon_backward_only_when_it_applies(monkey
     lse, offsets, scale, packed, checked = calls[0]
     assert torch.equal(lse, lse_c * CAUSAL.units(0.3)[1]) and offsets is cu and scale == 0.3
     assert packed and checked  # in place; the forward has read the offsets already
+    bottom_right = Variant(causal=True, bottom_right=True)  # flash_attention_varlen's default
+    launch._backward_c(do, q, k, v, o, lse_c, bottom_right, 0.3, None, (cu, cu, 7, 7))
+    assert len(calls) == 2  # one offsets tensor: every document square, the corners agree
+    calls.pop(), asked.pop()
     for variant, cu_k in (
         (CAUSAL, cu.clone()),  # another tensor for the keys: not checked equal, not taken
         (PLAIN, cu),

@@ -26,6 +26,11 @@ FA2's Algorithm 2 transposed, as in :mod:`course_kernels.triton.backward`; the s
 follows FA3 (arXiv 2407.08608), except that dQ leaves from the consumers themselves (DQ_TMA,
 the default: a TMA bulk reduce-add of a shared-memory tile, as FA3's; else atomics), not from
 FA3's dedicated dQ warp. Host side: :mod:`.backward_launch`.
+
+Masks beyond causal (session 14; compiled for sm_90a and tested on the CPU, not yet on a GPU):
+``WINDOW`` (a causal sliding window) and ``DOCS`` (causal documents packed into one sequence),
+each key block visiting only the query blocks that see one of its keys, in three runs (the
+unmasked middle first); ``PACKED`` reads flash-attn's (total, H, d) layout in place.
 """
 
 from __future__ import annotations
