@@ -328,12 +328,14 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     """:func:`_backward` on the statistic of :func:`_forward_c` (dense, or packed ``varlen``)."""
     if _one_key_closed_form(k, variant, alibi, varlen):
         return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
-    form, ln = variant.gluon_form() if alibi is None else None, variant.units(scale)[1]
+    form = variant.gluon_form() if alibi is None else None
     if varlen is not None and form == (True, None) and varlen[0] is varlen[1]:  # documents
         if _use_gluon(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k)), True, "documents"):
-            return gluon_varlen_backward(do, q, k, v, o, lse_c * ln, varlen[0], scale, True, True)
+            lse = lse_c * variant.units(scale)[1]  # units of c -> the natural-log lse
+            return gluon_varlen_backward(do, q, k, v, o, lse, varlen[0], scale, True, True)
     elif form and varlen is None and _use_gluon(q, k, True, "window" if form[1] else ""):
-        return gluon_attention_backward(do, q, k, v, o, lse_c * ln, form[0], scale, form[1])
+        lse = lse_c * variant.units(scale)[1]
+        return gluon_attention_backward(do, q, k, v, o, lse, form[0], scale, form[1])
     if INTERPRET and q.dtype == torch.bfloat16:
         f = (x.float() for x in (do, q, k, v, o))
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
