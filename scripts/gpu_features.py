@@ -68,7 +68,26 @@ def parse_args(argv=None):
     p.add_argument(
         "--tests-timeout-s", type=float, default=420.0, help="stop pytest after this (keeps output)"
     )
+    p.add_argument(
+        "--gluon-masked-backward",
+        nargs="+",
+        default=[],
+        choices=("window", "documents"),
+        help="an experiment: let flash_attention take the Gluon backward for these masks at the "
+        "--d head dims (GLUON_MASKED_BACKWARD, empty until measured), in this process only",
+    )
     return p.parse_args(argv)
+
+
+def enable_gluon_masked_backward(masks, dims):
+    """--gluon-masked-backward: list ``dims`` for ``masks`` in launch.GLUON_MASKED_BACKWARD (the
+    package's own tuple, in this process); returns what it was, for the record."""
+    from course_kernels.triton import launch
+
+    before = {m: launch.GLUON_MASKED_BACKWARD[m] for m in masks}
+    for m in masks:
+        launch.GLUON_MASKED_BACKWARD[m] = tuple(dims)
+    return before
 
 
 def doc_lengths(total=DOC_TOKENS, docs=DOCS):
@@ -336,6 +355,10 @@ def main(argv=None):
         os.environ["COURSE_KERNELS_AUTOTUNE"] = "0"  # read when course_kernels loads
     sys.path.insert(0, str(ROOT))
     record = {"environment": environment(args), "args": vars(args), "rows": []}
+    if args.gluon_masked_backward:
+        record["gluon_masked_backward_before"] = enable_gluon_masked_backward(
+            args.gluon_masked_backward, args.d
+        )  # fmt: skip
     out = Path(args.out)
 
     def write():

@@ -69,3 +69,21 @@ def test_backward_timing_differentiates_the_graphs_own_inputs(monkeypatch):
         assert [g.shape for g in grads] == [x.shape for x in leaves]
         assert all(x.grad is None for x in (q, k, v, *leaves))
         assert (mask == "document") == (leaves[0] is not q)
+
+
+def test_gluon_masked_backward_is_an_explicit_experiment(monkeypatch):
+    """--gluon-masked-backward lists the --d dims for the named masks in the package's
+    GLUON_MASKED_BACKWARD (this process only) and returns what was there; without it nothing
+    changes; unknown masks are refused by argparse."""
+    import pytest
+
+    from course_kernels.triton import launch
+
+    monkeypatch.setattr(launch, "GLUON_MASKED_BACKWARD", {"window": (), "documents": ()})
+    assert gpu_features.parse_args([]).gluon_masked_backward == []
+    args = gpu_features.parse_args(["--gluon-masked-backward", "documents", "--d", "128"])
+    before = gpu_features.enable_gluon_masked_backward(args.gluon_masked_backward, args.d)
+    assert before == {"documents": ()}
+    assert launch.GLUON_MASKED_BACKWARD == {"window": (), "documents": (128,)}
+    with pytest.raises(SystemExit):
+        gpu_features.parse_args(["--gluon-masked-backward", "causal"])
