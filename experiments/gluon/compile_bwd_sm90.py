@@ -126,6 +126,16 @@ def ptxas_info(ptx):
     )
 
 
+def _masked_last(d, dt, causal, masked_last=True, overlap=None, **extra):
+    """A config of session 13's schedule (DQ_SHARED, DQ_TMA, OVERLAP_DQ at d = 64 unless
+    ``overlap`` says otherwise, MASKED_LAST) with ``extra`` switches, its keys in the order the
+    notes' ``--only`` substrings were written against."""
+    cfg = dict(d=d) if dt is None else dict(d=d, dt=dt)
+    overlap = d == 64 if overlap is None else overlap
+    cfg.update(CAUSAL=causal, DQ_SHARED=True, OVERLAP_DQ=overlap, DQ_TMA=True)
+    return dict(cfg, MASKED_LAST=masked_last, **extra)
+
+
 CONFIGS = (
     [  # the defaults (BACKWARD_CONFIG) first, then variants
         dict(d=d, dt=dt, CAUSAL=c)
@@ -176,12 +186,7 @@ CONFIGS = (
         for c in (False, True)
     ]
     + [  # session 13: the unmasked query blocks first (MASKED_LAST)
-        dict(
-            d=d, dt=dt, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=d == 64, DQ_TMA=True, MASKED_LAST=True
-        )
-        for d in (64, 128)
-        for dt in ("fp16", "bf16")
-        for c in (False, True)
+        _masked_last(d, dt, c) for d in (64, 128) for dt in ("fp16", "bf16") for c in (False, True)
     ]
     + [  # session 13: dV issued before the wait for dP^T (DV_EARLY), alone and with MASKED_LAST
         dict(
@@ -198,51 +203,19 @@ CONFIGS = (
         for c in (False, True)
     ]
     + [  # session 13: ROTATE (the unmasked run started at the key block's own query block)
-        dict(
-            d=d,
-            dt="fp16",
-            CAUSAL=c,
-            DQ_SHARED=True,
-            OVERLAP_DQ=d == 64,
-            DQ_TMA=True,
-            MASKED_LAST=True,
-            ROTATE=True,
-        )
-        for d in (64, 128)
-        for c in (False, True)
+        _masked_last(d, "fp16", c, ROTATE=True) for d in (64, 128) for c in (False, True)
     ]
     + [  # session 13: MASKED_LAST with OVERLAP_DQ at d = 128 (spills moved out of the hot loop?)
-        dict(d=128, CAUSAL=c, DQ_SHARED=True, OVERLAP_DQ=True, DQ_TMA=True, MASKED_LAST=True)
-        for c in (False, True)
+        _masked_last(128, None, c, overlap=True) for c in (False, True)
     ]
     + [  # session 14: the causal sliding window (WINDOW), unmasked middle first or in block order
-        dict(
-            d=d,
-            dt=dt,
-            CAUSAL=True,
-            DQ_SHARED=True,
-            OVERLAP_DQ=d == 64,
-            DQ_TMA=True,
-            MASKED_LAST=m,
-            WINDOW=True,
-        )
+        _masked_last(d, dt, True, masked_last=m, WINDOW=True)
         for d in (64, 128)
         for dt in ("fp16", "bf16")
         for m in (True, False)
     ]
     + [  # session 14: causal documents (DOCS), unmasked middle first; PACKED: (total, H, d) in place
-        dict(
-            d=d,
-            CAUSAL=True,
-            DQ_SHARED=True,
-            OVERLAP_DQ=d == 64,
-            DQ_TMA=True,
-            MASKED_LAST=True,
-            DOCS=True,
-            PACKED=p,
-        )  # fmt: skip
-        for d in (64, 128)
-        for p in (False, True)
+        _masked_last(d, None, True, DOCS=True, PACKED=p) for d in (64, 128) for p in (False, True)
     ]
 )
 
