@@ -160,12 +160,11 @@ def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
 @pytest.mark.parametrize("mask", ["window", "documents"])
 def test_masked_backwards_run_only_at_their_listed_dims(monkeypatch, mask):
     """A causal window's or packed documents' Gluon backward runs only at the head dims that
-    GLUON_MASKED_BACKWARD lists for it, under ``auto`` and ``gluon`` alike (empty until its GPU
-    tests and benchmark have run: the tl backward then, whatever the choice); plain and causal
-    ones follow GLUON_BACKWARD_AUTO under ``auto``; ``triton`` and deterministic mode never."""
+    GLUON_MASKED_BACKWARD lists for it, under ``auto`` and ``gluon`` alike (elsewhere the tl
+    backward, whatever the choice); plain and causal ones follow GLUON_BACKWARD_AUTO under
+    ``auto``; ``triton`` and deterministic mode never."""
     from course_kernels.triton import launch
 
-    assert launch.GLUON_MASKED_BACKWARD[mask] == ()  # not yet run on a GPU (session 14)
     monkeypatch.setattr(launch, "INTERPRET", False)
     monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
     monkeypatch.setattr(launch, "gluon_available", lambda: True)
@@ -185,6 +184,36 @@ def test_masked_backwards_run_only_at_their_listed_dims(monkeypatch, mask):
             torch.use_deterministic_algorithms(False)
     monkeypatch.setenv(launch.BACKWARD_ENV, "triton")
     assert not launch._use_gluon(q, k, True, mask)
+
+
+def test_masked_backward_dims_are_where_the_measurement_chose_gluon():
+    """GLUON_MASKED_BACKWARD lists a (mask, d) exactly where the Gluon backward beat the tl one by
+    at least 3% against FlexAttention in every row (the two H100 runs of session 15, each with
+    Flex in its own process): documents at d = 64 and 128, no window dim (d = 64 lost 2-9%, d =
+    128 gained at one N of three)."""
+    from course_kernels.bench import features
+    from course_kernels.triton import launch
+
+    runs = {
+        name: json.loads(data_path(f"bench/h100_features_bench_masked_bwd_{name}.json").read_text())
+        for name in ("gluon", "tl")
+    }
+    assert runs["gluon"]["args"]["gluon_masked_backward"] == ["window", "documents"]
+    assert runs["tl"]["args"]["gluon_masked_backward"] in (None, [])
+    ratio = {
+        (name, r["mask"], r["d"], r["n"]): r["ratio"]
+        for name, rec in runs.items()
+        for r in features.comparisons(rec, "flex")
+        if r["pass"] == "bwd"
+    }
+    for mask, key in (("window", "window"), ("document", "documents")):
+        chosen = []
+        for d in (64, 128):
+            ns = sorted(n for name, m, dd, n in ratio if (name, m, dd) == ("tl", mask, d))
+            assert len(ns) >= 1 and all(("gluon", mask, d, n) in ratio for n in ns)
+            if all(ratio["gluon", mask, d, n] >= 1.03 * ratio["tl", mask, d, n] for n in ns):
+                chosen.append(d)
+        assert tuple(chosen) == launch.GLUON_MASKED_BACKWARD[key], (mask, chosen)
 
 
 def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():

@@ -72,9 +72,9 @@ def _gluon_fits(q, k) -> bool:
 
 
 # Head dims where "auto" takes the Gluon backward (H200): d = 64, 5-9% faster than tl; d = 128
-# since DQ_TMA (session 12, notes/gluon_backward.md). Causal sliding windows and packed causal
-# documents (session 14, not yet run on a GPU): the listed dims, under either choice.
-GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (), "documents": ()}
+# since DQ_TMA (session 12, notes/gluon_backward.md). Causal windows and packed causal documents:
+# the dims where it beat tl by 3% in every row (data/bench/h100_features_bench_masked_bwd_*.json).
+GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (), "documents": (64, 128)}
 
 
 def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
@@ -335,7 +335,7 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
             return gluon_varlen_backward(do, q, k, v, o, lse, varlen[0], scale, True, True)
     elif form and varlen is None and _use_gluon(q, k, True, "window" if form[1] else ""):
         lse = lse_c * variant.units(scale)[1]
-        return gluon_attention_backward(do, q, k, v, o, lse, form[0], scale, form[1])
+        return gluon_attention_backward(do, q, k, v, o, lse, form[0], scale, window_left=form[1])
     if INTERPRET and q.dtype == torch.bfloat16:
         f = (x.float() for x in (do, q, k, v, o))
         grads = _backward_c(*f, lse_c, variant, scale, alibi, varlen)
