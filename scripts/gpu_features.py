@@ -74,19 +74,28 @@ def parse_args(argv=None):
         default=[],
         choices=("window", "documents"),
         help="an experiment: let flash_attention take the Gluon backward for these masks at the "
-        "--d head dims (GLUON_MASKED_BACKWARD, empty until measured), in this process only",
+        "--d head dims (GLUON_MASKED_BACKWARD), in this process only",
+    )
+    p.add_argument(
+        "--gluon-masked-forward",
+        nargs="+",
+        default=[],
+        choices=("documents",),
+        help="the same for the Gluon forward (GLUON_MASKED_FORWARD, empty until measured)",
     )
     return p.parse_args(argv)
 
 
-def enable_gluon_masked_backward(masks, dims):
-    """--gluon-masked-backward: list ``dims`` for ``masks`` in launch.GLUON_MASKED_BACKWARD (the
-    package's own tuple, in this process); returns what it was, for the record."""
+def enable_gluon_masked(masks, dims, table="GLUON_MASKED_BACKWARD"):
+    """--gluon-masked-backward (--gluon-masked-forward): list ``dims`` for ``masks`` in the
+    package's own launch.GLUON_MASKED_BACKWARD (_FORWARD), in this process; returns what it
+    was, for the record."""
     from course_kernels.triton import launch
 
-    before = {m: launch.GLUON_MASKED_BACKWARD[m] for m in masks}
+    dims_of = getattr(launch, table)
+    before = {m: dims_of[m] for m in masks}
     for m in masks:
-        launch.GLUON_MASKED_BACKWARD[m] = tuple(dims)
+        dims_of[m] = tuple(dims)
     return before
 
 
@@ -355,10 +364,11 @@ def main(argv=None):
         os.environ["COURSE_KERNELS_AUTOTUNE"] = "0"  # read when course_kernels loads
     sys.path.insert(0, str(ROOT))
     record = {"environment": environment(args), "args": vars(args), "rows": []}
-    if args.gluon_masked_backward:
-        record["gluon_masked_backward_before"] = enable_gluon_masked_backward(
-            args.gluon_masked_backward, args.d
-        )  # fmt: skip
+    for side in ("backward", "forward"):
+        if getattr(args, f"gluon_masked_{side}"):
+            record[f"gluon_masked_{side}_before"] = enable_gluon_masked(
+                getattr(args, f"gluon_masked_{side}"), args.d, f"GLUON_MASKED_{side.upper()}"
+            )
     out = Path(args.out)
 
     def write():

@@ -520,14 +520,21 @@ def test_window_left_and_cu_seqlens_are_checked_before_anything_runs():
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_doc_ends_gives_each_token_the_end_of_its_document(dtype):
-    """The DOCS mask's per-key bound, against a loop, empty documents included."""
+def test_doc_bounds_give_each_token_the_start_and_end_of_its_document(dtype):
+    """The DOCS masks' per-token bounds (the backward's end of each key's document, the forward's
+    start of each query's), against a loop, empty documents included."""
+    from course_kernels.gluon.launch import _doc_bounds
+
     q = torch.empty(1, 1, 11, 64)
     for cu in ([0, 11], [0, 3, 3, 7, 11], [0, 1, 2, 10, 11], [0, 0, 11]):
-        want = [next(e for e in cu[1:] if e > t) for t in range(11)]
+        ends = [next(e for e in cu[1:] if e > t) for t in range(11)]
+        starts = [max(s for s in cu[:-1] if s <= t) for t in range(11)]
         for checked in (False, True):  # the values read here, or by the caller already
-            got = GB._doc_ends(torch.tensor(cu, dtype=dtype), True, None, q, checked)
-            assert got.dtype == torch.int32 and got.tolist() == want, cu
+            offsets = torch.tensor(cu, dtype=dtype)
+            got = _doc_bounds(offsets, True, None, q, checked, "end")
+            assert got.dtype == torch.int32 and got.tolist() == ends, cu
+            got = _doc_bounds(offsets, True, None, q, checked, "start")
+            assert got.dtype == torch.int32 and got.tolist() == starts, cu
 
 
 def test_packed_documents_ask_for_the_gluon_backward_only_when_it_applies(monkeypatch):

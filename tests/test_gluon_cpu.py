@@ -3,6 +3,8 @@ and rejects unsupported inputs with a message that says what was given."""
 
 import json
 
+import numpy as np
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -186,34 +188,42 @@ def test_masked_backwards_run_only_at_their_listed_dims(monkeypatch, mask):
     assert not launch._use_gluon(q, k, True, mask)
 
 
-def test_masked_backward_dims_are_where_the_measurement_chose_gluon():
-    """GLUON_MASKED_BACKWARD lists a (mask, d) exactly where the Gluon backward beat the tl one by
-    at least 3% against FlexAttention in every row (the two H100 runs of session 15, each with
-    Flex in its own process): documents at d = 64 and 128, no window dim (d = 64 lost 2-9%, d =
-    128 gained at one N of three)."""
+@pytest.mark.parametrize(
+    "pass_, files, masks",
+    [
+        ("bwd", "masked_bwd", (("window", "window"), ("document", "documents"))),
+        ("fwd", "docs_fwd", (("document", "documents"),)),
+    ],
+)
+def test_masked_dims_are_where_the_measurement_chose_gluon(pass_, files, masks):
+    """GLUON_MASKED_BACKWARD (_FORWARD) lists a (mask, d) exactly where the Gluon kernel beat the
+    tl one by at least 3% against FlexAttention in every row (two H100 runs each of session 15,
+    Flex in each process): backward documents at d = 64 and 128, no window dim (d = 64 lost 2-9%,
+    d = 128 gained at one N of three); forward documents at d = 128 (d = 64 lost 6%)."""
     from course_kernels.bench import features
     from course_kernels.triton import launch
 
-    runs = {
-        name: json.loads(data_path(f"bench/h100_features_bench_masked_bwd_{name}.json").read_text())
-        for name in ("gluon", "tl")
-    }
-    assert runs["gluon"]["args"]["gluon_masked_backward"] == ["window", "documents"]
-    assert runs["tl"]["args"]["gluon_masked_backward"] in (None, [])
+    names = {"gluon": f"bench/h100_features_bench_{files}_gluon.json",
+             "tl": f"bench/h100_features_bench_{files}_tl.json"}  # fmt: skip
+    runs = {name: json.loads(data_path(path).read_text()) for name, path in names.items()}
+    side = "backward" if pass_ == "bwd" else "forward"
+    assert runs["gluon"]["args"][f"gluon_masked_{side}"] == [m for _, m in masks]
+    assert not runs["tl"]["args"].get(f"gluon_masked_{side}")
+    table = getattr(launch, f"GLUON_MASKED_{side.upper()}")
     ratio = {
         (name, r["mask"], r["d"], r["n"]): r["ratio"]
         for name, rec in runs.items()
         for r in features.comparisons(rec, "flex")
-        if r["pass"] == "bwd"
+        if r["pass"] == pass_
     }
-    for mask, key in (("window", "window"), ("document", "documents")):
+    for mask, key in masks:
         chosen = []
         for d in (64, 128):
             ns = sorted(n for name, m, dd, n in ratio if (name, m, dd) == ("tl", mask, d))
             assert len(ns) >= 1 and all(("gluon", mask, d, n) in ratio for n in ns)
             if all(ratio["gluon", mask, d, n] >= 1.03 * ratio["tl", mask, d, n] for n in ns):
                 chosen.append(d)
-        assert tuple(chosen) == launch.GLUON_MASKED_BACKWARD[key], (mask, chosen)
+        assert tuple(chosen) == table[key], (mask, chosen)
 
 
 def test_auto_takes_the_gluon_forward_only_from_gluon_min_work():
@@ -414,21 +424,22 @@ def test_schedule_options_are_checked_by_name():
         assert params["O_STAGE"].default is False
 
 
-def _window_fns():
+def _window_fns(monkeypatch):
     from course_kernels.gluon import scheduler
 
     if not scheduler.HAVE_GLUON:
         pytest.skip("triton.experimental.gluon not importable here")
+    monkeypatch.setattr(scheduler, "_edge_mid", scheduler._edge_mid.fn)  # called by _window_mid
     return scheduler._window_first.fn, scheduler._window_mid.fn  # the kernel's code, on ints
 
 
 @pytest.mark.parametrize("bn", [64, 128])
-def test_window_block_ranges_match_a_brute_force_mask(bn):
+def test_window_block_ranges_match_a_brute_force_mask(monkeypatch, bn):
     """Session 11's causal sliding window (row i sees keys [i - w, i]): the producer loads a
     tile's blocks from _window_first(tile start) on, each warpgroup computes from its own first
     block j0 (no row sees a key before it, some row sees a key in it), and the blocks
     [j_mid, n_free) that the consumer leaves unmasked are wholly visible to all its rows."""
-    first_fn, mid_fn = _window_fns()
+    first_fn, mid_fn = _window_fns(monkeypatch)
     bm = 64
     for n in (17, 64, 200, 1000, 2053):
         for w in (0, 1, 63, 64, 100, 127, 128, 191, 700):
@@ -532,3 +543,144 @@ def test_pingpong_is_an_option_and_needs_the_overlapped_steps():
         assert "PINGPONG" not in G.schedule_config(d, True, 4096)  # off by default
         with pytest.raises(ValueError, match="needs OVERLAP=True"):
             G.schedule_config(d, True, 4096, PINGPONG=True, OVERLAP=False)
+
+
+# ------------------------------------------- session 15: packed causal documents in the forward
+class _Tokens:
+    """An int32 pointer as the kernel's ``_left_first`` / ``_left_mid`` use it (``ptr + i``,
+    ``gl.load``), over a Python list: so the CPU runs their code on ints."""
+
+    def __init__(self, values, at=0):
+        self.values, self.at = values, at
+
+    def __add__(self, i):
+        return _Tokens(self.values, self.at + i)
+
+
+def _doc_fns(monkeypatch):
+    import types
+
+    from course_kernels.gluon import scheduler
+
+    if not scheduler.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    shim = types.SimpleNamespace(load=lambda p: p.values[p.at], minimum=min)
+    monkeypatch.setattr(scheduler, "gl", shim)
+    monkeypatch.setattr(scheduler, "_edge_mid", scheduler._edge_mid.fn)
+    return scheduler._left_first.fn, scheduler._left_mid.fn
+
+
+@pytest.mark.parametrize("bn", [64, 128])
+def test_document_block_ranges_match_a_brute_force_mask(monkeypatch, bn):
+    """DOCS (row i sees keys [start(i), i], start(i) its document's first token): the producer
+    loads a tile's blocks from _left_first(tile start) on, each warpgroup computes from its own
+    first block j0 (no row sees a key before it, some row sees one in it), and the blocks
+    [j_mid, n_free) that the consumer leaves unmasked are wholly visible to all its rows (a
+    document boundary inside a tile included)."""
+    first_fn, mid_fn = _doc_fns(monkeypatch)
+    bm = 64
+    for lengths in ([17], [1, 1, 1], [64, 64], [100, 3, 250, 1, 700], [130, 1000, 5, 2, 900],
+                    [2053], [63, 65, 127, 129, 191, 193]):  # fmt: skip
+        n = sum(lengths)
+        starts = [s for i, s in enumerate(np.cumsum([0, *lengths[:-1]])) for _ in range(lengths[i])]
+        left = (0, _Tokens([int(s) for s in starts]))
+        for nc in (2, 3):
+            for off_tile in range(0, n, bm * nc):
+                j_lo = first_fn(off_tile, left, n, bn, True)
+                n_blocks = -(-min(n, off_tile + bm * nc) // bn)
+                for c in range(nc):
+                    off_m = off_tile + c * bm
+                    rows = [r for r in range(off_m, off_m + bm) if r < n]
+                    if not rows:
+                        continue
+                    j0 = first_fn(off_m, left, n, bn, True)
+                    n_live = min(n_blocks, -(-min(n, off_m + bm) // bn))
+                    assert j_lo <= j0 < n_live
+                    seen = {j // bn for r in rows for j in range(starts[r], r + 1)}
+                    assert min(seen) == j0 and max(seen) == n_live - 1
+                    j_mid = mid_fn(off_m, left, n, j0, n_live, bm, bn, True)
+                    assert j0 + 1 <= j_mid <= n_live
+                    n_free = min(n // bn, off_m // bn, n_blocks)
+                    for j in range(j_mid, n_free):
+                        assert all(starts[r] <= j * bn and j * bn + bn - 1 <= r for r in rows)
+
+
+def test_a_documents_call_leaves_row_mask_and_align_end_out():
+    """Documents start their tiles at row 0 (no ALIGN_END) and mask their own first blocks (no
+    ROW_MASK); asking for either with documents is an error."""
+    for d in G.DEFAULT_CONFIG:
+        cfg = G.schedule_config(d, True, 4096, False, True)
+        want = {k: v for k, v in G.CAUSAL_CONFIG[d].items() if k not in ("ROW_MASK", "ALIGN_END")}
+        assert {k: cfg[k] for k in want} == want
+        assert "ROW_MASK" not in cfg and "ALIGN_END" not in cfg
+        for switch in ("ROW_MASK", "ALIGN_END"):
+            with pytest.raises(ValueError, match=f"{switch} cannot be combined with"):
+                G.schedule_config(d, True, 4096, False, True, **{switch: True})
+    assert G.schedule_config(64, True, 4096)["ALIGN_END"]  # without documents: unchanged
+
+
+def test_the_documents_forward_checks_its_inputs_before_the_gpu():
+    """gluon_attention_forward(cu_seqlens=) and gluon_varlen_forward say what is wrong with the
+    offsets or the layout on any machine; valid inputs then meet only the missing GPU."""
+    q = torch.randn(1, 2, 10, 64, dtype=torch.float16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    bad = [
+        (dict(causal=False, cu_seqlens=cu), "packed causal documents"),
+        (dict(causal=True, window_left=3, cu_seqlens=cu), "packed causal documents"),
+        (dict(causal=True, cu_seqlens=cu.float()), "1-D int32 or int64"),
+        (dict(causal=True, cu_seqlens=torch.tensor([0, 4, 9])), "rise from 0 to N = 10"),
+        (dict(causal=True, cu_seqlens=torch.tensor([0, 6, 4, 10])), "rise from 0 to N = 10"),
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(ValueError, match=match):
+            G.gluon_attention_forward(q, q, q, **kwargs)
+    q2 = torch.randn(2, 2, 10, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="one sequence, B = 1; got B = 2"):
+        G.gluon_attention_forward(q2, q2, q2, causal=True, cu_seqlens=cu)
+    packed = q[0].transpose(0, 1)  # (total, H, d)
+    with pytest.raises(
+        ValueError, match=r"packed \(total, heads, d\) tensor, got \(1, 2, 10, 64\)"
+    ):
+        G.gluon_varlen_forward(q, q, q, cu)
+    with pytest.raises(ValueError, match="rise from 0 to N = 10"):
+        G.gluon_varlen_forward(packed, packed, packed, torch.tensor([0, 11]))
+    for call in (lambda: G.gluon_attention_forward(q, q, q, True, cu_seqlens=cu),
+                 lambda: G.gluon_varlen_forward(packed, packed, packed, cu)):  # fmt: skip
+        with pytest.raises(RuntimeError, match="unavailable"):
+            call()
+
+
+def test_packed_documents_take_the_gluon_forward_only_at_its_listed_dims(monkeypatch):
+    """``_forward_c`` on packed varlen inputs: causal documents with one cu_seqlens tensor go to
+    gluon_varlen_forward (the offsets already checked, the lse back in the tl kernels' units)
+    only at the dims GLUON_MASKED_FORWARD lists (set here); two offsets tensors, a non-causal
+    mask or ALiBi never; under ``triton`` never."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import CAUSAL, PLAIN
+
+    calls = []
+
+    def fake(q, k, v, cu, scale, offsets_checked=False, **cfg):
+        calls.append((cu, scale, offsets_checked))
+        return "o", torch.full((q.shape[1], q.shape[0]), 3.0)
+
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
+    monkeypatch.setattr(launch, "gluon_available", lambda: True)
+    monkeypatch.setattr(launch, "gluon_varlen_forward", fake)
+    monkeypatch.setitem(launch.GLUON_MASKED_FORWARD, "documents", (64,))
+    q = torch.empty(1 << 14, 4, 64, device="meta")  # enough work for GLUON_MIN_WORK
+    cu, other = torch.tensor([0, 1 << 14]), torch.tensor([0, 1 << 14])
+    for choice in ("auto", "gluon"):
+        monkeypatch.setenv(launch.FORWARD_ENV, choice)
+        o, lse_c = launch._forward_c(q, q, q, CAUSAL, 0.5, None, (cu, cu, 1 << 14, 1 << 14))
+        assert o == "o" and calls[-1] == (cu, 0.5, True)
+        assert torch.allclose(lse_c, torch.full_like(lse_c, 3.0 / CAUSAL.units(0.5)[1]))
+    assert not launch._gluon_docs(q, q, CAUSAL, None, (cu, other, 1, 1), False)
+    assert not launch._gluon_docs(q, q, PLAIN, None, (cu, cu, 1, 1), False)
+    assert not launch._gluon_docs(q, q, CAUSAL, torch.ones(1, 4), (cu, cu, 1, 1), False)
+    q128 = torch.empty(1 << 14, 4, 128, device="meta")
+    assert not launch._gluon_docs(q128, q128, CAUSAL, None, (cu, cu, 1, 1), False)  # not listed
+    monkeypatch.setenv(launch.FORWARD_ENV, "triton")
+    assert not launch._gluon_docs(q, q, CAUSAL, None, (cu, cu, 1, 1), False)
+    assert len(calls) == 2

@@ -82,8 +82,18 @@ def test_gluon_masked_backward_is_an_explicit_experiment(monkeypatch):
     monkeypatch.setattr(launch, "GLUON_MASKED_BACKWARD", {"window": (), "documents": ()})
     assert gpu_features.parse_args([]).gluon_masked_backward == []
     args = gpu_features.parse_args(["--gluon-masked-backward", "documents", "--d", "128"])
-    before = gpu_features.enable_gluon_masked_backward(args.gluon_masked_backward, args.d)
+    before = gpu_features.enable_gluon_masked(args.gluon_masked_backward, args.d)
     assert before == {"documents": ()}
     assert launch.GLUON_MASKED_BACKWARD == {"window": (), "documents": (128,)}
     with pytest.raises(SystemExit):
         gpu_features.parse_args(["--gluon-masked-backward", "causal"])
+    monkeypatch.setattr(launch, "GLUON_MASKED_FORWARD", {"documents": ()})
+    assert gpu_features.parse_args([]).gluon_masked_forward == []
+    args = gpu_features.parse_args(["--gluon-masked-forward", "documents"])
+    before = gpu_features.enable_gluon_masked(
+        args.gluon_masked_forward, args.d, "GLUON_MASKED_FORWARD"
+    )
+    assert before == {"documents": ()} and launch.GLUON_MASKED_FORWARD == {"documents": (64, 128)}
+    assert launch.GLUON_MASKED_BACKWARD == {"window": (), "documents": (128,)}  # not touched
+    with pytest.raises(SystemExit):
+        gpu_features.parse_args(["--gluon-masked-forward", "window"])

@@ -12,9 +12,11 @@ kernel must say explicitly instead, in Gluon (``triton.experimental.gluon``, Tri
 * explicit distributed layouts (wgmma accumulator, register A operand) and explicit
   barriers, tails and causal masks.
 
-Exports: ``gluon_attention_forward(q, k, v, causal, scale, window_left=None) -> (o, lse)``
-(natural-log lse; ``window_left``: a causal sliding window of that many keys before the diagonal),
-``gluon_available()`` and ``GLUON_TRITON_VERSION``.  Importing this package never needs a
+Exports: ``gluon_attention_forward(q, k, v, causal, scale, window_left=None, cu_seqlens=None)
+-> (o, lse)`` (natural-log lse; ``window_left``: a causal sliding window of that many keys before
+the diagonal; ``cu_seqlens``: causal documents packed into one sequence), ``gluon_available()``
+and ``GLUON_TRITON_VERSION``; flash-attn's packed layout: ``launch.gluon_varlen_forward`` and
+``backward_launch.gluon_varlen_backward``.  Importing this package never needs a
 GPU or a particular Triton; calling the kernel elsewhere raises a RuntimeError saying why.
 """
 

@@ -17,7 +17,8 @@ import math
 
 from ..numpy.reference import LOG2E
 from ._lang import HAVE_GLUON
-from .launch import _check_inputs, _check_window, _smem_layout, gluon_available, why_unavailable
+from .launch import _check_inputs, _check_window, _doc_bounds, _smem_layout
+from .launch import gluon_available, why_unavailable
 
 if HAVE_GLUON:
     import triton
@@ -225,7 +226,7 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
     _check_backward_inputs(do, q, k, v, o, lse)
     win = _check_window(window_left, causal, q.shape[2])
     docs = cu_seqlens is not None
-    kend = _doc_ends(cu_seqlens, causal, window_left, q, offsets_checked) if docs else lse
+    kend = _doc_bounds(cu_seqlens, causal, window_left, q, offsets_checked, "end") if docs else lse
     cfg = _check_config(q.shape[-1], config)
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
@@ -318,35 +319,6 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         n = dq.numel()
         _bwd_dq_epilogue[(triton.cdiv(n, 512),)](dq_acc, dq, n, scale, num_warps=4)
     return dq, dk, dv
-
-
-def _doc_ends(cu_seqlens, causal, window_left, q, values_checked=False):
-    """cu_seqlens of documents packed into one sequence -> the end (exclusive) of each token's
-    document, int32 (N,): the backward's DOCS mask (query i sees key j iff j <= i < end[j])."""
-    import torch
-
-    if not causal or window_left is not None:
-        raise ValueError("cu_seqlens: packed causal documents (causal=True, no window_left)")
-    n = q.shape[2]
-    if q.shape[0] != 1:
-        raise ValueError(
-            f"cu_seqlens: the documents are packed into one sequence, B = 1; got B = {q.shape[0]}"
-        )
-    if not (
-        isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2
-        and cu_seqlens.dtype in (torch.int32, torch.int64) and cu_seqlens.device == q.device
-    ):  # fmt: skip
-        raise ValueError(
-            "cu_seqlens must be a 1-D int32 or int64 tensor of at least 2 offsets on q's device "
-            f"({q.device}), got {cu_seqlens!r:.80}"
-        )
-    cu = [0, n] if values_checked else cu_seqlens.tolist()  # (a device-to-host copy)
-    if cu[0] != 0 or cu[-1] != n or any(cu[i + 1] < cu[i] for i in range(len(cu) - 1)):
-        raise ValueError(
-            f"cu_seqlens must rise from 0 to N = {n} (document offsets), got {cu[:4]}...{cu[-2:]}"
-        )
-    ends = cu_seqlens[1:].to(torch.int32)
-    return torch.repeat_interleave(ends, (cu_seqlens[1:] - cu_seqlens[:-1]), output_size=n)
 
 
 def gluon_varlen_backward(

@@ -12,12 +12,12 @@ if HAVE_GLUON:
     from .producer import _a_operand_layout, _mma_layout
     from .scheduler import (
         _kv_range,
+        _left_first,
+        _left_mid,
         _live_blocks,
         _read_tile,
         _tile_coords,
         _tile_start,
-        _window_first,
-        _window_mid,
     )
     from .steps import (
         _mask_first,
@@ -50,11 +50,14 @@ if HAVE_GLUON:
         s_layout: gl.constexpr,
         o_layout: gl.constexpr,
         O_STAGE: gl.constexpr = False,
+        PACKED: gl.constexpr = False,
     ):
         """O / l and its store, the logsumexp. O goes through o_smem by TMA: the warpgroup's
         slice of the (dead) Q buffer, waited for at once since the producer refills it; or, with
         O_STAGE, its own staging tile, waited for only before the next tile overwrites it (the
-        store then runs under the next tile's first blocks; FA3's epilogue)."""
+        store then runs under the next tile's first blocks; FA3's epilogue). PACKED: O is
+        (total, H, d) seen as (total, H * d), a head a column block; the TMA store clips the rows
+        past the sequence's end, so the tail tile needs no masked store."""
         o = acc * gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o_layout))[:, None]
         o = o.to(dtype)
         rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
@@ -62,12 +65,15 @@ if HAVE_GLUON:
             m_i + gl.log2(l_i)
         ) * 0.6931471805599453  # natural-log lse: base-2 lse * ln 2 (reference.LN2)
         gl.store(lse_ptr + off_hz * N + rows, lse, mask=rows < N)
-        if off_m + BM <= N:
+        if PACKED or off_m + BM <= N:
             if O_STAGE:
                 tma.store_wait(pendings=0)  # the previous tile's O has left o_smem
             o_smem.store(o)
             fence_async_shared()
-            tma.async_copy_shared_to_global(desc_o, [off_hz * N + off_m, 0], o_smem)
+            if PACKED:
+                tma.async_copy_shared_to_global(desc_o, [off_m, off_hz * HEAD_DIM], o_smem)
+            else:
+                tma.async_copy_shared_to_global(desc_o, [off_hz * N + off_m, 0], o_smem)
             if not O_STAGE:
                 tma.store_wait(pendings=0)
         else:  # tail tile: a TMA store would spill into the next head's rows
@@ -80,12 +86,12 @@ if HAVE_GLUON:
     @gluon.jit
     def _tile_blocks(
         desc_o, o_ptr, lse_ptr, bufs, kc, j0, j_mid, n_free, n_blocks, off_hz, off_m, N,
-        qk_scale, win_left, o_smem, cfg,
+        qk_scale, left, o_smem, cfg,
     ):  # fmt: skip
         """One warpgroup's K/V blocks [j0, n_blocks) of a tile from ring slot kc, and its
         epilogue (O staged in o_smem). Block j0 (the prologue's) and [j0 + 1, j_mid) (a sliding
-        window's left edge) and [max(n_free, j_mid), n_blocks) (the diagonal and the sequence's
-        end) are masked; [j_mid, n_free) are not. Returns the next ring slot."""
+        window's or a document's left edge) and [max(n_free, j_mid), n_blocks) (the diagonal and
+        the sequence's end) are masked; [j_mid, n_free) are not. Returns the next ring slot."""
         q_smem, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty = bufs[:7]
         BM: gl.constexpr = cfg.BM
         BN: gl.constexpr = cfg.BN
@@ -110,22 +116,22 @@ if HAVE_GLUON:
             if ROW_MASK:
                 qk = _mask_first(qk, n_free, off_m, N, cfg.CAUSAL, BM, BN, s_layout)
             p, alpha, m_i, l_i = _softmax(
-                qk, m_i, l_i, qk_scale, j0 * BN, off_m, N, win_left, not ROW_MASK, cfg, s_layout
+                qk, m_i, l_i, qk_scale, j0 * BN, off_m, N, left, not ROW_MASK, cfg, s_layout
             )
             p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
             kc += 1
-            if cfg.WINDOW:  # the window's left edge
+            if cfg.WINDOW or cfg.DOCS:  # the window's (a document's) left edge
                 kc, acc, p, m_i, l_i = _overlap_blocks(
-                    bufs, kc, acc, p, m_i, l_i, j0 + 1, j_mid, qk_scale, off_m, N, win_left, True,
+                    bufs, kc, acc, p, m_i, l_i, j0 + 1, j_mid, qk_scale, off_m, N, left, True,
                     cfg, dtype, s_layout, o_layout,
                 )  # fmt: skip
             kc, acc, p, m_i, l_i = _overlap_blocks(
                 bufs, kc, acc, p, m_i, l_i, j_mid, gl.maximum(n_free, j_mid), qk_scale, off_m, N,
-                win_left, False, cfg, dtype, s_layout, o_layout,
+                left, False, cfg, dtype, s_layout, o_layout,
             )  # fmt: skip
             kc, acc, p, m_i, l_i = _overlap_blocks(
                 bufs, kc, acc, p, m_i, l_i, gl.maximum(n_free, j_mid), n_blocks, qk_scale, off_m, N,
-                win_left, True, cfg, dtype, s_layout, o_layout,
+                left, True, cfg, dtype, s_layout, o_layout,
             )  # fmt: skip
             # drain: PV of the last block
             acc = _pv(p, acc, v_bufs, v_ready, kc - 1, STAGES)
@@ -133,30 +139,30 @@ if HAVE_GLUON:
             mbarrier.arrive(v_empty.index((kc - 1) % STAGES), count=1)
         else:  # serial: [j0, j_mid) masked (a window's left edge), then as without a window
             j_lo = j0
-            if cfg.WINDOW:
+            if cfg.WINDOW or cfg.DOCS:
                 kc, acc, m_i, l_i = _serial_blocks(
-                    bufs, kc, acc, m_i, l_i, j0, j_mid, qk_scale, off_m, N, win_left, True,
+                    bufs, kc, acc, m_i, l_i, j0, j_mid, qk_scale, off_m, N, left, True,
                     cfg, dtype, s_layout, o_layout,
                 )  # fmt: skip
                 j_lo = j_mid
                 n_free = gl.maximum(n_free, j_mid)
             kc, acc, m_i, l_i = _serial_blocks(
-                bufs, kc, acc, m_i, l_i, j_lo, n_free, qk_scale, off_m, N, win_left, False,
+                bufs, kc, acc, m_i, l_i, j_lo, n_free, qk_scale, off_m, N, left, False,
                 cfg, dtype, s_layout, o_layout,
             )  # fmt: skip
             kc, acc, m_i, l_i = _serial_blocks(
-                bufs, kc, acc, m_i, l_i, n_free, n_blocks, qk_scale, off_m, N, win_left, True,
+                bufs, kc, acc, m_i, l_i, n_free, n_blocks, qk_scale, off_m, N, left, True,
                 cfg, dtype, s_layout, o_layout,
             )  # fmt: skip
         _epilogue(
             acc, m_i, l_i, o_smem, desc_o, o_ptr, lse_ptr, off_hz, off_m, N,
-            BM, HEAD_DIM, dtype, s_layout, o_layout, cfg.O_STAGE,
+            BM, HEAD_DIM, dtype, s_layout, o_layout, cfg.O_STAGE, cfg.PACKED,
         )  # fmt: skip
         return kc
 
     @gluon.jit
     def _consumer_tile(
-        desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles, win_left,
+        desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles, left,
         CID: gl.constexpr, cfg,
     ):  # fmt: skip
         """Tile t for this warpgroup (its 64-row slice CID): the main loop over the K/V ring
@@ -189,16 +195,18 @@ if HAVE_GLUON:
         o_last: gl.constexpr = len(ring) - 2 if cfg.PINGPONG else len(ring) - 1
         o_smem = ring[o_last].index(CID) if cfg.O_STAGE else q_smem
 
-        if cfg.WINDOW:  # the tile's blocks [j_lo, n_blocks); this warpgroup's [j0, n_live)
-            j_lo = _window_first(off_m_tile, win_left, BN)
-            j0 = _window_first(off_m, win_left, BN)
+        if (
+            cfg.WINDOW or cfg.DOCS
+        ):  # the tile's blocks [j_lo, n_blocks); this warpgroup's [j0, n_live)
+            j_lo = _left_first(off_m_tile, left, N, BN, cfg.DOCS)
+            j0 = _left_first(off_m, left, N, BN, cfg.DOCS)
             n_live = _live_blocks(off_m, N, n_blocks, BM, BN, CAUSAL)
             if n_live > j0:
                 kc = _skip_blocks(bufs, kc, j0 - j_lo, cfg)
-                j_mid = _window_mid(off_m, win_left, j0, n_live, BM, BN)
+                j_mid = _left_mid(off_m, left, N, j0, n_live, BM, BN, cfg.DOCS)
                 kc = _tile_blocks(
                     desc_o, o_ptr, lse_ptr, bufs, kc, j0, j_mid, gl.minimum(n_free, n_live),
-                    n_live, off_hz, off_m, N, qk_scale, win_left, o_smem, cfg,
+                    n_live, off_hz, off_m, N, qk_scale, left, o_smem, cfg,
                 )  # fmt: skip
                 kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg)
             else:  # rows past N (or before row 0): nothing to compute
@@ -208,20 +216,20 @@ if HAVE_GLUON:
             if n_live > 0:
                 kc = _tile_blocks(
                     desc_o, o_ptr, lse_ptr, bufs, kc, 0, 1, gl.minimum(n_free, n_live), n_live,
-                    off_hz, off_m, N, qk_scale, win_left, o_smem, cfg,
+                    off_hz, off_m, N, qk_scale, left, o_smem, cfg,
                 )  # fmt: skip
             kc = _skip_blocks(bufs, kc, n_blocks - n_live, cfg)
         else:
             kc = _tile_blocks(
                 desc_o, o_ptr, lse_ptr, bufs, kc, 0, 1, n_free, n_blocks, off_hz, off_m, N,
-                qk_scale, win_left, o_smem, cfg,
+                qk_scale, left, o_smem, cfg,
             )  # fmt: skip
         mbarrier.arrive(q_empty.index(qs), count=1)
         return kc
 
     @gluon.jit
     def _consumer(
-        desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left,
+        desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, left,
         CID: gl.constexpr, cfg,
     ):  # fmt: skip
         # ring: the shared-memory Q tiles, K/V stages, their mbarriers (and, with DYNAMIC,
@@ -233,7 +241,7 @@ if HAVE_GLUON:
             while t < num_tiles:
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
-                    win_left, CID, cfg,
+                    left, CID, cfg,
                 )  # fmt: skip
                 qc += 1
                 t = _read_tile(ring[9], ring[3], qc, cfg.QSTAGES)
@@ -241,7 +249,7 @@ if HAVE_GLUON:
             for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
                 kc = _consumer_tile(
                     desc_o, o_ptr, lse_ptr, ring, t, qc, kc, N, qk_scale, num_pid_m, num_tiles,
-                    win_left, CID, cfg,
+                    left, CID, cfg,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)
         if cfg.O_STAGE:  # the last tile's O store, before the CTA's shared memory goes away

@@ -38,7 +38,10 @@ Session 11: ``WINDOW`` (a causal sliding window, ``win_left`` keys before the di
 producer loads a tile's window only, each consumer starts at its own first visible block) and
 ``PINGPONG`` (FA3's warp-scheduler barriers: the consumers take turns to issue their GEMMs, so
 one's softmax runs under another's GEMMs; measured in session 12, on for d = 64 non-causal calls
-only, ``launch.NONCAUSAL_CONFIG``). The switches reach the roles as one :class:`Schedule`.
+only, ``launch.NONCAUSAL_CONFIG``). Session 15: ``DOCS`` (causal documents packed into one
+sequence: a row sees the keys of its own document, ``doc_start`` holding each token's document
+start; the window's block ranges with that left edge) and ``PACKED`` (flash-attn's (total, H, d)
+layout read and written in place). The switches reach the roles as one :class:`Schedule`.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
@@ -78,11 +81,14 @@ if HAVE_GLUON:
         O_STAGE: gl.constexpr
         WINDOW: gl.constexpr
         PINGPONG: gl.constexpr
+        DOCS: gl.constexpr
+        PACKED: gl.constexpr
 
         @gluon.constexpr_function
         def __init__(
             self, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-            DYNAMIC, SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG,
+            DYNAMIC, SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG, DOCS,
+            PACKED,
         ):  # fmt: skip
             self.BM = gl.constexpr(BM)
             self.BN = gl.constexpr(BN)
@@ -101,6 +107,8 @@ if HAVE_GLUON:
             self.O_STAGE = gl.constexpr(O_STAGE)
             self.WINDOW = gl.constexpr(WINDOW)
             self.PINGPONG = gl.constexpr(PINGPONG)
+            self.DOCS = gl.constexpr(DOCS)
+            self.PACKED = gl.constexpr(PACKED)
 
     # ------------------------------------------------------------------ kernel
     @gluon.jit
@@ -119,6 +127,7 @@ if HAVE_GLUON:
         num_pid_m,
         num_tiles,
         win_left,
+        doc_start,
         BM: gl.constexpr,
         BN: gl.constexpr,
         HEAD_DIM: gl.constexpr,
@@ -137,6 +146,8 @@ if HAVE_GLUON:
         O_STAGE: gl.constexpr = False,
         WINDOW: gl.constexpr = False,
         PINGPONG: gl.constexpr = False,
+        DOCS: gl.constexpr = False,
+        PACKED: gl.constexpr = False,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -182,14 +193,16 @@ if HAVE_GLUON:
             ring = ring + (turns,)
         cfg = Schedule(
             BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT, DYNAMIC,
-            SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG,
+            SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG, DOCS, PACKED,
         )  # fmt: skip
+        # a row's left edge: a sliding window's reach, each token's document start (DOCS)
+        left = (win_left, doc_start)
         # one consumer warpgroup per 64-row slice of the Q tile (its id CID a constexpr)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
                 [
-                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, win_left, cfg)),
-                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 0, cfg)),
+                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, left, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, left, 0, cfg)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -197,9 +210,9 @@ if HAVE_GLUON:
         elif NUM_CONSUMERS == 2:
             gl.warp_specialize(
                 [
-                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, win_left, cfg)),
-                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 0, cfg)),
-                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 1, cfg)),
+                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, left, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, left, 0, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, left, 1, cfg)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],
@@ -207,10 +220,10 @@ if HAVE_GLUON:
         else:
             gl.warp_specialize(
                 [
-                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, win_left, cfg)),
-                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 0, cfg)),
-                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 1, cfg)),
-                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, win_left, 2, cfg)),
+                    (_producer, (desc_q, desc_k, desc_v, ring, sched_ptr, N, H, G, num_pid_m, num_tiles, left, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, left, 0, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, left, 1, cfg)),
+                    (_consumer, (desc_o, o_ptr, lse_ptr, ring, N, qk_scale, num_pid_m, num_tiles, left, 2, cfg)),
                 ],
                 [4, 4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS],

@@ -168,12 +168,15 @@ def _check_inputs(q, k, v) -> None:
         )
 
 
-def schedule_config(d: int, causal: bool, n: int = 2, window: bool = False, **overrides) -> dict:
+def schedule_config(
+    d: int, causal: bool, n: int = 2, window: bool = False, docs: bool = False, **overrides
+) -> dict:
     """The schedule a call of sequence length n runs: DEFAULT_CONFIG[d], plus CAUSAL_CONFIG[d]
     for a causal call (NONCAUSAL_CONFIG[d] for a non-causal one) that keeps the default schedule
     (no overrides: the switches were measured and checked on top of it), else the caller's
-    overrides. A causal sliding window (``window``)
-    leaves ROW_MASK out: its one compare covers block 0 only, a window's first block is another.
+    overrides. A causal sliding window (``window``) or packed documents (``docs``)
+    leave ROW_MASK out: its one compare covers block 0 only, a window's first block is another;
+    documents also leave ALIGN_END out (their tiles start at row 0).
     Not at n = 1: there Triton 3.6 folds
     N = 1 and one query tile into constants and its LLVM lowering of the switches' arithmetic
     fails an assertion (reproduced offline, notes/gluon.md); a one-row call gains nothing from
@@ -188,12 +191,14 @@ def schedule_config(d: int, causal: bool, n: int = 2, window: bool = False, **ov
         cfg.update(overrides)
     else:
         cfg.update(CAUSAL_CONFIG[d] if causal else NONCAUSAL_CONFIG[d])
-    if window:
-        if overrides.get("ROW_MASK"):
-            raise ValueError("ROW_MASK cannot be combined with a sliding window (window_left)")
-        cfg.pop("ROW_MASK", None)
-        if not overrides:
-            cfg.update(WINDOW_CONFIG[d])
+    for switch, on in (("ROW_MASK", window or docs), ("ALIGN_END", docs)):
+        if on and overrides.get(switch):
+            what = "a sliding window (window_left) or " if switch == "ROW_MASK" else ""
+            raise ValueError(f"{switch} cannot be combined with {what}documents (cu_seqlens)")
+        if on:
+            cfg.pop(switch, None)
+    if window and not overrides:
+        cfg.update(WINDOW_CONFIG[d])
     if cfg.get("PINGPONG") and not cfg["OVERLAP"]:
         raise ValueError("PINGPONG orders the overlapped steps' GEMMs: it needs OVERLAP=True")
     if n == 1 and (cfg.get("SKIP_DEAD") or cfg.get("ALIGN_END")):
@@ -230,48 +235,109 @@ def lpt_section(n: int, d: int, g: int, bh: int, elem_bytes: int, mib: float) ->
 
 
 def gluon_attention_forward(
-    q, k, v, causal: bool = False, scale: float | None = None, window_left=None, **config
-):
+    q, k, v, causal: bool = False, scale: float | None = None, window_left=None, cu_seqlens=None,
+    **config,
+):  # fmt: skip
     """Attention forward with the FA3 schedule.  q: (B, H, N, d); k, v: (B, H_kv, N, d)
     with H a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128}; causal is
     top-left aligned (as SDPA's is_causal); ``window_left`` (causal only): row i sees keys
     [i - window_left, i] (flash-attn's ``window_size=(window_left, 0)``; the producer loads only
-    the blocks of a tile's window).  Returns (o, lse): o like q, lse the
-    natural-log logsumexp of the scaled scores, float32 (B, H, N).
-    Keyword overrides of the schedule (for the lever experiments): BN,
-    NUM_CONSUMERS (1-3), STAGES, QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC
-    (dynamic persistent scheduling: a grid of #SMs, tiles drawn from an atomic counter),
-    SKIP_DEAD (a consumer warpgroup skips the K/V blocks wholly masked for its rows),
-    ALIGN_END (query tiles aligned to the end of the sequence: the partial tile is the first),
-    LPT_SECTION_MB (with LPT, causal: heaviest tiles first within sections of heads whose K and
-    V fit in that many MiB, :func:`lpt_section`), ROW_MASK (block 0 masked by one compare per
-    score against each row's last visible key; not at all where the rows see the whole block) and
-    O_STAGE (session 10, measured in session 11 and left off: O stored through its own shared-memory
-    tile per consumer, its TMA store waited for only before the next tile's) and PINGPONG (session
-    11, measured in session 12: the consumers take turns to issue their GEMMs, FA3's
-    warp-scheduler barriers; needs OVERLAP; on for d = 64 non-causal calls, NONCAUSAL_CONFIG)."""
+    the blocks of a tile's window); ``cu_seqlens`` (causal only, B = 1): the offsets of causal
+    documents packed into the one sequence, a row seeing the keys of its own document (DOCS).
+    Returns (o, lse): o like q, lse the natural-log logsumexp of the scaled scores, float32
+    (B, H, N).
+    Keyword overrides of the schedule (the lever experiments; each switch is explained in
+    :mod:`.forward` and where its default is set above): BN, NUM_CONSUMERS (1-3), STAGES,
+    QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC, SKIP_DEAD, ALIGN_END,
+    LPT_SECTION_MB (:func:`lpt_section`), ROW_MASK, O_STAGE and PINGPONG (needs OVERLAP)."""
     _check_inputs(q, k, v)
-    if not gluon_available():
-        raise RuntimeError("gluon_attention_forward is unavailable here: " + why_unavailable())
+    start = None
+    if cu_seqlens is not None:  # checked on any machine, before the GPU is asked for
+        start = _doc_bounds(cu_seqlens, causal, window_left, q, False, "start")
+    _check_device(q, k, v, "gluon_attention_forward")
+    qkv = (x.contiguous() for x in (q, k, v))
+    return _forward(*qkv, causal, scale, window_left, start, config, packed=False)
+
+
+def gluon_varlen_forward(q, k, v, cu_seqlens, scale=None, offsets_checked=False, **config):
+    """The packed causal varlen forward: flash-attn's layout, q (total, H, d) and k, v (total,
+    H_kv, d) with one cu_seqlens for queries and keys, read and written in place (PACKED); the
+    causal documents of :func:`gluon_attention_forward` (``cu_seqlens``). Returns o (total, H, d)
+    and lse (H, total), natural-log. ``offsets_checked``: the caller has read cu_seqlens's values
+    already (flash_attention_varlen does): skip that device-to-host copy here."""
     import torch
 
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a packed (total, heads, d) tensor, got {got}")
+    views = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # (1, H, total, d)
+    _check_inputs(*views)
+    start = _doc_bounds(cu_seqlens, True, None, views[0], offsets_checked, "start")
+    _check_device(q, k, v, "gluon_varlen_forward")
+    qkv = (x.contiguous() for x in (q, k, v))
+    return _forward(*qkv, True, scale, None, start, config, packed=True)
+
+
+def _check_device(q, k, v, name: str) -> None:
+    if not gluon_available():
+        raise RuntimeError(f"{name} is unavailable here: " + why_unavailable())
     if not (q.is_cuda and k.is_cuda and v.is_cuda):
         raise ValueError(f"q, k, v must be CUDA tensors, got {q.device}, {k.device}, {v.device}")
-    B, H, N, d = q.shape
-    H_kv = k.shape[1]
+
+
+def _doc_bounds(cu_seqlens, causal, window_left, q, values_checked=False, side="end"):
+    """cu_seqlens of causal documents packed into one sequence (q: (1, H, N, d)) -> each token's
+    document ``side``, int32 (N,): "start" (the forward's DOCS mask: query i sees key j iff
+    start[i] <= j <= i) or "end", exclusive (the backward's: key j is seen by query i iff
+    j <= i < end[j])."""
+    import torch
+
+    if not causal or window_left is not None:
+        raise ValueError("cu_seqlens: packed causal documents (causal=True, no window_left)")
+    n = q.shape[2]
+    if q.shape[0] != 1:
+        raise ValueError(
+            f"cu_seqlens: the documents are packed into one sequence, B = 1; got B = {q.shape[0]}"
+        )
+    if not (
+        isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1 and cu_seqlens.numel() >= 2
+        and cu_seqlens.dtype in (torch.int32, torch.int64) and cu_seqlens.device == q.device
+    ):  # fmt: skip
+        raise ValueError(
+            "cu_seqlens must be a 1-D int32 or int64 tensor of at least 2 offsets on q's device "
+            f"({q.device}), got {cu_seqlens!r:.80}"
+        )
+    cu = [0, n] if values_checked else cu_seqlens.tolist()  # (a device-to-host copy)
+    if cu[0] != 0 or cu[-1] != n or any(cu[i + 1] < cu[i] for i in range(len(cu) - 1)):
+        raise ValueError(
+            f"cu_seqlens must rise from 0 to N = {n} (document offsets), got {cu[:4]}...{cu[-2:]}"
+        )
+    bounds = (cu_seqlens[:-1] if side == "start" else cu_seqlens[1:]).to(torch.int32)
+    return torch.repeat_interleave(bounds, cu_seqlens[1:] - cu_seqlens[:-1], output_size=n)
+
+
+def _forward(q, k, v, causal, scale, window_left, start, config, packed):
+    """Launch the kernel on checked contiguous CUDA inputs: (B, H, N, d), or (total, H, d) with
+    ``packed`` (B = 1; lse then (H, total)); ``start``: each token's document start, or None."""
+    import torch
+
+    B, H, N, d = (1, q.shape[1], q.shape[0], q.shape[2]) if packed else q.shape
+    H_kv = k.shape[-2] if packed else k.shape[1]
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     win_left = _check_window(window_left, causal, N)
-    cfg = schedule_config(d, causal, N, win_left >= 0, **config)
+    docs = start is not None
+    cfg = schedule_config(d, causal, N, win_left >= 0, docs, **config)
     BM = 64
     BN, NC = cfg["BN"], cfg["NUM_CONSUMERS"]
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
-    lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    lse = torch.empty((H, N) if packed else (B, H, N), device=q.device, dtype=torch.float32)
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     BM_TILE = BM * NC
     q_layout, kv_layout = _smem_layout(BM, d, gdt), _smem_layout(BN, d, gdt)
-    q2, k2, v2, o2 = (x.view(-1, d) for x in (q, k, v, o))
+    # packed: (total, H, d) as (total, H * d), one head a [rows, d] block of columns
+    q2, k2, v2, o2 = (x.view(N, -1) if packed else x.view(-1, d) for x in (q, k, v, o))
     desc_q = TensorDescriptor.from_tensor(q2, [BM, d], q_layout)
     desc_k = TensorDescriptor.from_tensor(k2, [BN, d], kv_layout)
     desc_v = TensorDescriptor.from_tensor(v2, [BN, d], kv_layout)
@@ -306,6 +372,7 @@ def gluon_attention_forward(
         num_pid_m,
         num_tiles,
         max(win_left, 0),
+        start if docs else _SCHED[sched_key],  # doc_start (a stand-in without documents)
         BM=BM,
         BN=BN,
         HEAD_DIM=d,
@@ -324,6 +391,8 @@ def gluon_attention_forward(
         O_STAGE=bool(cfg.get("O_STAGE", False)),
         WINDOW=win_left >= 0,
         PINGPONG=bool(cfg.get("PINGPONG", False)),
+        DOCS=docs,
+        PACKED=packed,
         num_warps=4,
     )
     return o, lse

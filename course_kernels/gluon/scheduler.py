@@ -108,11 +108,40 @@ if HAVE_GLUON:
         last_first = off_m + BM - 1 - win_left  # the last row's first visible key
         if last_first < 0:
             last_first = 0
+        return _edge_mid(last_first, j0, n_live, BN)
+
+    @gluon.jit
+    def _edge_mid(last_first, j0, n_live, BN: gl.constexpr):
+        """The end of the left-masked blocks [j0, j_mid) of rows whose last row sees keys from
+        ``last_first`` on (a window's or a document's left edge: every earlier row's first key
+        is at or before it), clipped to [j0 + 1, n_live]. Plain integer arithmetic."""
         j_mid = (last_first + BN - 1) // BN
         if j_mid < j0 + 1:
             j_mid = j0 + 1
         if j_mid > n_live:
             j_mid = n_live
+        return j_mid
+
+    @gluon.jit
+    def _left_first(off_m, left, N, BN: gl.constexpr, DOCS: gl.constexpr):
+        """The first K/V block rows [off_m, ...) can see: a sliding window's (``left[0]`` keys
+        before the diagonal) or, with DOCS (documents packed into one sequence), the block of the
+        first row's document start (``left[1]``: each token's document start, int32)."""
+        if DOCS:
+            first = gl.load(left[1] + gl.minimum(off_m, N - 1)) // BN
+        else:
+            first = _window_first(off_m, left[0], BN)
+        return first
+
+    @gluon.jit
+    def _left_mid(
+        off_m, left, N, j0, n_live, BM: gl.constexpr, BN: gl.constexpr, DOCS: gl.constexpr
+    ):
+        """:func:`_window_mid`, or with DOCS :func:`_edge_mid` of the last row's document start."""
+        if DOCS:
+            j_mid = _edge_mid(gl.load(left[1] + gl.minimum(off_m + BM - 1, N - 1)), j0, n_live, BN)
+        else:
+            j_mid = _window_mid(off_m, left[0], j0, n_live, BM, BN)
         return j_mid
 
     # ------------------------------------------------ dynamic persistent scheduler

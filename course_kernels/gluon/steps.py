@@ -38,12 +38,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _softmax(
-        qk, m_i, l_i, qk_scale, start_n, off_m, N, win_left, MASK: gl.constexpr, cfg, s_layout: gl.constexpr
+        qk, m_i, l_i, qk_scale, start_n, off_m, N, left, MASK: gl.constexpr, cfg, s_layout: gl.constexpr
     ):  # fmt: skip
         """One online-softmax step in the exp2 domain; returns (p, alpha, m, l). With ``MASK``
         the keys past N, past the diagonal (causal) and, with a sliding window, before
-        row - win_left are masked; a window's left edge can mask a row's whole block before the
-        row has seen a key, so there the row maximum -inf is replaced by 0 (p = alpha = 0)."""
+        row - left[0] (with DOCS: before the row's document start, left[1][row]) are masked; a
+        window's or a document's left edge can mask a row's whole block before the row has seen a
+        key, so there the row maximum -inf is replaced by 0 (p = alpha = 0)."""
         BM: gl.constexpr = cfg.BM
         BN: gl.constexpr = cfg.BN
         if MASK:
@@ -53,10 +54,13 @@ if HAVE_GLUON:
                 rows = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
                 keep = keep & (cols[None, :] <= rows[:, None])
                 if cfg.WINDOW:
-                    keep = keep & (cols[None, :] >= rows[:, None] - win_left)
+                    keep = keep & (cols[None, :] >= rows[:, None] - left[0])
+                if cfg.DOCS:
+                    first = gl.load(left[1] + gl.minimum(rows, N - 1))
+                    keep = keep & (cols[None, :] >= first[:, None])
             qk = gl.where(keep, qk, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
-        if cfg.WINDOW and MASK:
+        if (cfg.WINDOW or cfg.DOCS) and MASK:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p = gl.exp2(qk * qk_scale - m_use[:, None])
             alpha = gl.exp2(m_i - m_use)
@@ -104,7 +108,7 @@ if HAVE_GLUON:
         start_n,
         off_m,
         N,
-        win_left,
+        left,
         MASK: gl.constexpr,
         cfg,
         dtype: gl.constexpr,
@@ -122,7 +126,7 @@ if HAVE_GLUON:
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
         mbarrier.arrive(k_empty.index(s), count=1)
         p, alpha, m_i, l_i = _softmax(
-            qk, m_i, l_i, qk_scale, start_n, off_m, N, win_left, MASK, cfg, s_layout
+            qk, m_i, l_i, qk_scale, start_n, off_m, N, left, MASK, cfg, s_layout
         )
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
         p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
@@ -145,7 +149,7 @@ if HAVE_GLUON:
         start_n,
         off_m,
         N,
-        win_left,
+        left,
         MASK: gl.constexpr,
         cfg,
         dtype: gl.constexpr,
@@ -168,7 +172,7 @@ if HAVE_GLUON:
         qk = warpgroup_mma_wait(num_outstanding=1, deps=(qk,))
         mbarrier.arrive(k_empty.index(s), count=1)
         p_new, alpha, m_i, l_i = _softmax(
-            qk, m_i, l_i, qk_scale, start_n, off_m, N, win_left, MASK, cfg, s_layout
+            qk, m_i, l_i, qk_scale, start_n, off_m, N, left, MASK, cfg, s_layout
         )
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
         mbarrier.arrive(v_empty.index(sp), count=1)
@@ -178,13 +182,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _overlap_blocks(
-        bufs, kc, acc, p, m_i, l_i, j_from, j_to, qk_scale, off_m, N, win_left,
+        bufs, kc, acc, p, m_i, l_i, j_from, j_to, qk_scale, off_m, N, left,
         MASK: gl.constexpr, cfg, dtype: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
     ):  # fmt: skip
         """Blocks [j_from, j_to) of the overlapped main loop, all masked or none (``MASK``)."""
         for j in range(j_from, j_to):
             acc, p, m_i, l_i = _step_overlap(
-                bufs, kc, acc, p, m_i, l_i, qk_scale, j * cfg.BN, off_m, N, win_left, MASK, cfg,
+                bufs, kc, acc, p, m_i, l_i, qk_scale, j * cfg.BN, off_m, N, left, MASK, cfg,
                 dtype, s_layout, o_layout,
             )  # fmt: skip
             kc += 1
@@ -192,13 +196,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _serial_blocks(
-        bufs, kc, acc, m_i, l_i, j_from, j_to, qk_scale, off_m, N, win_left,
+        bufs, kc, acc, m_i, l_i, j_from, j_to, qk_scale, off_m, N, left,
         MASK: gl.constexpr, cfg, dtype: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
     ):  # fmt: skip
         """Blocks [j_from, j_to) of the serial main loop, all masked or none (``MASK``)."""
         for j in range(j_from, j_to):
             acc, m_i, l_i = _step_serial(
-                bufs, kc, acc, m_i, l_i, qk_scale, j * cfg.BN, off_m, N, win_left, MASK, cfg,
+                bufs, kc, acc, m_i, l_i, qk_scale, j * cfg.BN, off_m, N, left, MASK, cfg,
                 dtype, s_layout, o_layout,
             )  # fmt: skip
             kc += 1

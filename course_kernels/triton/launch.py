@@ -21,17 +21,18 @@ require_triton()
 import torch  # noqa: E402
 
 from ..gluon.backward_launch import gluon_attention_backward, gluon_varlen_backward  # noqa: E402
-from ..gluon.launch import gluon_attention_forward, gluon_available, why_unavailable  # noqa: E402
+from ..gluon.launch import gluon_attention_forward, gluon_varlen_forward  # noqa: E402
+from ..gluon.launch import gluon_available, why_unavailable  # noqa: E402
 from .backward import _attn_bwd_dkdv, _attn_bwd_dq, _one_key_closed_form  # noqa: E402
 from .backward import _backward_one_key as _backward_one_key  # noqa: E402
 from .configs import _TUNED as _TUNED, KernelPlan, _launch as _launch  # noqa: E402
 from .forward import _attn_fwd  # noqa: E402
 from .masks import CAUSAL, PLAIN, Variant, as_variant  # noqa: E402,F401  (re-exported)
+from .masks import lse_from_base2, lse_to_base2  # noqa: E402,F401  (re-exported)
 
 
-# Host-side helpers in plain Python: triton.cdiv / triton.next_power_of_2 are Triton
-# constexpr functions in recent versions and cost tens of microseconds per call, which showed
-# up as launch overhead at N = 1024 (notes/kernel.md).
+# Host-side helpers in plain Python: triton.cdiv / next_power_of_2 are constexpr functions in
+# recent Triton, tens of microseconds a call: launch overhead at N = 1024 (notes/kernel.md).
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -75,18 +76,20 @@ def _gluon_fits(q, k) -> bool:
 # since DQ_TMA (session 12, notes/gluon_backward.md). Causal windows and packed causal documents:
 # the dims where it beat tl by 3% in every row (data/bench/h100_features_bench_masked_bwd_*.json).
 GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (), "documents": (64, 128)}
+GLUON_MASKED_FORWARD = {"documents": (128,)}  # the same rule (h100_features_bench_docs_fwd_*)
 
 
 def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
-    """Whether the forward (or ``backward``, with a ``mask`` of GLUON_MASKED_BACKWARD's) runs the
-    Gluon kernel (``$COURSE_KERNELS_FORWARD``, ``$COURSE_KERNELS_BACKWARD``, see above)."""
+    """Whether the forward (or ``backward``; with a ``mask``: of GLUON_MASKED_FORWARD's or
+    _BACKWARD's) runs the Gluon kernel (``$COURSE_KERNELS_FORWARD``, ``_BACKWARD``, see above)."""
     env, what = (BACKWARD_ENV, "backward") if backward else (FORWARD_ENV, "forward")
     choice = _environ_get(env, "auto")
     if choice not in FORWARD_CHOICES:
         raise ValueError(f"${env}={choice!r}: choose one of {', '.join(FORWARD_CHOICES)}")
     if choice == "triton":
         return False
-    dims = GLUON_MASKED_BACKWARD[mask] if mask else GLUON_BACKWARD_AUTO
+    masked = GLUON_MASKED_BACKWARD if backward else GLUON_MASKED_FORWARD
+    dims = masked[mask] if mask else GLUON_BACKWARD_AUTO
     if (backward and choice == "auto" or mask) and (
         q.shape[-1] not in dims or torch.are_deterministic_algorithms_enabled()
     ):
@@ -106,15 +109,12 @@ def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
     return not INTERPRET and fits and _gluon_pays(q, k) and gluon_available()
 
 
-def lse_to_base2(lse_c, variant: Variant, scale: float):
-    """The kernels' row statistic (units of c, +inf for an empty row) -> base-2 logsumexp (-inf)."""
-    _, _, c2 = variant.units(scale)
-    return torch.where(torch.isposinf(lse_c), float("-inf"), lse_c * c2)
-
-
-def lse_from_base2(lse2, variant: Variant, scale: float):
-    _, _, c2 = variant.units(scale)
-    return torch.where(torch.isneginf(lse2), float("inf"), lse2 / c2)
+def _gluon_docs(q, k, variant: Variant, alibi, varlen, backward: bool) -> bool:
+    """Packed causal documents (one cu_seqlens) at the dims GLUON_MASKED_FORWARD/_BACKWARD list."""
+    if varlen is None or alibi is not None or varlen[0] is not varlen[1]:
+        return False
+    packed = (x.transpose(0, 1).unsqueeze(0) for x in (q, k))  # (1, H, total, d) views
+    return variant.gluon_form() == (True, None) and _use_gluon(*packed, backward, "documents")
 
 
 def _forward(q, k, v, causal, scale: float, alibi=None):
@@ -140,6 +140,9 @@ def _forward_c(q, k, v, variant: Variant, scale: float, alibi=None, varlen=None)
     computed in fp32 and O rounded to bf16 (triton-lang/triton#11584).
     """
     gluon_form = variant.gluon_form() if varlen is None and alibi is None else None
+    if _gluon_docs(q, k, variant, alibi, varlen, False):
+        o, lse = gluon_varlen_forward(q, k, v, varlen[0], scale, True)  # offsets checked
+        return o, lse / variant.units(scale)[1]  # natural-log lse (H, total) -> units of c
     if gluon_form is not None and _use_gluon(q, k):
         causal, window_left = gluon_form
         o, lse = gluon_attention_forward(q, k, v, causal, scale, window_left)
@@ -244,9 +247,7 @@ def _alibi_stride(alibi) -> int:
 
 def _alibi_args(alibi, c: float, dummy):
     """(slope / c as a contiguous float32 tensor, its batch stride) or (dummy, 0)."""
-    if alibi is None:
-        return dummy, 0
-    return _alibi_r(alibi, c), _alibi_stride(alibi)
+    return (dummy, 0) if alibi is None else (_alibi_r(alibi, c), _alibi_stride(alibi))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,11 +330,10 @@ def _backward_c(do, q, k, v, o, lse_c, variant: Variant, scale: float, alibi=Non
     if _one_key_closed_form(k, variant, alibi, varlen):
         return _backward_one_key(do, q, k, v, o, lse_c, scale, variant)
     form = variant.gluon_form() if alibi is None else None
-    if varlen is not None and form == (True, None) and varlen[0] is varlen[1]:  # documents
-        if _use_gluon(*(x.transpose(0, 1).unsqueeze(0) for x in (q, k)), True, "documents"):
-            lse = lse_c * variant.units(scale)[1]  # units of c -> the natural-log lse
-            return gluon_varlen_backward(do, q, k, v, o, lse, varlen[0], scale, True, True)
-    elif form and varlen is None and _use_gluon(q, k, True, "window" if form[1] else ""):
+    if _gluon_docs(q, k, variant, alibi, varlen, True):
+        lse = lse_c * variant.units(scale)[1]  # units of c -> the natural-log lse
+        return gluon_varlen_backward(do, q, k, v, o, lse, varlen[0], scale, True, True)
+    if form and varlen is None and _use_gluon(q, k, True, "window" if form[1] else ""):
         lse = lse_c * variant.units(scale)[1]
         return gluon_attention_backward(do, q, k, v, o, lse, form[0], scale, window_left=form[1])
     if INTERPRET and q.dtype == torch.bfloat16:

@@ -363,3 +363,15 @@ def check_alibi(alibi_slopes, q: torch.Tensor, batch: int | None = None, heads: 
             lambda: _check_finite_slopes(alibi_slopes),
         )
     return alibi_slopes.detach().to(torch.float32).reshape(-1, H)
+
+
+def lse_to_base2(lse_c, variant: Variant, scale: float):
+    """The kernels' row statistic (units of c, +inf for an empty row) -> base-2 logsumexp (-inf)."""
+    _, _, c2 = variant.units(scale)
+    return torch.where(torch.isposinf(lse_c), float("-inf"), lse_c * c2)
+
+
+def lse_from_base2(lse2, variant: Variant, scale: float):
+    """The inverse of :func:`lse_to_base2`."""
+    _, _, c2 = variant.units(scale)
+    return torch.where(torch.isneginf(lse2), float("inf"), lse2 / c2)

@@ -5,7 +5,8 @@ shown to leave the kernel unchanged without a GPU run.
     pip install --no-deps --target /tmp/t36 triton==3.6.0     # the version the kernel is written for
     PYTHONPATH=/tmp/t36 python experiments/gluon/compile_sm90.py [INDEX ...]
 
-(INDEX: positions in CONFIGS to compile; all of them without.)
+(INDEX: positions in CONFIGS to compile; all of them without. PTX_DIR=folder also writes each
+config's instructions there, for a diff before and after a change.)
 
 Session 5 used it to show that passing the ring and its barriers as one tuple left the PTX
 instructions of all eight configs below byte-identical (notes/gluon.md).
@@ -59,6 +60,7 @@ def sig(dt, BM_TILE, BN, BM, d):
         "num_pid_m": "i32",
         "num_tiles": "i32",
         "win_left": "i32",  # session 11's sliding window (left out for older kernels below)
+        "doc_start": "*i32",  # session 15's packed documents (likewise)
     }
 
 
@@ -81,11 +83,14 @@ def build(
     O_STAGE=None,
     WINDOW=None,
     PINGPONG=None,
+    DOCS=None,
+    PACKED=None,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
-    if "win_left" not in F._attn_fwd_kernel.arg_names:
-        del s["win_left"]
+    for name in ("win_left", "doc_start"):
+        if name not in F._attn_fwd_kernel.arg_names:
+            del s[name]
     consts = dict(
         BM=BM,
         BN=BN,
@@ -104,12 +109,15 @@ def build(
         SECTION=SECTION,
         ROW_MASK=ROW_MASK,
     )
-    if O_STAGE is not None or WINDOW is not None or PINGPONG is not None:  # session 10's; off
+    if O_STAGE is not None or WINDOW is not None or PINGPONG is not None or DOCS is not None:
         consts["O_STAGE"] = bool(O_STAGE)  # (given whenever WINDOW is: constexprs go by position)
-    if WINDOW is not None or PINGPONG is not None:  # session 11's switches (constexprs by position)
+    if WINDOW is not None or PINGPONG is not None or DOCS is not None:  # session 11's switches
         consts["WINDOW"] = bool(WINDOW)
-    if PINGPONG is not None:
-        consts["PINGPONG"] = PINGPONG
+    if PINGPONG is not None or DOCS is not None:
+        consts["PINGPONG"] = bool(PINGPONG)
+    if DOCS is not None:  # session 15's switches
+        consts["DOCS"] = DOCS
+        consts["PACKED"] = bool(PACKED)
     for kk in consts:
         s[kk] = "constexpr"
     src = GluonASTSource(
@@ -180,6 +188,13 @@ CONFIGS = [
     dict(S8, PINGPONG=True),
     dict(S10, PINGPONG=True),
     dict(S8, WINDOW=True, BN=64, PINGPONG=True),
+    # session 15: causal documents packed into one sequence (DOCS), in place (PACKED), 49
+    dict(S8, ALIGN_END=False, DOCS=True),  # d = 64: the causal switches but ALIGN_END
+    dict(S8, ALIGN_END=False, DOCS=True, PACKED=True),
+    dict(S10, ROW_MASK=False, DOCS=True),  # d = 128
+    dict(S10, ROW_MASK=False, DOCS=True, PACKED=True),
+    dict(S10, ROW_MASK=False, DOCS=True, PACKED=True, dt="bf16"),
+    dict(S8, ALIGN_END=False, DOCS=True, PACKED=True, OVERLAP=False),
 ]
 
 
@@ -205,6 +220,11 @@ if __name__ == "__main__":
                 l.strip() for l in r.stderr.splitlines() if "registers" in l or "spill" in l
             )
             import hashlib
+
+            if os.environ.get("PTX_DIR"):  # the instructions, for a diff (PTX_DIR=folder)
+                name = "_".join(f"{k}={v}" for k, v in sorted(args.items()))
+                with open(os.path.join(os.environ["PTX_DIR"], name + ".ptx"), "w") as f:
+                    f.write(_code(ptx))
 
             print(
                 args,

@@ -415,3 +415,101 @@ def test_pingpong_needs_the_overlapped_steps():
     q, k, v = _inputs(1, 2, 2, 64, 64, torch.float16, 1)
     with pytest.raises(ValueError, match="PINGPONG .* needs OVERLAP=True"):
         G.gluon_attention_forward(q, k, v, PINGPONG=True, OVERLAP=False)
+
+
+# ------------------------------------------- session 15: packed causal documents (DOCS)
+DOC_LENGTHS = [[17], [1, 1, 1], [700, 3, 1500, 1], [64, 64, 128], [130, 1000, 5, 2, 900], [2053]]
+
+
+def _doc_case(lengths, d, dtype, seed, H=4, H_kv=2):
+    """q, k, v (1, H, n, d), the int32 offsets, and row i's visible keys: [start(i), i]."""
+    n = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    cu = cu.to("cuda")
+    start = torch.repeat_interleave(cu[:-1], cu.diff(), output_size=n)
+    i = torch.arange(n, device="cuda")[:, None]
+    j = torch.arange(n, device="cuda")[None, :]
+    return (*_inputs(1, H, H_kv, n, d, dtype, seed), cu, (j <= i) & (j >= start[:, None]))
+
+
+def _documents_forward(q, k, v, cu, scale, packed, **cfg):
+    """The Gluon documents forward on (1, H, n, d) inputs, in place in flash-attn's packed
+    layout or not; o back as (1, H, n, d), lse as (1, H, n)."""
+    if not packed:
+        return G.gluon_attention_forward(q, k, v, True, scale, cu_seqlens=cu, **cfg)
+    qp, kp, vp = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # (n, heads, d)
+    o, lse = G.gluon_varlen_forward(qp, kp, vp, cu, scale, **cfg)
+    assert o.shape == qp.shape and lse.shape == (q.shape[1], q.shape[2])
+    return o.transpose(0, 1).unsqueeze(0), lse.unsqueeze(0)
+
+
+@pytest.mark.parametrize("lengths", DOC_LENGTHS, ids=lambda lens: "-".join(map(str, lens)))
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_documents_match_float64(lengths, packed, d, dtype):
+    """Causal documents packed into one sequence (row i sees keys [start(i), i]), GQA, with the
+    default schedule of each head dim: documents of one token, shorter than a warpgroup's rows,
+    on and off block edges, boundaries inside a tile; the 2x rule against SDPA with the mask."""
+    dt = getattr(torch, dtype)
+    q, k, v, cu, mask = _doc_case(lengths, d, dt, seed=hash((tuple(lengths), d, dtype)) % 2**31)
+    scale = 1.0 / math.sqrt(d)
+    kd, vd = (x.double().repeat_interleave(2, dim=1) for x in (k, v))
+    s = (q.double() @ kd.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
+    ref_o, ref_lse = torch.softmax(s, -1) @ vd, torch.logsumexp(s, -1)
+    sd = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    _poison(8 * q.numel() * q.element_size())
+    o, lse = _documents_forward(q, k, v, cu, scale, packed)
+    assert o.dtype == dt and lse.dtype == torch.float32
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all(), "unwritten rows?"
+    err = (o.double() - ref_o).abs().max().item()
+    err_sdpa = (sd.double() - ref_o).abs().max().item()
+    assert err <= 2 * err_sdpa + 1e-5, f"o error {err:.3e} > 2 x SDPA's {err_sdpa:.3e}"
+    assert (lse.double() - ref_lse).abs().max().item() <= 1e-3
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(SKIP_DEAD=False), dict(DYNAMIC=False), dict(NUM_CONSUMERS=2, STAGES=2), dict(BN=64),
+     dict(LPT=True, LPT_SECTION_MB=1), dict(O_STAGE=True)],
+    ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()),
+)  # fmt: skip
+@pytest.mark.parametrize("d", [64, 128])
+def test_documents_schedule_variants(cfg, d):
+    """The documents forward under the schedule's other switches gives the default's output to
+    within fp16 rounding (both packed)."""
+    q, k, v, cu, _ = _doc_case([130, 1000, 5, 2, 900], d, torch.float16, seed=d)
+    want, want_lse = _documents_forward(q, k, v, cu, 0.1, True)
+    got, got_lse = _documents_forward(q, k, v, cu, 0.1, True, **cfg)
+    assert (got.double() - want.double()).abs().max().item() <= 2**-9
+    assert (got_lse - want_lse).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_attention_varlen_runs_documents_on_the_gluon_forward(monkeypatch, d):
+    """flash_attention_varlen with one cu_seqlens for queries and keys, causal, takes the Gluon
+    forward where GLUON_MASKED_FORWARD["documents"] lists d (set here), not under ``triton``,
+    with the tl forward's output and, from its logsumexp, the same gradients."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    lengths = [700, 3, 1500, 1]
+    q, k, v, cu, _ = _doc_case(lengths, d, torch.bfloat16, seed=d + 1)
+    qp, kp, vp = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))
+    dout = torch.randn_like(qp)
+    monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
+    monkeypatch.setitem(launch.GLUON_MASKED_FORWARD, "documents", (d,))
+    calls, res = [], {}
+    real = launch.gluon_varlen_forward
+    monkeypatch.setattr(
+        launch, "gluon_varlen_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    for choice in ("auto", "triton"):
+        monkeypatch.setenv(launch.FORWARD_ENV, choice)
+        xs = [x.detach().requires_grad_() for x in (qp, kp, vp)]
+        o = flash_attention_varlen(*xs, cu, cu, max(lengths), max(lengths), causal=True)
+        res[choice] = (o, *torch.autograd.grad(o, xs, dout))
+        assert len(calls) == 1  # only "auto" took it
+    for a, b in zip(res["auto"], res["triton"], strict=True):
+        assert a.shape == b.shape and torch.isfinite(a).all()
+        assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-7 * b.abs().max().item()
