@@ -20,25 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _host_us(call, n=100, repeats=5) -> float:
-    import torch
+def _host_us(call) -> float:
+    """Host microseconds per call: host_path.py's measure (100 calls, median of 5 repeats)."""
+    from host_path import _times  # this folder's script (sys.path[0] when run as a script)
 
-    runs = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            call()
-        runs.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(runs)
+    return _times(call)[0]
 
 
 class _Nothing:

@@ -26,3 +26,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
             if not HAS_CUDA:
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture
+def gluon_documents(monkeypatch):
+    """``run(side, d, q, k, v, cu, max_len, dout)``: ``flash_attention_varlen`` (one offsets tensor
+    ``cu`` for queries and keys, causal) under ``auto`` with the Gluon documents kernel of
+    ``side`` ("forward" or "backward") listed at head dim d whatever the work, and under
+    ``triton``; checks that only ``auto`` called it; returns {choice: (o, dq, dk, dv)}."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    def run(side, d, q, k, v, cu, max_len, dout):
+        import torch
+
+        monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
+        monkeypatch.setitem(getattr(launch, f"GLUON_MASKED_{side.upper()}"), "documents", (d,))
+        name, calls, res = f"gluon_varlen_{side}", [], {}
+        real = getattr(launch, name)
+        monkeypatch.setattr(launch, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        for choice in ("auto", "triton"):
+            monkeypatch.setenv(
+                launch.FORWARD_ENV if side == "forward" else launch.BACKWARD_ENV, choice
+            )
+            xs = [x.detach().requires_grad_() for x in (q, k, v)]
+            o = flash_attention_varlen(*xs, cu, cu, max_len, max_len, causal=True)
+            res[choice] = (o, *torch.autograd.grad(o, xs, dout))
+            assert len(calls) == 1  # only "auto" took it
+        return res
+
+    return run

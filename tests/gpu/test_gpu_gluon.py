@@ -486,30 +486,14 @@ def test_documents_schedule_variants(cfg, d):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-def test_flash_attention_varlen_runs_documents_on_the_gluon_forward(monkeypatch, d):
+def test_flash_attention_varlen_runs_documents_on_the_gluon_forward(gluon_documents, d):
     """flash_attention_varlen with one cu_seqlens for queries and keys, causal, takes the Gluon
     forward where GLUON_MASKED_FORWARD["documents"] lists d (set here), not under ``triton``,
     with the tl forward's output and, from its logsumexp, the same gradients."""
-    from course_kernels.triton import launch
-    from course_kernels.triton.varlen import flash_attention_varlen
-
     lengths = [700, 3, 1500, 1]
     q, k, v, cu, _ = _doc_case(lengths, d, torch.bfloat16, seed=d + 1)
     qp, kp, vp = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))
-    dout = torch.randn_like(qp)
-    monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
-    monkeypatch.setitem(launch.GLUON_MASKED_FORWARD, "documents", (d,))
-    calls, res = [], {}
-    real = launch.gluon_varlen_forward
-    monkeypatch.setattr(
-        launch, "gluon_varlen_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    )
-    for choice in ("auto", "triton"):
-        monkeypatch.setenv(launch.FORWARD_ENV, choice)
-        xs = [x.detach().requires_grad_() for x in (qp, kp, vp)]
-        o = flash_attention_varlen(*xs, cu, cu, max(lengths), max(lengths), causal=True)
-        res[choice] = (o, *torch.autograd.grad(o, xs, dout))
-        assert len(calls) == 1  # only "auto" took it
+    res = gluon_documents("forward", d, qp, kp, vp, cu, max(lengths), torch.randn_like(qp))
     for a, b in zip(res["auto"], res["triton"], strict=True):
         assert a.shape == b.shape and torch.isfinite(a).all()
         assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-7 * b.abs().max().item()

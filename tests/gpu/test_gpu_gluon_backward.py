@@ -349,13 +349,10 @@ def test_documents_backward_matches_float64(lengths, d, schedule):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-def test_flash_attention_varlen_runs_documents_on_the_gluon_backward(monkeypatch, d):
+def test_flash_attention_varlen_runs_documents_on_the_gluon_backward(gluon_documents, d):
     """flash_attention_varlen with one cu_seqlens for queries and keys, causal, takes the Gluon
     backward where GLUON_MASKED_BACKWARD["documents"] lists d (set here), with gradients close
     to the tl backward's (``triton``)."""
-    from course_kernels.triton import launch
-    from course_kernels.triton.varlen import flash_attention_varlen
-
     lengths = [700, 3, 1500, 1]
     n = sum(lengths)
     cu = torch.tensor(
@@ -364,19 +361,7 @@ def test_flash_attention_varlen_runs_documents_on_the_gluon_backward(monkeypatch
     g = torch.Generator(device="cuda").manual_seed(d)
     q, k, v, do = (torch.randn(n, 4, d, device="cuda", dtype=torch.bfloat16, generator=g)
                    for _ in range(4))  # fmt: skip
-    monkeypatch.setattr(launch, "GLUON_MIN_WORK", 0)
-    monkeypatch.setitem(launch.GLUON_MASKED_BACKWARD, "documents", (d,))
-    grads, calls = {}, []
-    real = launch.gluon_varlen_backward
-    monkeypatch.setattr(
-        launch, "gluon_varlen_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    )
-    for choice in ("auto", "triton"):
-        monkeypatch.setenv(launch.BACKWARD_ENV, choice)
-        xs = [x.detach().requires_grad_() for x in (q, k, v)]
-        out = flash_attention_varlen(*xs, cu, cu, max(lengths), max(lengths), causal=True)
-        grads[choice] = torch.autograd.grad(out, xs, do)
-        assert len(calls) == 1  # only "auto" took it
-    for a, b in zip(grads["auto"], grads["triton"], strict=True):
+    res = gluon_documents("backward", d, q, k, v, cu, max(lengths), do)
+    for a, b in zip(res["auto"][1:], res["triton"][1:], strict=True):
         assert a.shape == b.shape
         assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-7 * b.abs().max().item()
