@@ -27,20 +27,20 @@ follows FA3 (arXiv 2407.08608), except that dQ leaves from the consumers themsel
 the default: a TMA bulk reduce-add of a shared-memory tile, as FA3's; else atomics), not from
 FA3's dedicated dQ warp. Host side: :mod:`.backward_launch`.
 
-Masks beyond causal (session 14; compiled for sm_90a and tested on the CPU, not yet on a GPU):
-``WINDOW`` (a causal sliding window) and ``DOCS`` (causal documents packed into one sequence),
-each key block visiting only the query blocks that see one of its keys, in three runs (the
-unmasked middle first); ``PACKED`` reads flash-attn's (total, H, d) layout in place.
+Masks beyond causal (session 14; run on an H100 in session 15): ``WINDOW`` (a causal sliding
+window) and ``DOCS`` (causal documents packed into one sequence), each key block visiting only
+the query blocks that see one of its keys, in three runs (the unmasked middle first); ``PACKED``
+reads flash-attn's (total, H, d) layout in place. The switches reach the roles as one
+:class:`BwdSchedule` (session 15; no ``from __future__ import annotations`` in this module: an
+``aggregate`` reads its fields' annotations as objects).
 """
-
-from __future__ import annotations
 
 from ._lang import HAVE_GLUON
 from .backward_steps import DqVecBases  # noqa: F401 (the dQ layout's bases, for the tests)
 
 
 if HAVE_GLUON:
-    from ._lang import gl, gluon, mbarrier, tma
+    from ._lang import aggregate, gl, gluon, mbarrier, tma
     from .backward_steps import KEYS, _bwd_block, _bwd_runs, _bwd_step, _q_range
     from .producer import _mma_layout
 
@@ -106,14 +106,66 @@ if HAVE_GLUON:
         out = dq_ptr + _flat_rows(hz, r, N, PACKED).to(gl.int64)[:, None] * HEAD_DIM + cols
         gl.store(out, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
+    # ----------------------------------------------------------------- schedule
+    @aggregate
+    class BwdSchedule:
+        """The backward's compile-time switches as one value, as the forward's ``Schedule``:
+        the producer and the consumers take ``cfg`` and read ``cfg.BM`` and so on (each switch
+        is explained at :func:`_attn_bwd_kernel` and in backward_launch.py)."""
+
+        BM: gl.constexpr
+        HEAD_DIM: gl.constexpr
+        NUM_CONSUMERS: gl.constexpr
+        STAGES: gl.constexpr
+        CAUSAL: gl.constexpr
+        DQ_SPLIT: gl.constexpr
+        DQ_VEC: gl.constexpr
+        DQ_SHARED: gl.constexpr
+        OVERLAP_DQ: gl.constexpr
+        DQ_TMA: gl.constexpr
+        MASKED_LAST: gl.constexpr
+        DV_EARLY: gl.constexpr
+        ROTATE: gl.constexpr
+        WINDOW: gl.constexpr
+        DOCS: gl.constexpr
+        PACKED: gl.constexpr
+
+        @gluon.constexpr_function
+        def __init__(
+            self, BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED,
+            OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED,
+        ):  # fmt: skip
+            self.BM = gl.constexpr(BM)
+            self.HEAD_DIM = gl.constexpr(HEAD_DIM)
+            self.NUM_CONSUMERS = gl.constexpr(NUM_CONSUMERS)
+            self.STAGES = gl.constexpr(STAGES)
+            self.CAUSAL = gl.constexpr(CAUSAL)
+            self.DQ_SPLIT = gl.constexpr(DQ_SPLIT)
+            self.DQ_VEC = gl.constexpr(DQ_VEC)
+            self.DQ_SHARED = gl.constexpr(DQ_SHARED)
+            self.OVERLAP_DQ = gl.constexpr(OVERLAP_DQ)
+            self.DQ_TMA = gl.constexpr(DQ_TMA)
+            self.MASKED_LAST = gl.constexpr(MASKED_LAST)
+            self.DV_EARLY = gl.constexpr(DV_EARLY)
+            self.ROTATE = gl.constexpr(ROTATE)
+            self.WINDOW = gl.constexpr(WINDOW)
+            self.DOCS = gl.constexpr(DOCS)
+            self.PACKED = gl.constexpr(PACKED)
+
     # ----------------------------------------------------------------- producer
     @gluon.jit
     def _bwd_producer(
-        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left, kend_ptr,
-        BM: gl.constexpr, NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr,
-        CAUSAL: gl.constexpr, MASKED_LAST: gl.constexpr, ROTATE: gl.constexpr,
-        WINDOW: gl.constexpr, DOCS: gl.constexpr, PACKED: gl.constexpr,
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left, kend_ptr, cfg
     ):  # fmt: skip
+        BM: gl.constexpr = cfg.BM
+        NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
+        STAGES: gl.constexpr = cfg.STAGES
+        CAUSAL: gl.constexpr = cfg.CAUSAL
+        MASKED_LAST: gl.constexpr = cfg.MASKED_LAST
+        ROTATE: gl.constexpr = cfg.ROTATE
+        WINDOW: gl.constexpr = cfg.WINDOW
+        DOCS: gl.constexpr = cfg.DOCS
+        PACKED: gl.constexpr = cfg.PACKED
         _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
         n0 = gl.program_id(0) * BN
@@ -203,13 +255,18 @@ if HAVE_GLUON:
     @gluon.jit
     def _bwd_consumer(
         dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale,
-        CID: gl.constexpr, BM: gl.constexpr, HEAD_DIM: gl.constexpr,
-        NUM_CONSUMERS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-        DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
-        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, MASKED_LAST: gl.constexpr,
-        DV_EARLY: gl.constexpr, ROTATE: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr,
-        PACKED: gl.constexpr,
+        CID: gl.constexpr, cfg,
     ):  # fmt: skip
+        BM: gl.constexpr = cfg.BM
+        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+        NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
+        CAUSAL: gl.constexpr = cfg.CAUSAL
+        DQ_TMA: gl.constexpr = cfg.DQ_TMA
+        MASKED_LAST: gl.constexpr = cfg.MASKED_LAST
+        ROTATE: gl.constexpr = cfg.ROTATE
+        WINDOW: gl.constexpr = cfg.WINDOW
+        DOCS: gl.constexpr = cfg.DOCS
+        PACKED: gl.constexpr = cfg.PACKED
         (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs, ds_bufs, q_ready, q_empty, kv_ready,
          ds_bars) = ring  # fmt: skip
         dtype: gl.constexpr = dk_ptr.dtype.element_ty
@@ -225,44 +282,28 @@ if HAVE_GLUON:
         lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
         mbarrier.wait(kv_ready.index(0), 0)
         run0, run1, run2 = _bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE)
-        dk, dv = _bwd_steps(
-            bufs, run0, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
-            not MASKED_LAST, CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
-            DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY, ROTATE,
-        )  # fmt: skip
-        dk, dv = _bwd_steps(
-            bufs, run1, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale, MASKED_LAST,
-            CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
-            DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY, False,
-        )  # fmt: skip
+        args = (dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale)  # runtime values only
+        dk, dv = _bwd_steps(bufs, run0, dk, dv, args, not MASKED_LAST, ROTATE, dtype, CID, cfg)
+        dk, dv = _bwd_steps(bufs, run1, dk, dv, args, MASKED_LAST, False, dtype, CID, cfg)
         if WINDOW or DOCS:  # the far edge (past some key's window or document), masked
-            dk, dv = _bwd_steps(
-                bufs, run2, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale, True,
-                CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM, DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC,
-                DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY, False,
-            )  # fmt: skip
+            dk, dv = _bwd_steps(bufs, run2, dk, dv, args, True, False, dtype, CID, cfg)
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
             tma.store_wait(pendings=0)
         _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype, PACKED)
 
     @gluon.jit
     def _bwd_steps(
-        bufs, run, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
-        MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr,
-        STAGES: gl.constexpr, BM: gl.constexpr,
-        HEAD_DIM: gl.constexpr,
-        DQ_SPLIT: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr,
-        NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr, DQ_SHARED: gl.constexpr,
-        OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr, DV_EARLY: gl.constexpr,
-        ROT: gl.constexpr,
+        bufs, run, dk, dv, args, MASK: gl.constexpr, ROT: gl.constexpr, dtype: gl.constexpr,
+        CID: gl.constexpr, cfg,
     ):  # fmt: skip
-        """The query blocks of one run (``_bwd_runs``), masked or not."""
+        """The query blocks of one run (``_bwd_runs``), masked or not. ``args``: the runtime
+        values every step reads (dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale)."""
+        dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale = args
         start, stop, base, shift = run
         for t in range(start, stop):
             dk, dv = _bwd_step(
                 bufs, t - base, _bwd_block(t, start, stop, shift, ROT), dk, dv, dq_ptr, row0, k0,
-                N, win_left, kend_ptr, qk_scale, MASK, CAUSAL, WINDOW, DOCS, STAGES, BM, HEAD_DIM,
-                DQ_SPLIT, dtype, CID, NUM_CONSUMERS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, DV_EARLY,
+                N, win_left, kend_ptr, qk_scale, MASK, dtype, CID, cfg,
             )  # fmt: skip
         return dk, dv
 
@@ -321,17 +362,18 @@ if HAVE_GLUON:
                 dq_ptr.layout,
             )  # fmt: skip
             dq_ptr = (dq_ptr, dq_tiles)
+        cfg = BwdSchedule(
+            BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
+            DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED,
+        )  # fmt: skip
+        # (Gluon 3.6 takes each role's arguments written out: no *args, no shared tuple)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
                 [
-                    (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, win_left, kend_ptr, BM, NUM_CONSUMERS, STAGES,
-                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS, PACKED)),
+                    (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N,
+                                     N_PAD, win_left, kend_ptr, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS,
-                                     STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
-                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS,
-                                     PACKED)),
+                                     qk_scale, sm_scale, 0, cfg)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -339,19 +381,12 @@ if HAVE_GLUON:
         else:
             gl.warp_specialize(
                 [
-                    (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring,
-                                     N, N_PAD, win_left, kend_ptr, BM, NUM_CONSUMERS, STAGES,
-                                     CAUSAL, MASKED_LAST, ROTATE, WINDOW, DOCS, PACKED)),
+                    (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N,
+                                     N_PAD, win_left, kend_ptr, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, 0, BM, HEAD_DIM, NUM_CONSUMERS,
-                                     STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
-                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS,
-                                     PACKED)),
+                                     qk_scale, sm_scale, 0, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, 1, BM, HEAD_DIM, NUM_CONSUMERS,
-                                     STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
-                                     DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS,
-                                     PACKED)),
+                                     qk_scale, sm_scale, 1, cfg)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

@@ -131,17 +131,25 @@ if HAVE_GLUON:
     @gluon.jit
     def _bwd_step(
         bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
-        MASK: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, DOCS: gl.constexpr,
-        STAGES: gl.constexpr, BM: gl.constexpr,
-        HEAD_DIM: gl.constexpr, DQ_SPLIT: gl.constexpr, dtype: gl.constexpr,
-        CID: gl.constexpr, NUM_CONSUMERS: gl.constexpr, DQ_VEC: gl.constexpr,
-        DQ_SHARED: gl.constexpr, OVERLAP_DQ: gl.constexpr, DQ_TMA: gl.constexpr,
-        DV_EARLY: gl.constexpr = False,
+        MASK: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr, cfg,
     ):  # fmt: skip
         """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0. dq_ptr: the
         fp32 dQ (a pointer), or with DQ_TMA a (tensor descriptor, staging tiles) pair.
         DV_EARLY (session 13, FA3's order): dV += P^T dO issued as soon as P^T is known, before
         the wait for dP^T, so that it runs while dS^T is computed."""
+        CAUSAL: gl.constexpr = cfg.CAUSAL
+        WINDOW: gl.constexpr = cfg.WINDOW
+        DOCS: gl.constexpr = cfg.DOCS
+        STAGES: gl.constexpr = cfg.STAGES
+        BM: gl.constexpr = cfg.BM
+        HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+        DQ_SPLIT: gl.constexpr = cfg.DQ_SPLIT
+        NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
+        DQ_VEC: gl.constexpr = cfg.DQ_VEC
+        DQ_SHARED: gl.constexpr = cfg.DQ_SHARED
+        OVERLAP_DQ: gl.constexpr = cfg.OVERLAP_DQ
+        DQ_TMA: gl.constexpr = cfg.DQ_TMA
+        DV_EARLY: gl.constexpr = cfg.DV_EARLY
         q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_smem, ds_bufs, q_ready, q_empty, ds_bars = bufs
         k_smem = k_bufs.index(CID)
         ds_smem = ds_bufs.index(CID)
