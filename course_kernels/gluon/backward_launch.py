@@ -203,10 +203,10 @@ def gluon_attention_backward(
     heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
     :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d); window_left (with causal): row i sees keys
-    [i - window_left, i], as in :func:`.launch.gluon_attention_forward` (session 14: tested on
-    the CPU and compiled for sm_90a, its GPU tests not yet run); cu_seqlens (with causal, B = 1):
-    documents packed into one sequence, [0, n_1, n_1 + n_2, ..., N] as flash-attn's varlen calls
-    take it, each query seeing only the keys of its own document (session 14, as window_left).
+    [i - window_left, i], as in :func:`.launch.gluon_attention_forward` (session 14; its GPU
+    tests passed on an H100 in session 15); cu_seqlens (with causal, B = 1): documents packed
+    into one sequence, [0, n_1, n_1 + n_2, ..., N] as flash-attn's varlen calls take it, each
+    query seeing only the keys of its own document (session 14, as window_left).
     Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
     OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE (see BACKWARD_CONFIG).

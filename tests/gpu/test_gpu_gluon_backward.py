@@ -1,6 +1,6 @@
-"""GPU tests of the Gluon (FA3-schedule) Hopper BACKWARD, a first version that has not yet run
-on a GPU when this file was written (notes/gluon_backward.md). Skipped unless
-`gluon_available()` (a capability-9.x GPU with Triton 3.6.x and Gluon).
+"""GPU tests of the Gluon (FA3-schedule) Hopper BACKWARD (notes/gluon_backward.md; written
+before the kernel first ran, session 8). Skipped unless `gluon_available()` (a capability-9.x
+GPU with Triton 3.6.x and Gluon).
 
 Reference: float64 autograd attention on the same low-precision inputs and the same dO;
 flash-attn's rule for each of dq, dk, dv: max error of the kernel <= 2x the max error of
