@@ -9,7 +9,7 @@ call (100 calls back to back, median of 5 repeats; the GPU queue never full, so 
 driver path alone): ``full`` (``autograd.grad`` on a retained graph, as the benchmark times
 it), ``sdpa-flash`` (the same for PyTorch's FlashAttention-2), ``engine`` (``autograd.grad``
 through an ``autograd.Function`` whose backward launches nothing: the engine and its device
-thread), ``backward_c`` (``launch._backward_c`` called directly: Python, allocations, two
+thread; ``engine_like_ours``: with five saved tensors and three gradients), ``backward_c`` (``launch._backward_c`` called directly: Python, allocations, two
 launches), ``python`` (the same with both launches stubbed out), ``launch_dq`` and
 ``launch_dkdv`` (one launch plan each, outputs allocated once), ``empty4`` (the four
 ``empty_like`` calls). Writes ``host_parts.json`` (environment, rows).
@@ -33,7 +33,9 @@ def _host_us(call) -> float:
 
 
 class _Nothing:
-    """An autograd.Function whose backward returns its gradient: the engine's cost alone."""
+    """autograd.Functions whose backward launches nothing: the engine's cost alone (``make``),
+    and with our node's bookkeeping (``make_like_ours``: five tensors saved and unpacked, three
+    gradients returned, as ``_FlashAttention`` does)."""
 
     @staticmethod
     def make():
@@ -49,6 +51,23 @@ class _Nothing:
                 return do, None, None
 
         return Nothing
+
+    @staticmethod
+    def make_like_ours():
+        import torch
+
+        class LikeOurs(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v, o, lse):
+                ctx.save_for_backward(q, k, v, o, lse)
+                return o.view_as(o)
+
+            @staticmethod
+            def backward(ctx, do):
+                q, k, v, o, lse = ctx.saved_tensors
+                return do, do, do, None, None
+
+        return LikeOurs
 
 
 def parts(d: int) -> dict:
@@ -67,6 +86,7 @@ def parts(d: int) -> dict:
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     nothing = _Nothing.make().apply(q, k, v)
+    like_ours = _Nothing.make_like_ours().apply(q, k, v, out.detach(), out.detach()[..., 0].float())
     scale = d**-0.5
     o, lse_c = launch._forward_c(q.detach(), k.detach(), v.detach(), CAUSAL, scale)
     qd, kd, vd = q.detach(), k.detach(), v.detach()
@@ -80,6 +100,9 @@ def parts(d: int) -> dict:
         "full": lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True),
         "sdpa-flash": lambda: torch.autograd.grad(ref, (q, k, v), do, retain_graph=True),
         "engine": lambda: torch.autograd.grad(nothing, (q,), do, retain_graph=True),
+        "engine_like_ours": lambda: torch.autograd.grad(
+            like_ours, (q, k, v), do, retain_graph=True
+        ),
         "backward_c": lambda: launch._backward_c(do, qd, kd, vd, o, lse_c, CAUSAL, scale),
         "launch_dq": lambda: dq_plan.launch(dq_args),
         "launch_dkdv": lambda: dkdv_plan.launch(dkdv_args),
