@@ -15,6 +15,7 @@ Roles, named as in the FA3 paper (arXiv 2407.08608):
                   pipelining); K and V have separate barriers so a 2-stage ring
                   suffices for that.
 * ``_softmax``    one online-softmax step in the exp2 domain (optional mask).
+* ``_correction`` the running O rescaled when a row's maximum grows.
 * ``_epilogue``   O / l, TMA store of O (masked store on a tail tile), and the
                   natural-log logsumexp.
 

@@ -70,6 +70,12 @@ if HAVE_GLUON:
         l_new = l_i * alpha + gl.sum(p, axis=1)
         return p, alpha, m_new, l_new
 
+    @gluon.jit
+    def _correction(acc, alpha, o_layout: gl.constexpr):
+        """FA3's correction: the running O of each row rescaled by alpha = exp2(m_old - m_new)
+        when the row's maximum grew (the online softmax's second half)."""
+        return acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+
     # ------------------------------------------------------------ consumer steps
     @gluon.jit
     def _qk(
@@ -128,7 +134,7 @@ if HAVE_GLUON:
         p, alpha, m_i, l_i = _softmax(
             qk, m_i, l_i, qk_scale, start_n, off_m, N, left, MASK, cfg, s_layout
         )
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
+        acc = _correction(acc, alpha, o_layout)
         p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
         acc = _pv(p, acc, v_bufs, v_ready, kc, STAGES)
         acc, p = warpgroup_mma_wait(
@@ -176,7 +182,7 @@ if HAVE_GLUON:
         )
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
         mbarrier.arrive(v_empty.index(sp), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]  # correction
+        acc = _correction(acc, alpha, o_layout)
         p = gl.convert_layout(p_new.to(dtype), _a_operand_layout(o_layout, dtype))
         return acc, p, m_i, l_i
 
