@@ -35,6 +35,21 @@ try:
             _ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle
         )
 
+    @gluon.constexpr_function
+    def set_fields(obj, names, values) -> None:
+        """The body of an ``aggregate``'s ``constexpr_function`` ``__init__(self, *values)``: the
+        fields ``names`` (the class's annotations, made from the same tuple) set to ``values`` in
+        that order, each a ``gl.constexpr``. A ``constexpr_function`` itself (Triton's scan
+        refuses plain functions called from one), so its arguments arrive wrapped in constexpr."""
+        obj, names, values = (x.value if isinstance(x, gl.constexpr) else x
+                              for x in (obj, names, values))  # fmt: skip
+        if len(values) != len(names):
+            raise TypeError(
+                f"{type(obj).__name__} takes {len(names)} values {names}, got {len(values)}"
+            )
+        for name, value in zip(names, values, strict=True):
+            setattr(obj, name, gl.constexpr(value))
+
     HAVE_GLUON = True
 except Exception as e:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
@@ -48,6 +63,7 @@ __all__ = [
     "gl",
     "gluon",
     "mbarrier",
+    "set_fields",
     "tma",
     "tma_reduce_add",
     "warpgroup_mma",

@@ -40,7 +40,7 @@ from .backward_steps import DqVecBases  # noqa: F401 (the dQ layout's bases, for
 
 
 if HAVE_GLUON:
-    from ._lang import aggregate, gl, gluon, mbarrier, tma
+    from ._lang import aggregate, gl, gluon, mbarrier, set_fields, tma
     from .backward_steps import KEYS, _bwd_block, _bwd_runs, _bwd_step, _q_range
     from .producer import _mma_layout
 
@@ -107,50 +107,22 @@ if HAVE_GLUON:
         gl.store(out, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
     # ----------------------------------------------------------------- schedule
+    BWD_SWITCHES = (
+        "BM", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "CAUSAL", "DQ_SPLIT", "DQ_VEC", "DQ_SHARED",
+        "OVERLAP_DQ", "DQ_TMA", "MASKED_LAST", "DV_EARLY", "ROTATE", "WINDOW", "DOCS", "PACKED",
+    )  # fmt: skip
+
     @aggregate
     class BwdSchedule:
         """The backward's compile-time switches as one value, as the forward's ``Schedule``:
         the producer and the consumers take ``cfg`` and read ``cfg.BM`` and so on (each switch
         is explained at :func:`_attn_bwd_kernel` and in backward_launch.py)."""
 
-        BM: gl.constexpr
-        HEAD_DIM: gl.constexpr
-        NUM_CONSUMERS: gl.constexpr
-        STAGES: gl.constexpr
-        CAUSAL: gl.constexpr
-        DQ_SPLIT: gl.constexpr
-        DQ_VEC: gl.constexpr
-        DQ_SHARED: gl.constexpr
-        OVERLAP_DQ: gl.constexpr
-        DQ_TMA: gl.constexpr
-        MASKED_LAST: gl.constexpr
-        DV_EARLY: gl.constexpr
-        ROTATE: gl.constexpr
-        WINDOW: gl.constexpr
-        DOCS: gl.constexpr
-        PACKED: gl.constexpr
+        __annotations__ = dict.fromkeys(BWD_SWITCHES, gl.constexpr)  # the fields
 
         @gluon.constexpr_function
-        def __init__(
-            self, BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED,
-            OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED,
-        ):  # fmt: skip
-            self.BM = gl.constexpr(BM)
-            self.HEAD_DIM = gl.constexpr(HEAD_DIM)
-            self.NUM_CONSUMERS = gl.constexpr(NUM_CONSUMERS)
-            self.STAGES = gl.constexpr(STAGES)
-            self.CAUSAL = gl.constexpr(CAUSAL)
-            self.DQ_SPLIT = gl.constexpr(DQ_SPLIT)
-            self.DQ_VEC = gl.constexpr(DQ_VEC)
-            self.DQ_SHARED = gl.constexpr(DQ_SHARED)
-            self.OVERLAP_DQ = gl.constexpr(OVERLAP_DQ)
-            self.DQ_TMA = gl.constexpr(DQ_TMA)
-            self.MASKED_LAST = gl.constexpr(MASKED_LAST)
-            self.DV_EARLY = gl.constexpr(DV_EARLY)
-            self.ROTATE = gl.constexpr(ROTATE)
-            self.WINDOW = gl.constexpr(WINDOW)
-            self.DOCS = gl.constexpr(DOCS)
-            self.PACKED = gl.constexpr(PACKED)
+        def __init__(self, *values):  # one value per name of BWD_SWITCHES, in that order
+            set_fields(self, BWD_SWITCHES, values)
 
     # ----------------------------------------------------------------- producer
     @gluon.jit

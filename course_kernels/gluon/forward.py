@@ -53,63 +53,29 @@ epilogue) and :mod:`.steps` (one K/V block), the tile order in :mod:`.scheduler`
 from ._lang import HAVE_GLUON
 
 if HAVE_GLUON:
-    from ._lang import aggregate, gl, gluon, mbarrier
+    from ._lang import aggregate, gl, gluon, mbarrier, set_fields
     from .consumer import _consumer
     from .producer import _producer
     from .scheduler import _alloc_tile_ids
 
     # ---------------------------------------------------------------- schedule
+    SWITCHES = (
+        "BM", "BN", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "QSTAGES", "CAUSAL", "OVERLAP", "LPT",
+        "DYNAMIC", "SKIP_DEAD", "ALIGN_END", "SECTION", "ROW_MASK", "O_STAGE", "WINDOW",
+        "PINGPONG", "DOCS", "PACKED",
+    )  # fmt: skip
+
     @aggregate
     class Schedule:
         """The schedule's compile-time switches as one value (Gluon's ``aggregate``, as in
         Triton's own Gluon examples): the roles take ``cfg`` and read ``cfg.BM`` and so on, so a
         new switch is one field here, not one argument more in every call."""
 
-        BM: gl.constexpr
-        BN: gl.constexpr
-        HEAD_DIM: gl.constexpr
-        NUM_CONSUMERS: gl.constexpr
-        STAGES: gl.constexpr
-        QSTAGES: gl.constexpr
-        CAUSAL: gl.constexpr
-        OVERLAP: gl.constexpr
-        LPT: gl.constexpr
-        DYNAMIC: gl.constexpr
-        SKIP_DEAD: gl.constexpr
-        ALIGN_END: gl.constexpr
-        SECTION: gl.constexpr
-        ROW_MASK: gl.constexpr
-        O_STAGE: gl.constexpr
-        WINDOW: gl.constexpr
-        PINGPONG: gl.constexpr
-        DOCS: gl.constexpr
-        PACKED: gl.constexpr
+        __annotations__ = dict.fromkeys(SWITCHES, gl.constexpr)  # the fields
 
         @gluon.constexpr_function
-        def __init__(
-            self, BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT,
-            DYNAMIC, SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG, DOCS,
-            PACKED,
-        ):  # fmt: skip
-            self.BM = gl.constexpr(BM)
-            self.BN = gl.constexpr(BN)
-            self.HEAD_DIM = gl.constexpr(HEAD_DIM)
-            self.NUM_CONSUMERS = gl.constexpr(NUM_CONSUMERS)
-            self.STAGES = gl.constexpr(STAGES)
-            self.QSTAGES = gl.constexpr(QSTAGES)
-            self.CAUSAL = gl.constexpr(CAUSAL)
-            self.OVERLAP = gl.constexpr(OVERLAP)
-            self.LPT = gl.constexpr(LPT)
-            self.DYNAMIC = gl.constexpr(DYNAMIC)
-            self.SKIP_DEAD = gl.constexpr(SKIP_DEAD)
-            self.ALIGN_END = gl.constexpr(ALIGN_END)
-            self.SECTION = gl.constexpr(SECTION)
-            self.ROW_MASK = gl.constexpr(ROW_MASK)
-            self.O_STAGE = gl.constexpr(O_STAGE)
-            self.WINDOW = gl.constexpr(WINDOW)
-            self.PINGPONG = gl.constexpr(PINGPONG)
-            self.DOCS = gl.constexpr(DOCS)
-            self.PACKED = gl.constexpr(PACKED)
+        def __init__(self, *values):  # one value per name of SWITCHES, in that order
+            set_fields(self, SWITCHES, values)
 
     # ------------------------------------------------------------------ kernel
     @gluon.jit
