@@ -191,15 +191,17 @@ def test_masked_backwards_run_only_at_their_listed_dims(monkeypatch, mask):
 @pytest.mark.parametrize(
     "pass_, files, masks",
     [
-        ("bwd", "masked_bwd", (("window", "window"), ("document", "documents"))),
+        ("bwd", "masked_bwd", (("document", "documents"),)),
+        ("bwd", "session16_window_bwd", (("window", "window"),)),
         ("fwd", "docs_fwd", (("document", "documents"),)),
     ],
 )
 def test_masked_dims_are_where_the_measurement_chose_gluon(pass_, files, masks):
     """GLUON_MASKED_BACKWARD (_FORWARD) lists a (mask, d) exactly where the Gluon kernel beat the
-    tl one by at least 3% against FlexAttention in every row (two H100 runs each of session 15,
-    Flex in each process): backward documents at d = 64 and 128, no window dim (d = 64 lost 2-9%,
-    d = 128 gained at one N of three); forward documents at d = 128 (d = 64 lost 6%)."""
+    tl one by at least 3% against FlexAttention in every row (two H100 runs each, Flex in each
+    process): backward documents at d = 64 and 128 (session 15); the window at d = 128 only
+    (session 16, after its one-compare mask; d = 64 lost at two N of three); forward documents at
+    d = 128 (d = 64 lost 6%)."""
     from course_kernels.bench import features
     from course_kernels.triton import launch
 
@@ -207,7 +209,7 @@ def test_masked_dims_are_where_the_measurement_chose_gluon(pass_, files, masks):
              "tl": f"bench/h100_features_bench_{files}_tl.json"}  # fmt: skip
     runs = {name: json.loads(data_path(path).read_text()) for name, path in names.items()}
     side = "backward" if pass_ == "bwd" else "forward"
-    assert runs["gluon"]["args"][f"gluon_masked_{side}"] == [m for _, m in masks]
+    assert {m for _, m in masks} <= set(runs["gluon"]["args"][f"gluon_masked_{side}"])
     assert not runs["tl"]["args"].get(f"gluon_masked_{side}")
     table = getattr(launch, f"GLUON_MASKED_{side.upper()}")
     ratio = {

@@ -73,9 +73,9 @@ def _gluon_fits(q, k) -> bool:
 
 
 # Head dims where "auto" takes the Gluon backward (H200): d = 64, 5-9% faster than tl; d = 128
-# since DQ_TMA (session 12, notes/gluon_backward.md). Causal windows and packed causal documents:
-# the dims where it beat tl by 3% in every row (data/bench/h100_features_bench_masked_bwd_*.json).
-GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (), "documents": (64, 128)}
+# since DQ_TMA (session 12, notes/gluon_backward.md). Windows and packed causal documents: the dims
+# where it beat tl by 3% in every row (data/bench/h100_features_bench_{masked_bwd,session16_window_bwd}_*).
+GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (128,), "documents": (64, 128)}
 GLUON_MASKED_FORWARD = {"documents": (128,)}  # the same rule (h100_features_bench_docs_fwd_*)
 
 
