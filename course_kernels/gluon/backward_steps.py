@@ -129,6 +129,34 @@ if HAVE_GLUON:
 
     # ------------------------------------------------------------ consumer step
     @gluon.jit
+    def _reach(key, N, win_left, kend_ptr, WINDOW: gl.constexpr, DOCS: gl.constexpr):
+        """How many queries from key k on see it, per key row: win_left + 1 in a causal sliding
+        WINDOW (session 14), the end of k's document minus k for packed DOCS, 2**30 (all) for
+        plain causal; 0 for a key past N (its row belongs to the next head or is TMA's zeros)."""
+        ok = key < N
+        if WINDOW:
+            return gl.where(ok, gl.minimum(win_left, N) + 1, 0)
+        elif DOCS:
+            return gl.where(ok, gl.load(kend_ptr + key, mask=ok, other=0) - key, 0)
+        else:
+            return gl.where(ok, 1 << 30, 0)
+
+    @gluon.jit
+    def _keep_seen(pT, qrow, key, reach, layout: gl.constexpr):
+        """P^T with the pairs no query sees set to 0: kept where 0 <= q - k < reach(k), one
+        unsigned compare (a negative q - k wraps above any reach) and one select an element, in
+        inline PTX (session 16). Written as ``gl.where`` the 32 compares of a thread become one
+        LLVM ``<32 x i1>`` vector, which the PTX backend packs into bits and unpacks again: about
+        a hundred instructions more a masked step (10-13% of it, notes/gluon_backward.md)."""
+        zero = gl.zeros(pT.shape, gl.int32, layout=layout)
+        return gl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .b32 t; sub.s32 t, $1, $2; setp.lt.u32 p, t, $3; "
+            "selp.f32 $0, $4, 0f00000000, p; }",
+            "=r,r,r,r,r", [qrow[None, :] + zero, key[:, None] + zero, reach[:, None] + zero, pT],
+            dtype=gl.float32, is_pure=True, pack=1,
+        )  # fmt: skip
+
+    @gluon.jit
     def _bwd_step(
         bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
         MASK: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr, cfg,
@@ -168,20 +196,12 @@ if HAVE_GLUON:
         pT = gl.exp2(sT * qk_scale - l_bufs.index(s).load(col_layout)[None, :])
         if MASK:
             key = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
-            keep = (key < N)[:, None]
-            if CAUSAL:
+            if CAUSAL:  # query q sees key k when 0 <= q - k < reach(k) (``_reach``)
                 qrow = i * BM + gl.arange(0, BM, layout=col_layout)
-                if WINDOW:  # query q sees keys [q - win_left, q] (session 14), written as
-                    # 0 <= q - k < reach(k) in one unsigned compare (a negative q - k wraps
-                    # above any reach; reach 0 past N): session 16, -15% instructions a step
-                    reach = gl.where(key < N, gl.minimum(win_left, N) + 1, 0).to(gl.uint32)
-                    keep = (qrow[None, :] - key[:, None]).to(gl.uint32) < reach[:, None]
-                else:
-                    keep = keep & (key[:, None] <= qrow[None, :])
-                if DOCS:  # and only the keys of its own document: q < the end of key k's
-                    kend = gl.load(kend_ptr + key, mask=key < N, other=0)
-                    keep = keep & (qrow[None, :] < kend[:, None])
-            pT = gl.where(keep, pT, 0.0)
+                reach = _reach(key, N, win_left, kend_ptr, WINDOW, DOCS)
+                pT = _keep_seen(pT, qrow, key, reach, st_layout)
+            else:
+                pT = gl.where((key < N)[:, None], pT, 0.0)
         a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)
         if DV_EARLY:  # groups retire in order: waiting for dP^T leaves dV running
             pT_a = gl.convert_layout(pT.to(dtype), a_layout)
