@@ -1,6 +1,8 @@
 """The Gluon backward's host side on a machine without Hopper (CI): it imports anywhere, refuses
 unsupported inputs with a message that says what is accepted, and says why it cannot run."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -597,3 +599,44 @@ def test_gluon_varlen_backward_checks_its_packed_inputs_like_the_dense_call():
             GB.gluon_varlen_backward(do, q, k, v, o, lse, cu, 0.125, packed=packed, BLOCK=3)
         with pytest.raises(RuntimeError, match="unavailable"):  # valid: only the GPU is missing
             GB.gluon_varlen_backward(do, q, k, v, o, lse, cu, 0.125, packed=packed)
+
+
+@pytest.mark.parametrize("mask", ["causal", "window", "documents"])
+def test_reach_gives_the_mask_as_one_unsigned_compare(mask, monkeypatch):
+    """Session 16: the masked step keeps P^T where (q - k) as uint32 < reach(k) (``_keep_seen``,
+    inline PTX); ``_reach`` (the kernel's own code, run with NumPy standing in for ``gl``) gives
+    each key's reach. The compare must equal the mask itself for every key and every query row
+    < N (rows past N have P = 0 from their L = +inf): causal k <= q, keys past N never seen, a
+    window's q - k <= left, a document's q < end(k). Against brute force over 600 cases."""
+    if not GB_kernel.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+
+    class Ptr:  # kend_ptr + key -> (array, index), read by the shim's load
+        def __init__(self, a):
+            self.a = a
+
+        def __add__(self, idx):
+            return self.a, idx
+
+    def load(p, mask, other):
+        a, idx = p
+        return np.where(mask, a[np.clip(idx, 0, len(a) - 1)], other)
+
+    shim = types.SimpleNamespace(where=np.where, minimum=np.minimum, load=load)
+    monkeypatch.setattr(GB_steps, "gl", shim)
+    reach_of = GB_steps._reach.fn
+    rng = np.random.default_rng(16)
+    for _ in range(600):
+        N = int(rng.integers(1, 700))
+        n0 = 64 * int(rng.integers(0, -(-N // 64)))
+        key, rows = n0 + np.arange(64), np.arange(N)
+        shown = (key[:, None] <= rows[None, :]) & (key[:, None] < N)
+        left, end = int(rng.integers(0, 800)), np.full(N, N)
+        if mask == "window":
+            shown &= rows[None, :] - key[:, None] <= left
+        elif mask == "documents":
+            _, end = _random_documents(rng, N)
+            shown &= rows[None, :] < np.concatenate([end, np.zeros(64, int)])[key][:, None]
+        reach = reach_of(key, N, left, Ptr(end), mask == "window", mask == "documents")
+        diff = (rows[None, :] - key[:, None]).astype(np.int64) % 2**32  # the uint32 view
+        np.testing.assert_array_equal(diff < reach[:, None], shown, err_msg=str((N, n0, left)))
