@@ -83,6 +83,12 @@ def parse_args(argv=None):
         choices=("documents",),
         help="the same for the Gluon forward (GLUON_MASKED_FORWARD, empty until measured)",
     )
+    p.add_argument(
+        "--gluon-section",
+        type=int,
+        help="an experiment: the Gluon backward's SECTION "
+        "for documents (backward_launch.BACKWARD_SECTION), in this process only",
+    )
     return p.parse_args(argv)
 
 
@@ -369,6 +375,11 @@ def main(argv=None):
             record[f"gluon_masked_{side}_before"] = enable_gluon_masked(
                 getattr(args, f"gluon_masked_{side}"), args.d, f"GLUON_MASKED_{side.upper()}"
             )
+    if args.gluon_section is not None:
+        from course_kernels.gluon import backward_launch as GB
+
+        record["gluon_section_before"] = GB.BACKWARD_SECTION["documents"]
+        GB.BACKWARD_SECTION["documents"] = args.gluon_section
     out = Path(args.out)
 
     def write():

@@ -1,6 +1,7 @@
 """The Gluon backward's host side on a machine without Hopper (CI): it imports anywhere, refuses
 unsupported inputs with a message that says what is accepted, and says why it cannot run."""
 
+import json
 import types
 
 import numpy as np
@@ -640,3 +641,84 @@ def test_reach_gives_the_mask_as_one_unsigned_compare(mask, monkeypatch):
         reach = reach_of(key, N, left, Ptr(end), mask == "window", mask == "documents")
         diff = (rows[None, :] - key[:, None]).astype(np.int64) % 2**32  # the uint32 view
         np.testing.assert_array_equal(diff < reach[:, None], shown, err_msg=str((N, n0, left)))
+
+
+@pytest.mark.parametrize(
+    "section, tail", [(0, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, 2), (0, 4), (0, 8), (0, 16)]
+)
+def test_backward_cta_order_covers_every_tile_once_heaviest_first(section, tail, monkeypatch):
+    """Session 17: ``scheduler._bwd_tile`` (the kernel's own code, run on Python ints with a
+    stand-in for ``gl``) maps the grid the launch makes (1-D of n_kb x heads CTAs with SECTION
+    or TAIL, else (n_kb, heads)) onto every (key block, batch x head) exactly once, in the order
+    it promises: SECTION, heads innermost in consecutive sections of SECTION (the last may hold
+    fewer), key block 0 (the heaviest under causal masking) first within a section; TAIL, head
+    after head except the last TAIL heads, taken together, heads innermost. A wrong decode, a
+    lost partial section or the forward's heaviest-LAST order fails."""
+    if not GB_kernel.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    from course_kernels.gluon import scheduler
+
+    BN = 128
+    monkeypatch.setattr(scheduler, "_tile_coords", scheduler._tile_coords.fn)
+    flat = bool(section or tail)
+    for heads in (1, 3, 5, 6, 16, 64):
+        for N in (1, 128, 129, 1000, 4096):
+            n_kb = -(-N // BN)
+            ids = (
+                [(p, 0) for p in range(n_kb * heads)]
+                if flat
+                else [(kb, h) for h in range(heads) for kb in range(n_kb)]
+            )  # launch order: x fastest
+            shape = (n_kb * heads, 1) if flat else (n_kb, heads)
+            order = []
+            for pid in ids:
+                shim = types.SimpleNamespace(
+                    program_id=lambda a, pid=pid: pid[a],
+                    num_programs=lambda a, shape=shape: shape[a],
+                    cdiv=lambda x, y: -(-x // y), maximum=max,
+                )  # fmt: skip
+                monkeypatch.setattr(scheduler, "gl", shim)
+                n0, hz, n_heads = scheduler._bwd_tile.fn(N, BN, section, tail)
+                assert n_heads == heads and n0 % BN == 0
+                order.append((n0 // BN, hz))
+            assert sorted(order) == [(kb, h) for kb in range(n_kb) for h in range(heads)]
+            if tail:
+                lead = max(heads - tail, 0)
+                groups = [range(h, h + 1) for h in range(lead)] + [range(lead, heads)]
+            else:
+                step = section or 1
+                groups = [range(f, min(f + step, heads)) for f in range(0, heads, step)]
+            expect = [(kb, h) for hs in groups for kb in range(n_kb) for h in hs]
+            assert order == expect, (heads, N, section, tail)
+
+
+def test_cta_order_defaults_are_what_the_h100_measurements_chose():
+    """Session 17: BACKWARD_SECTION puts the packed documents' CTAs in sections of 8 heads
+    because SECTION = 8 ran faster than the plain grid at both head dims in both shipped runs of
+    experiments/gluon/bench_section.py (medians of 5 and 7 interleaved rounds) and in the
+    features runs at d = 128 (two processes with it, one without, FlexAttention in each);
+    dense causal keeps the plain grid because no order gained in every causal row."""
+    from course_kernels.bench import features
+    from course_kernels.datafiles import data_path
+
+    runs = [json.loads(data_path(f"gluon/h100_bwd_{kind}_session17_{mask}.json").read_text())
+            for kind in ("section", "order") for mask in ("docs", "causal")]  # fmt: skip
+    rows = [r for run in runs for r in run["rows"]]
+    assert all(c["ok"] for r in rows for c in r["checks"].values())  # same dk, dv bits
+    docs = [r for r in rows if r["mask"] == "documents"]
+    assert {r["d"] for r in docs} == {64, 128} and len(docs) == 4
+    assert all(r["speedup"]["8"] > 1.0 for r in docs)
+    assert GB.BACKWARD_SECTION["documents"] == 8
+    causal = [r for r in rows if r["mask"] == "causal" and r["d"] == 128]
+    orders = set.intersection(*(set(r["speedup"]) for r in causal)) - {"0"}
+    assert orders and not any(all(r["speedup"][o] >= 1.03 for r in causal) for o in orders)
+    assert GB.BACKWARD_SECTION["dense"] == 0 and GB.BACKWARD_TAIL == {"dense": 0, "documents": 0}
+    ms = {}
+    for run in ("section8_run1", "section0_run2", "section8_run3"):
+        rec = json.loads(
+            data_path(f"bench/h100_features_bench_session17_docs_bwd_d128_{run}.json").read_text()
+        )
+        assert rec["args"]["gluon_section"] == int(run[7])
+        (r,) = [r for r in features.comparisons(rec, "flex") if r["pass"] == "bwd"]
+        ms[run] = r["ratio"]
+    assert min(ms["section8_run1"], ms["section8_run3"]) > ms["section0_run2"]

@@ -43,6 +43,7 @@ if HAVE_GLUON:
     from ._lang import aggregate, gl, gluon, mbarrier, set_fields, tma
     from .backward_steps import KEYS, _bwd_block, _bwd_runs, _bwd_step, _q_range
     from .producer import _mma_layout
+    from .scheduler import _bwd_tile
 
     LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
     _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
@@ -110,6 +111,7 @@ if HAVE_GLUON:
     BWD_SWITCHES = (
         "BM", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "CAUSAL", "DQ_SPLIT", "DQ_VEC", "DQ_SHARED",
         "OVERLAP_DQ", "DQ_TMA", "MASKED_LAST", "DV_EARLY", "ROTATE", "WINDOW", "DOCS", "PACKED",
+        "SECTION", "TAIL",
     )  # fmt: skip
 
     @aggregate
@@ -140,13 +142,13 @@ if HAVE_GLUON:
         PACKED: gl.constexpr = cfg.PACKED
         _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
-        n0 = gl.program_id(0) * BN
-        rowp = gl.program_id(1) * N_PAD  # the same head's first row in the padded L, D
+        n0, hz, _heads = _bwd_tile(N, BN, cfg.SECTION, cfg.TAIL)
+        rowp = hz * N_PAD  # the same head's first row in the padded L, D
         if PACKED:  # (total, H x d) views: token rows, the head's d columns
-            row0 = gl.program_id(1) * 0
-            col0 = gl.program_id(1) * desc_k.block_type.shape[1]
+            row0 = hz * 0
+            col0 = hz * desc_k.block_type.shape[1]
         else:  # first row of this (batch, head) in the flat tensors
-            row0 = gl.program_id(1) * N
+            row0 = hz * N
             col0 = 0
         # K and V of the key block, once: one [64, d] slice per consumer warpgroup
         mbarrier.expect(
@@ -207,15 +209,16 @@ if HAVE_GLUON:
     # ----------------------------------------------------------------- epilogue
     @gluon.jit
     def _bwd_epilogue(
-        dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM: gl.constexpr,
+        dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, hz, heads, HEAD_DIM: gl.constexpr,
         dtype: gl.constexpr, PACKED: gl.constexpr,
     ):  # fmt: skip
-        """dK *= scale; dK, dV stored in the input dtype (dense or PACKED), rows < N only."""
+        """dK *= scale; dK, dV stored in the input dtype (dense or PACKED: token row x heads +
+        hz, ``_flat_rows``), rows < N only."""
         kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)
         key = k0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
         col = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
         if PACKED:  # noqa: SIM108 (the dense branch keeps its measured code: row0 + key)
-            rows = _flat_rows(gl.program_id(1), key, N, PACKED)
+            rows = key * heads + hz
         else:
             rows = row0 + key
         offs = rows.to(gl.int64)[:, None] * HEAD_DIM + col[None, :]
@@ -244,9 +247,11 @@ if HAVE_GLUON:
         dtype: gl.constexpr = dk_ptr.dtype.element_ty
         kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
-        n0 = gl.program_id(0) * BN
+        n0, hz, heads = _bwd_tile(N, BN, cfg.SECTION, cfg.TAIL)
         k0 = n0 + CID * KEYS  # this warpgroup's keys
-        row0 = gl.program_id(1) * N
+        row0 = hz * N
+        if DQ_TMA:  # the descriptor, the staging tiles, the head's first row of the padded dQ
+            dq_ptr = (dq_ptr[0], dq_ptr[1], hz * (gl.cdiv(N, BM) * BM))
         bufs = (q_bufs, do_bufs, l_bufs, d_bufs, k_bufs, v_bufs.index(CID), ds_bufs, q_ready,
                 q_empty, ds_bars)  # fmt: skip
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
@@ -261,7 +266,9 @@ if HAVE_GLUON:
             dk, dv = _bwd_steps(bufs, run2, dk, dv, args, True, False, dtype, CID, cfg)
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
             tma.store_wait(pendings=0)
-        _bwd_epilogue(dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, HEAD_DIM, dtype, PACKED)
+        _bwd_epilogue(
+            dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, hz, heads, HEAD_DIM, dtype, PACKED
+        )  # fmt: skip
 
     @gluon.jit
     def _bwd_steps(
@@ -290,7 +297,7 @@ if HAVE_GLUON:
         OVERLAP_DQ: gl.constexpr = False, DQ_TMA: gl.constexpr = False,
         MASKED_LAST: gl.constexpr = False, DV_EARLY: gl.constexpr = False,
         ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
-        PACKED: gl.constexpr = False,
+        PACKED: gl.constexpr = False, SECTION: gl.constexpr = 0, TAIL: gl.constexpr = 0,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
@@ -336,7 +343,8 @@ if HAVE_GLUON:
             dq_ptr = (dq_ptr, dq_tiles)
         cfg = BwdSchedule(
             BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
-            DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED,
+            DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED, SECTION,
+            TAIL,
         )  # fmt: skip
         # (Gluon 3.6 takes each role's arguments written out: no *args, no shared tuple)
         if NUM_CONSUMERS == 1:

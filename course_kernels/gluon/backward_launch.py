@@ -57,6 +57,8 @@ _ACCEPTED = {
     "MASKED_LAST": (False, True),
     "DV_EARLY": (False, True),
     "ROTATE": (False, True),
+    "SECTION": (0, 2, 4, 8, 16, 32),
+    "TAIL": (0, 2, 4, 8, 16, 32),
 }
 # OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
 # S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
@@ -86,6 +88,21 @@ BACKWARD_DQ_DEFAULTS = dict(
 # block of its own keys and wraps round, so that without the causal mask the CTAs of one head do
 # not read the same Q / dO block and add to the same dQ rows in step. Measured in session 14
 # (data/gluon/h200_gluon_backward_session14_rotate.json): -3.6 to +3.0% without the mask; off.
+# SECTION (session 17): the CTAs in the forward's sectioned order (``scheduler._bwd_tile``):
+# heads innermost in sections of SECTION heads, key block 0 (the heaviest under causal masking)
+# of every head of a section before key block 1. With the plain grid (SECTION = 0) the last
+# head's heaviest CTA starts last: a list-scheduling model of 132 SMs puts that tail at 6.5%
+# (d = 128 causal, N = 4K) and 7.4% (documents) of the kernel (notes/gluon_backward.md).
+# SECTION / TAIL unless a call passes its own. Measured on an H100 in session 17 (notes/
+# gluon_backward.md; course_kernels/data/gluon/h100_bwd_order_session17_docs.json and the
+# features runs h100_features_docs_bwd_d128_section{0,8}_run*.json): packed documents, 16
+# heads at d = 128 and 32 at d = 64, gain 2-4% and 1-1.5% with SECTION = 8 (the idle tail of
+# the plain grid, 8% of the SMs' cycles by ncu, traded against L2 hits); plain causal rows
+# moved -1 to +2.5% with sections of 4-8 heads (down to -11.5% with 16 at N = 16K), so the dense
+# backward keeps the plain grid. TAIL (head after head but the last TAIL heads, taken together)
+# stays off: no better than SECTION where measured.
+BACKWARD_SECTION = {"dense": 0, "documents": 8}
+BACKWARD_TAIL = {"dense": 0, "documents": 0}
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
@@ -209,7 +226,7 @@ def gluon_attention_backward(
     query seeing only the keys of its own document (session 14, as window_left).
     Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
-    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE (see BACKWARD_CONFIG).
+    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION, TAIL (see BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
     """
@@ -228,6 +245,13 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
     docs = cu_seqlens is not None
     kend = _doc_bounds(cu_seqlens, causal, window_left, q, offsets_checked, "end") if docs else lse
     cfg = _check_config(q.shape[-1], config)
+    kind = "documents" if docs else "dense"
+    if "SECTION" not in config and "TAIL" not in config:
+        cfg.update(SECTION=BACKWARD_SECTION[kind], TAIL=BACKWARD_TAIL[kind])
+    cfg.setdefault("SECTION", 0)
+    cfg.setdefault("TAIL", 0)
+    if cfg["SECTION"] and cfg["TAIL"]:
+        raise ValueError("SECTION and TAIL are two CTA orders: pass one of them, not both")
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
     if not all(x.is_cuda and x.device == q.device for x in tensors):
@@ -274,7 +298,8 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         chunk = d // NC // cfg["DQ_SPLIT"]
         lay = gl.NVMMASharedLayout.get_default_for([BM, chunk], gl.float32)
         dq_out = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [BM, chunk], lay)
-    _attn_bwd_kernel[(triton.cdiv(N, BN), B * H)](
+    n_kb, section, tail = triton.cdiv(N, BN), cfg["SECTION"], cfg["TAIL"]
+    _attn_bwd_kernel[(n_kb * B * H,) if section or tail else (n_kb, B * H)](
         desc_q,
         desc_k,
         desc_v,
@@ -307,6 +332,8 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         WINDOW=win >= 0,
         DOCS=docs,
         PACKED=packed,
+        SECTION=section,
+        TAIL=tail,
         num_warps=4,
     )
     dq = torch.empty_like(q)

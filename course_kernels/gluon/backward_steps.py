@@ -348,14 +348,16 @@ if HAVE_GLUON:
         """Chunk h of this step's dQ partial into the fp32 dQ: fp32 atomics from registers
         (``_bwd_dq_add``) or, with DQ_TMA, one TMA reduce-add from shared memory (FA3's way)."""
         if DQ_TMA:
-            desc, tiles = dq_ptr
-            _bwd_dq_tma(dq, i, desc, tiles.index(CID * DQ_SPLIT + h), N, col0, h, BM)
+            desc, tiles, rowp = dq_ptr
+            _bwd_dq_tma(dq, i, desc, tiles.index(CID * DQ_SPLIT + h), rowp, col0, h, BM)
         else:
             _bwd_dq_add(dq, i, dq_ptr, row0, N, col0, BM, HEAD_DIM, DQ_VEC)
 
     @gluon.jit
-    def _bwd_dq_tma(dq, i, desc, tile, N, col0: gl.constexpr, h: gl.constexpr, BM: gl.constexpr):
-        """DQ_TMA: dq into this chunk's own fp32 staging tile, then dQ_acc[rows of block i,
+    def _bwd_dq_tma(
+        dq, i, desc, tile, rowp, col0: gl.constexpr, h: gl.constexpr, BM: gl.constexpr
+    ):  # fmt: skip
+        """DQ_TMA: dq into this chunk's own fp32 staging tile, then dQ_acc[rowp + rows of block i,
         col0:col0 + cols] += tile by one bulk TMA reduction (``tma_reduce_add``), which runs on
         while the warpgroup goes on. dQ_acc has N_PAD rows a head (whole query blocks), so rows
         past N add their zeros to the head's own padding, never to the next head. Chunk 0 first
@@ -365,7 +367,6 @@ if HAVE_GLUON:
             tma.store_wait(pendings=0)
         tile.store(dq)
         fence_async_shared()
-        rowp = gl.program_id(1) * (gl.cdiv(N, BM) * BM)
         tma_reduce_add(desc, [rowp + i * BM, col0], tile)
 
     @gluon.jit

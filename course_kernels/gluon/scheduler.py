@@ -61,6 +61,35 @@ if HAVE_GLUON:
         return pid_m, off_hz
 
     @gluon.jit
+    def _bwd_tile(N, BN: gl.constexpr, SECTION: gl.constexpr, TAIL: gl.constexpr):
+        """The backward's CTA -> (first key n0, batch*head hz, batch*heads). Default: the grid
+        (key blocks, batch*heads), key blocks fastest, so each head's key block 0 (under causal
+        masking its heaviest: it sees every query) starts first, and the last head's starts
+        last (the tail). SECTION > 0: a 1-D grid in :func:`_tile_coords`' sectioned order, heads
+        innermost in sections of SECTION heads, key block 0 of each section's heads first.
+        TAIL > 0: a 1-D grid, head after head as by default except the last TAIL heads, taken
+        together with heads innermost (only the tail pays for the wider set of heads in L2)."""
+        if SECTION == 0 and TAIL == 0:
+            return gl.program_id(0) * BN, gl.program_id(1), gl.num_programs(1)
+        else:
+            n_kb = gl.cdiv(N, BN)
+            n_tiles = gl.num_programs(0)
+            pid = gl.program_id(0)
+            if TAIL > 0:
+                lead = gl.maximum(n_tiles // n_kb - TAIL, 0)  # heads run one after another
+                hz = pid // n_kb
+                kb = pid - hz * n_kb
+                if hz >= lead:
+                    r = pid - lead * n_kb
+                    width = n_tiles // n_kb - lead
+                    kb = r // width
+                    hz = lead + r % width
+                return kb * BN, hz, n_tiles // n_kb
+            else:
+                last, hz = _tile_coords(pid, n_kb, n_tiles, True, True, SECTION)
+                return (n_kb - 1 - last) * BN, hz, n_tiles // n_kb
+
+    @gluon.jit
     def _tile_start(
         pid_m, N, num_pid_m, BM: gl.constexpr, BM_TILE: gl.constexpr, ALIGN_END: gl.constexpr
     ):

@@ -217,6 +217,11 @@ CONFIGS = (
     + [  # session 14: causal documents (DOCS), unmasked middle first; PACKED: (total, H, d) in place
         _masked_last(d, None, True, DOCS=True, PACKED=p) for d in (64, 128) for p in (False, True)
     ]
+    + [  # session 17: the CTAs in sections of heads (SECTION), dense causal and PACKED documents
+        _masked_last(d, None, True, SECTION=4) for d in (64, 128)
+    ]
+    + [_masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8) for d in (64, 128)]
+    + [_masked_last(d, None, True, DOCS=True, PACKED=True, TAIL=8) for d in (64, 128)]
 )
 
 

@@ -76,6 +76,9 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(MASKED_LAST=False),  # the order before session 13 (masked blocks first)
         dict(MASKED_LAST=True, DV_EARLY=True),  # and dV issued before the wait for dP^T
         dict(ROTATE=True),  # and the unmasked run started at the key block's own query block
+        dict(SECTION=4),  # session 17: heads innermost in sections (6 heads: 4 + a partial 2)
+        dict(SECTION=2),
+        dict(TAIL=4),  # two heads one after the other, then four together
     ],  # fmt: skip
     ids=str,
 )
@@ -310,7 +313,15 @@ def _doc_mask(cu, n, device):
 
 
 @pytest.mark.parametrize(
-    "schedule", [dict(packed=True), dict(packed=False), dict(packed=True, MASKED_LAST=False)]
+    "schedule",
+    [
+        dict(packed=True),
+        dict(packed=False),
+        dict(packed=True, MASKED_LAST=False),
+        dict(packed=True, SECTION=2),  # session 17's CTA order (packed: the epilogue's rows)
+        dict(packed=False, SECTION=4),  # a section wider than the two heads
+        dict(packed=True, TAIL=2),
+    ],
 )
 @pytest.mark.parametrize(
     "lengths", [[17], [1, 1, 1], [64, 64], [100, 1, 300, 77], [1000, 24, 1029], [5, 2048]]
@@ -365,3 +376,26 @@ def test_flash_attention_varlen_runs_documents_on_the_gluon_backward(gluon_docum
     for a, b in zip(res["auto"][1:], res["triton"][1:], strict=True):
         assert a.shape == b.shape
         assert (a.double() - b.double()).abs().max().item() <= 4 * 2**-7 * b.abs().max().item()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_documents_cta_order_changes_only_the_dq_summation_order(d):
+    """Session 17: the documents backward's default CTA order (BACKWARD_SECTION: sections of 8
+    heads, here 12 heads: one full section and a partial one) against the plain grid on the
+    same inputs: dk and dv bit for bit (a CTA's own sums do not depend on when it runs), dq
+    within a few fp16 ulps (only its fp32 adds change order). A CTA given the wrong head or key
+    block changes dk or dv."""
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    assert GB.BACKWARD_SECTION["documents"] == 8
+    lengths = [700, 1, 300, 1100, 77]
+    n, cu = sum(lengths), torch.tensor([0, 700, 701, 1001, 2101, 2178], device="cuda").int()
+    q, k, v, do = (
+        x[0].transpose(0, 1).contiguous() for x in _inputs(1, 12, n, d, torch.float16, 7)
+    )
+    o, lse = flash_attention_varlen(q, k, v, cu, cu, 1100, 1100, True, None, True)
+    plain = GB.gluon_varlen_backward(do, q, k, v, o, lse, cu, None, SECTION=0)
+    default = GB.gluon_varlen_backward(do, q, k, v, o, lse, cu, None)
+    assert torch.equal(plain[1], default[1]) and torch.equal(plain[2], default[2])
+    tol = 4 * 2**-10 * plain[0].abs().max().item()
+    assert (plain[0].float() - default[0].float()).abs().max().item() <= tol

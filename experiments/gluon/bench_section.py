@@ -1,0 +1,176 @@
+"""Session 17: the Gluon backward's CTA order (``SECTION``, ``scheduler._bwd_tile``) measured
+against the plain grid, in one process, on the rows where a list-scheduling model predicts a
+tail (notes/gluon_backward.md, "Session 17"):
+
+    PYTHONPATH=. python experiments/gluon/bench_section.py --out DIR [--sections 0 4 8 16]
+
+Rows: causal, B = 4, H * d = 2048, N = 4K / 8K / 16K, d = 64 and 128 (``gluon_attention_backward``);
+documents: 16,384 tokens in scripts/gpu_features.py's six documents, causal inside each, d = 64
+and 128, flash-attn's packed layout read in place (``gluon_varlen_backward``, the path
+``flash_attention_varlen`` takes). fp16. Each row: the backward with every SECTION, checked
+against SECTION = 0 on the same inputs (dk and dv bit for bit: a CTA's own sums do not depend on
+when it runs; dq within 4 fp16 ulps of its magnitude: only the order of its fp32 adds moves),
+then timed (triton.testing.do_bench, median) in --rounds rounds, SECTION values interleaved,
+the row's time the median round (the documents' offsets read once, as flash_attention_varlen
+does after its first call: no device-to-host copy in the timed call). The kernels are compiled first by child processes in parallel
+(they fill Triton's cache), so the timing process loads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+
+
+def rows(args):
+    out = [dict(mask="causal", d=d, n=n) for d in args.dims for n in args.ns]
+    out += [dict(mask="documents", d=d, n=args.doc_tokens) for d in args.dims]
+    return [r for r in out if r["mask"] in args.masks]
+
+
+def _order(name):
+    """'8' -> SECTION=8, 't8' -> TAIL=8 (the CTA orders of ``scheduler._bwd_tile``)."""
+    return dict(TAIL=int(name[1:])) if name.startswith("t") else dict(SECTION=int(name))
+
+
+def make_call(row, section, small=False):
+    """A function computing the row's backward in CTA order ``section`` (see _order)."""
+    import torch
+
+    from course_kernels.gluon import backward_launch as GB
+    from course_kernels.gluon import launch as G
+    from gpu_features import doc_lengths
+
+    d = row["d"]
+    n = 1024 if small else row["n"]
+    heads = 2048 // d
+    g = torch.Generator(device="cuda").manual_seed(17)
+    scale = 1.0 / math.sqrt(d)
+    if row["mask"] == "causal":
+        q, k, v, do = (
+            torch.randn(4, heads, n, d, device="cuda", dtype=torch.float16, generator=g)
+            for _ in range(4)
+        )
+        o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale)
+        return lambda: GB.gluon_attention_backward(
+            do, q, k, v, o, lse, True, scale, **_order(section)
+        )
+    lengths = doc_lengths(n)
+    cu = torch.tensor([0, *__import__("itertools").accumulate(lengths)], device="cuda").int()
+    q, k, v, do = (
+        torch.randn(1, heads, n, d, device="cuda", dtype=torch.float16, generator=g)
+        for _ in range(4)
+    )
+    o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, cu_seqlens=cu)
+    packed = [x[0].transpose(0, 1).contiguous() for x in (do, q, k, v, o)]
+    lse_p = lse[0].contiguous()
+    return lambda: GB.gluon_varlen_backward(  # offsets read once, as flash_attention_varlen does
+        *packed, lse_p, cu, scale, packed=True, offsets_checked=not small, **_order(section)
+    )  # fmt: skip
+
+
+def prewarm(args):
+    """One child per (row kind, d, SECTION): compiles the kernels into Triton's cache."""
+    jobs = {(r["mask"], r["d"], s) for r in rows(args) for s in args.sections}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--child", f"{m},{d},{s}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for m, d, s in sorted(jobs)
+    ]
+    bad = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=args.compile_timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            err = "timed out"
+        if p.returncode:
+            bad.append(err[-1500:])
+    return bad
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="results", help="directory for the JSON file")
+    ap.add_argument("--tag", default="section", help="stem of the JSON file name")
+    ap.add_argument(
+        "--sections", nargs="+", default=["0", "4", "8", "16"],
+        help="CTA orders: N for SECTION=N, tN for TAIL=N (0: the plain grid, the baseline)",
+    )  # fmt: skip
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="head dims")
+    ap.add_argument("--ns", type=int, nargs="+", default=[4096, 8192, 16384], help="causal N")
+    ap.add_argument("--masks", nargs="+", default=["causal", "documents"], help="row kinds")
+    ap.add_argument("--rounds", type=int, default=2, help="timing rounds (SECTIONs interleaved)")
+    ap.add_argument("--doc-tokens", type=int, default=16384, help="tokens of the documents row")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting rows after this")
+    ap.add_argument("--compile-timeout", type=float, default=240.0, help="per compile child")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: mask,d,section
+    args = ap.parse_args(argv)
+    if args.child:
+        mask, d, s = args.child.split(",")
+        make_call(dict(mask=mask, d=int(d), n=0), s, small=True)()
+        return
+    import torch
+    import triton
+
+    from course_kernels.bench.speed import environment
+
+    t0 = time.time()
+    record = dict(environment(), command="python experiments/gluon/" + " ".join(
+        [os.path.basename(__file__)] + (argv if argv is not None else sys.argv[1:])
+    ), rows=[])  # fmt: skip
+    record["compile_failures"] = prewarm(args)
+    record["compile_s"] = round(time.time() - t0, 1)
+    print(f"compiled in {record['compile_s']} s; failures: {len(record['compile_failures'])}")
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"{args.tag}.json")
+    for row in rows(args):
+        if time.time() - t0 > args.budget_s:
+            record["rows"].append(dict(row, status=f"skipped: past --budget-s {args.budget_s}"))
+            continue
+        calls = {s: make_call(row, s) for s in args.sections}
+        base = [t.clone() for t in calls[args.sections[0]]()]
+        checks = {}
+        for s in args.sections[1:]:
+            got = calls[s]()
+            dq_tol = 4 * 2**-10 * base[0].abs().max().item()
+            checks[s] = dict(
+                dk_dv_bitwise=bool(torch.equal(got[1], base[1]) and torch.equal(got[2], base[2])),
+                dq_max_diff=(got[0].float() - base[0].float()).abs().max().item(),
+                dq_tolerance=dq_tol,
+            )
+            checks[s]["ok"] = checks[s]["dk_dv_bitwise"] and checks[s]["dq_max_diff"] <= dq_tol
+        ms = {s: [] for s in args.sections}
+        for _ in range(args.rounds):
+            for s in args.sections:
+                ms[s].append(triton.testing.do_bench(calls[s], warmup=10, rep=60))
+        best = {s: sorted(v)[(len(v) - 1) // 2] for s, v in ms.items()}  # the median round
+        b0 = best[args.sections[0]]
+        out = dict(row, status="ok", ms={str(s): [round(x, 4) for x in v] for s, v in ms.items()},
+                   speedup={str(s): round(b0 / best[s], 4) for s in args.sections},
+                   checks={str(s): c for s, c in checks.items()})  # fmt: skip
+        record["rows"].append(out)
+        print(json.dumps(out), flush=True)
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+        del calls, base
+        torch.cuda.empty_cache()
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
