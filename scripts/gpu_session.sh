@@ -34,11 +34,11 @@ if has tests; then
     -n "${TEST_WORKERS:-8}" --junitxml=/tmp/junit_gpu.xml --maxfail=20 2>&1 | tail -60
   echo "pytest rc=$? in $(( $(date +%s) - t0 )) s"
   "$PY" - "$OUT/h200_test_record.json" <<'EOF'
-import json, sys, xml.etree.ElementTree as ET
+import json, os, sys, xml.etree.ElementTree as ET
 from course_kernels.bench import environment
 env = environment()
-env["command"] = ("COURSE_KERNELS_AUTOTUNE=0 python3 -m pytest tests/gpu -q -n 8 "
-                  "(scripts/gpu_session.sh tests)")
+env["command"] = ("COURSE_KERNELS_AUTOTUNE=0 python3 -m pytest tests/gpu -q -n "
+                  + os.environ.get("TEST_WORKERS", "8") + " (scripts/gpu_session.sh tests)")
 env["autotune"] = False
 try:
     root = ET.parse("/tmp/junit_gpu.xml").getroot()
