@@ -722,3 +722,37 @@ def test_cta_order_defaults_are_what_the_h100_measurements_chose():
         (r,) = [r for r in features.comparisons(rec, "flex") if r["pass"] == "bwd"]
         ms[run] = r["ratio"]
     assert min(ms["section8_run1"], ms["section8_run3"]) > ms["section0_run2"]
+
+
+def test_session18_levers_that_lost_stay_off():
+    """Session 18 (an H100): three levers timed against the default on the same inputs in one
+    process (experiments/gluon/bench_section.py, median of 5 interleaved rounds) and none kept.
+    The window backward in any other CTA order (TAIL 4 / 8, SECTION 4 / 8; the block-scheduler
+    model had predicted the plain grid's tail at 3.5% at d = 128, N = 4K) ran slower in every
+    row at both head dims; a third (Q, dO) stage (STAGES = 3) slower at d = 128 in every causal
+    and window row; and without a mask, sections of 2 or 4 heads and ROTATE (the CTAs of a head
+    out of step on the dQ rows) gained no more than 1.2% in any row. So the dense backward keeps
+    the plain grid, d = 128 two stages, ROTATE off. A default changed without new data fails."""
+    from course_kernels.datafiles import data_path
+
+    def rows(name):
+        rec = json.loads(data_path(f"gluon/{name}.json").read_text())
+        assert rec["gpu"].startswith("NVIDIA H100") and rec["rows"]
+        return rec["rows"]
+
+    window = rows("h100_bwd_order_session18_window")
+    assert {(r["d"], r["n"]) for r in window} == {
+        (d, n) for d in (64, 128) for n in (4096, 8192, 16384)
+    }
+    assert all(c["ok"] for r in window for c in r["checks"].values())  # the same dk, dv bits
+    assert all(s < 1.0 for r in window for o, s in r["speedup"].items() if o != "0")
+    assert GB.BACKWARD_SECTION["dense"] == 0 and GB.BACKWARD_TAIL["dense"] == 0
+    stages = rows("h100_bwd_stages_session18")
+    assert {r["mask"] for r in stages} == {"causal", "window"} and {r["d"] for r in stages} == {128}
+    assert all(r["speedup"]["STAGES=3"] < 1.0 for r in stages)
+    assert GB.BACKWARD_CONFIG[128]["STAGES"] == 2
+    full = rows("h100_bwd_full_order_session18")
+    assert {r["mask"] for r in full} == {"full"} and len(full) == 6
+    gains = [s for r in full for o, s in r["speedup"].items() if o != "0"]
+    assert max(gains) < 1.02 and all(r["speedup"]["ROTATE=1"] < 1.0 for r in full)
+    assert GB.BACKWARD_DQ_DEFAULTS["ROTATE"] is False

@@ -27,6 +27,12 @@ triton.testing.do_bench; the timed call is the whole backward (Gluon: preprocess
 the kernel, the dq conversion; cuDNN: autograd.grad through its SDPA node; `tl`: the course's
 backward op on its own forward's o and lse, with its first config only unless --tl-autotune,
 so its row is a lower bound of the tuned `tl` backward's speed).
+
+Caution (session 18, an H100): cuDNN is timed in the parent before any Gluon child runs, so the
+two never meet the GPU in the same state; there the Gluon default ran ~12% slower in its child
+(d = 64, N = 16K, no mask) than in rounds interleaved with cuDNN on the same inputs. For ratios
+to cuDNN use ``bench_section.py --masks full causal --sections 0 cudnn`` (interleaved rounds);
+this script stays the first check of a new variant (faults end a child, not the run).
 """
 
 from __future__ import annotations

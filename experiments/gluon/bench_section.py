@@ -4,10 +4,12 @@ tail (notes/gluon_backward.md, "Session 17"):
 
     PYTHONPATH=. python experiments/gluon/bench_section.py --out DIR [--sections 0 4 8 16]
 
-Rows: causal, B = 4, H * d = 2048, N = 4K / 8K / 16K, d = 64 and 128 (``gluon_attention_backward``);
+Rows: causal, and (session 18) a causal sliding window of 1024 keys (``window_left=1023``) and no
+mask at all (``full``), B = 4,
+H * d = 2048, N = 4K / 8K / 16K, d = 64 and 128 (``gluon_attention_backward``);
 documents: 16,384 tokens in scripts/gpu_features.py's six documents, causal inside each, d = 64
 and 128, flash-attn's packed layout read in place (``gluon_varlen_backward``, the path
-``flash_attention_varlen`` takes). fp16. Each row: the backward with every SECTION, checked
+``flash_attention_varlen`` takes). fp16 (or --dtype bfloat16). Each row: the backward with every SECTION, checked
 against SECTION = 0 on the same inputs (dk and dv bit for bit: a CTA's own sums do not depend on
 when it runs; dq within 4 fp16 ulps of its magnitude: only the order of its fp32 adds moves),
 then timed (triton.testing.do_bench, median) in --rounds rounds, SECTION values interleaved,
@@ -32,14 +34,30 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
 
 
 def rows(args):
-    out = [dict(mask="causal", d=d, n=n) for d in args.dims for n in args.ns]
+    dense = ("causal", "window", "full")
+    out = [dict(mask=m, d=d, n=n) for m in dense for d in args.dims for n in args.ns]
     out += [dict(mask="documents", d=d, n=args.doc_tokens) for d in args.dims]
-    return [r for r in out if r["mask"] in args.masks]
+    return [dict(r, dtype=args.dtype) for r in out if r["mask"] in args.masks]
 
 
 def _order(name):
-    """'8' -> SECTION=8, 't8' -> TAIL=8 (the CTA orders of ``scheduler._bwd_tile``)."""
+    """'8' -> SECTION=8, 't8' -> TAIL=8 (the CTA orders of ``scheduler._bwd_tile``); any other
+    schedule override as 'KEY=V[+KEY=V...]' (session 18: 'STAGES=3')."""
+    if "=" in name:
+        return {k: int(v) for k, v in (kv.split("=") for kv in name.split("+"))}
     return dict(TAIL=int(name[1:])) if name.startswith("t") else dict(SECTION=int(name))
+
+
+def _cudnn_backward(q, k, v, do, causal, scale):
+    """The backward alone of SDPA's cuDNN attention (its forward run once, outside the timing)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=scale)
+    return lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
 
 
 def make_call(row, section, small=False):
@@ -55,20 +73,25 @@ def make_call(row, section, small=False):
     heads = 2048 // d
     g = torch.Generator(device="cuda").manual_seed(17)
     scale = 1.0 / math.sqrt(d)
-    if row["mask"] == "causal":
+    dt = getattr(torch, row.get("dtype", "float16"))
+    if row["mask"] in ("causal", "window", "full"):  # window: 1024 keys a row (window_left 1023)
+        win = 1023 if row["mask"] == "window" else None
+        causal = row["mask"] != "full"
         q, k, v, do = (
-            torch.randn(4, heads, n, d, device="cuda", dtype=torch.float16, generator=g)
-            for _ in range(4)
+            torch.randn(4, heads, n, d, device="cuda", dtype=dt, generator=g) for _ in range(4)
         )
-        o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale)
+        if section == "cudnn":  # session 18: SDPA's cuDNN backward on the same inputs
+            if win is not None:
+                raise ValueError("cudnn: SDPA has no sliding window (rows causal, full only)")
+            return _cudnn_backward(q, k, v, do, causal, scale)
+        o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale, window_left=win)
         return lambda: GB.gluon_attention_backward(
-            do, q, k, v, o, lse, True, scale, **_order(section)
+            do, q, k, v, o, lse, causal, scale, window_left=win, **_order(section)
         )
     lengths = doc_lengths(n)
     cu = torch.tensor([0, *__import__("itertools").accumulate(lengths)], device="cuda").int()
     q, k, v, do = (
-        torch.randn(1, heads, n, d, device="cuda", dtype=torch.float16, generator=g)
-        for _ in range(4)
+        torch.randn(1, heads, n, d, device="cuda", dtype=dt, generator=g) for _ in range(4)
     )
     o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, cu_seqlens=cu)
     packed = [x[0].transpose(0, 1).contiguous() for x in (do, q, k, v, o)]
@@ -80,15 +103,15 @@ def make_call(row, section, small=False):
 
 def prewarm(args):
     """One child per (row kind, d, SECTION): compiles the kernels into Triton's cache."""
-    jobs = {(r["mask"], r["d"], s) for r in rows(args) for s in args.sections}
+    jobs = {(r["mask"], r["d"], s, r["dtype"]) for r in rows(args) for s in args.sections}
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--child", f"{m},{d},{s}"],
+            [sys.executable, __file__, "--child", f"{m},{d},{s},{dt}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
-        for m, d, s in sorted(jobs)
+        for m, d, s, dt in sorted(jobs)
     ]
     bad = []
     for p in procs:
@@ -108,20 +131,27 @@ def main(argv=None):
     ap.add_argument("--tag", default="section", help="stem of the JSON file name")
     ap.add_argument(
         "--sections", nargs="+", default=["0", "4", "8", "16"],
-        help="CTA orders: N for SECTION=N, tN for TAIL=N (0: the plain grid, the baseline)",
+        help="CTA orders: N for SECTION=N, tN for TAIL=N, KEY=V[+KEY=V], cudnn (0: the baseline)",
     )  # fmt: skip
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128], help="head dims")
-    ap.add_argument("--ns", type=int, nargs="+", default=[4096, 8192, 16384], help="causal N")
-    ap.add_argument("--masks", nargs="+", default=["causal", "documents"], help="row kinds")
+    ap.add_argument(
+        "--ns", type=int, nargs="+", default=[4096, 8192, 16384], help="N (causal, window)"
+    )
+    ap.add_argument(
+        "--masks", nargs="+", default=["causal", "documents"], help="causal window full documents"
+    )
     ap.add_argument("--rounds", type=int, default=2, help="timing rounds (SECTIONs interleaved)")
     ap.add_argument("--doc-tokens", type=int, default=16384, help="tokens of the documents row")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting rows after this")
     ap.add_argument("--compile-timeout", type=float, default=240.0, help="per compile child")
-    ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: mask,d,section
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: mask,d,section,dtype
     args = ap.parse_args(argv)
     if args.child:
-        mask, d, s = args.child.split(",")
-        make_call(dict(mask=mask, d=int(d), n=0), s, small=True)()
+        mask, d, s, dt = args.child.split(",")
+        if s == "cudnn":
+            return
+        make_call(dict(mask=mask, d=int(d), n=0, dtype=dt), s, small=True)()
         return
     import torch
     import triton
@@ -146,7 +176,8 @@ def main(argv=None):
         checks = {}
         for s in args.sections[1:]:
             got = calls[s]()
-            dq_tol = 4 * 2**-10 * base[0].abs().max().item()
+            ulp = 2**-7 if args.dtype == "bfloat16" else 2**-10
+            dq_tol = 4 * ulp * base[0].abs().max().item()
             checks[s] = dict(
                 dk_dv_bitwise=bool(torch.equal(got[1], base[1]) and torch.equal(got[2], base[2])),
                 dq_max_diff=(got[0].float() - base[0].float()).abs().max().item(),

@@ -222,6 +222,9 @@ CONFIGS = (
     ]
     + [_masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8) for d in (64, 128)]
     + [_masked_last(d, None, True, DOCS=True, PACKED=True, TAIL=8) for d in (64, 128)]
+    + [  # session 18: a third (Q, dO) stage for the window and causal backward at d = 128
+        _masked_last(128, None, True, STAGES=3, **w) for w in (dict(WINDOW=True), {})
+    ]
 )
 
 
