@@ -2,6 +2,7 @@
 # All GPU work of the Triton kernel in one run (one device call). Usage, from the repo root:
 #
 #   OUT=/some/dir scripts/gpu_session.sh [check] [tests] [bench] [memory] [dram]   (default: all)
+#   OUT=/some/dir scripts/gpu_session.sh gluon_bwd     (Hopper: not in the default set)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -9,6 +10,9 @@
 #   bench.json bench.csv bench.png   python -m course_kernels bench
 #   memory.json              python -m course_kernels memory
 #   dram_bytes.csv ncu_raw.csv       Nsight Compute DRAM bytes: naive, SDPA flash, this kernel
+#   gluon_bwd_vs_cudnn_{float16,bfloat16}_run{1,2,3}.json   the Gluon backward and cuDNN's in
+#                            interleaved rounds on the same inputs, three fresh processes a dtype
+#                            (issue 23's "worst of three"; experiments/gluon/bench_section.py)
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -81,5 +85,15 @@ if has dram; then
   tail -2 /tmp/dram_cases.txt
   "$PY" -m course_kernels dram parse --ncu-csv "$OUT/ncu_raw.csv" --cases /tmp/dram_cases.txt \
     --out "$OUT/dram_bytes.csv" --command "${CMD//$OUT\//}"
+fi
+if has gluon_bwd; then
+  echo "== Gluon backward against cuDNN, interleaved, three processes a dtype"
+  for run in 1 2 3; do
+    for dt in float16 bfloat16; do
+      timeout "${GLUON_BWD_LIMIT:-90}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+        --tag "gluon_bwd_vs_cudnn_${dt}_run$run" --masks full causal --dims 64 128 \
+        --sections 0 cudnn --rounds "${GLUON_BWD_ROUNDS:-5}" --budget-s 70 --dtype "$dt" | grep -v '^{'
+    done
+  done
 fi
 echo "== done $(date -u +%FT%TZ)"

@@ -756,3 +756,16 @@ def test_session18_levers_that_lost_stay_off():
     gains = [s for r in full for o, s in r["speedup"].items() if o != "0"]
     assert max(gains) < 1.02 and all(r["speedup"]["ROTATE=1"] < 1.0 for r in full)
     assert GB.BACKWARD_DQ_DEFAULTS["ROTATE"] is False
+
+
+def test_dq_convert_is_off_and_needs_dq_tma():
+    """Session 18's DQ_CONVERT (dq converted inside the main kernel by each head's last
+    consumer) is off by default (written and compiled offline, never run on a GPU) and refused
+    without DQ_TMA's padded dQ_acc, with a message that says so."""
+    for d in (64, 128):
+        assert GB._check_config(d, {})["DQ_CONVERT"] is False
+        assert GB._check_config(d, dict(DQ_CONVERT=True))["DQ_CONVERT"] is True  # DQ_TMA default
+    with pytest.raises(ValueError, match="DQ_CONVERT converts DQ_TMA's padded dQ_acc"):
+        GB.gluon_attention_backward(**_args(), DQ_CONVERT=True, DQ_TMA=False)
+    with pytest.raises(ValueError, match=r"DQ_CONVERT='yes' not supported; accepted: \(False"):
+        GB._check_config(64, dict(DQ_CONVERT="yes"))

@@ -4,7 +4,8 @@ Measured on the H200 (notes/gluon_backward.md: sessions 8-12) and the backward t
 ``course_kernels.flash_attention``'s ``auto`` runs on Hopper at d = 64 and 128 (plain or causal,
 ``triton/launch.py``). Compiled offline for sm_90a by ``experiments/gluon/compile_bwd_sm90.py``.
 
-Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O) and L log2 e, padded per head),
+Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O) and L log2 e, padded per head; it and
+the dq conversion are in :mod:`.backward_passes`),
 ``_attn_bwd_kernel`` (dK, dV, and dQ added in fp32: by TMA reduce-adds of shared-memory tiles,
 DQ_TMA, the default; or by atomics), a dq epilogue (dq in the input dtype). Like the forward, importing this module needs neither a GPU nor Gluon; the
 call raises a RuntimeError saying why where the kernel cannot run, and a ValueError saying
@@ -25,8 +26,8 @@ if HAVE_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .backward import _attn_bwd_kernel, _bwd_dq_epilogue, _bwd_dq_epilogue_rows
-    from .backward import _bwd_preprocess
+    from .backward import _attn_bwd_kernel
+    from .backward_passes import _bwd_dq_epilogue, _bwd_dq_epilogue_rows, _bwd_preprocess
 
 # head_dim -> schedule. BM: query rows per block; NUM_CONSUMERS: consumer warpgroups of 64 keys
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
@@ -59,6 +60,7 @@ _ACCEPTED = {
     "ROTATE": (False, True),
     "SECTION": (0, 2, 4, 8, 16, 32),
     "TAIL": (0, 2, 4, 8, 16, 32),
+    "DQ_CONVERT": (False, True),
 }
 # OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
 # S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
@@ -72,8 +74,17 @@ _ACCEPTED = {
 # N = 8K, fp16, one process): d = 64 +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on
 # wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
-    DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False
+    DQ_VEC=2,
+    DQ_SHARED=True,
+    OVERLAP_DQ=False,
+    MASKED_LAST=True,
+    DV_EARLY=False,
+    ROTATE=False,
+    DQ_CONVERT=False,
 )
+# DQ_CONVERT (session 18, off: written and compiled offline, not yet run on a GPU): dq converted
+# inside the main kernel by each head's last consumer warpgroup (backward_passes._dq_convert_last)
+# instead of by a kernel of its own (7% of a window-1K call at d = 128, N = 4K on an H100).
 # MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
 # key tail) after. Same work, another order: ptxas then spills the hoisted wgmma descriptors in
 # the masked loop (a few blocks a CTA) and not in the unmasked one (offline sm_90a compile,
@@ -176,6 +187,8 @@ def _check_config(d: int, config: dict) -> dict:
             f"this schedule needs about {need} bytes of shared memory a CTA, over Hopper's "
             f"{SMEM_LIMIT}: lower BM or STAGES (d={d}, {cfg})"
         )
+    if cfg["DQ_CONVERT"] and not cfg["DQ_TMA"]:
+        raise ValueError("DQ_CONVERT converts DQ_TMA's padded dQ_acc: it needs DQ_TMA=True")
     if cfg["DQ_TMA"] and not (cfg["DQ_SHARED"] and cols in (16, 32)):
         raise ValueError(
             f"DQ_TMA needs DQ_SHARED=True and dQ chunks of 16 or 32 columns (one 128-byte TMA "
@@ -226,7 +239,8 @@ def gluon_attention_backward(
     query seeing only the keys of its own document (session 14, as window_left).
     Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
-    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION, TAIL (see BACKWARD_CONFIG).
+    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION, TAIL, DQ_CONVERT (see
+    BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
     """
@@ -282,7 +296,11 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         o, do, lse, delta, lse2, N, n_pad, HEAD_DIM=d, PACKED=packed, num_warps=8
     )
     dq_tma = bool(cfg["DQ_TMA"])  # dQ_acc then padded to n_pad rows a head, like L and D
-    dq_acc = torch.zeros((B, H, n_pad if dq_tma else N, d), device=q.device, dtype=torch.float32)
+    rows = n_pad if dq_tma else N
+    # dQ_acc, then one int32 a head (DQ_CONVERT's counters): zeroed together, by one fill
+    flat = torch.zeros(B * H * rows * d + B * H, device=q.device, dtype=torch.float32)
+    dq_acc = flat[: B * H * rows * d].view(B, H, rows, d)
+    dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     q_layout, kv_layout = _smem_layout(BM, d, gdt), _smem_layout(64, d, gdt)
@@ -315,6 +333,9 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         scale,
         win,
         kend,
+        dq_acc,
+        dq,
+        flat[B * H * rows * d :].view(torch.int32),  # DQ_CONVERT's counters, zeroed with dQ_acc
         BM=BM,
         HEAD_DIM=d,
         NUM_CONSUMERS=NC,
@@ -334,11 +355,13 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         PACKED=packed,
         SECTION=section,
         TAIL=tail,
+        DQ_CONVERT=bool(cfg["DQ_CONVERT"]),
         num_warps=4,
     )
-    dq = torch.empty_like(q)
+    if cfg["DQ_CONVERT"]:  # dq converted by the main kernel
+        return dq, dk, dv
     if dq_tma or packed:  # dQ_acc's rows a head: n_pad (DQ_TMA) or N
-        grid, rows = (triton.cdiv(N, 64), B * H), n_pad if dq_tma else N
+        grid = (triton.cdiv(N, 64), B * H)
         _bwd_dq_epilogue_rows[grid](
             dq_acc, dq, N, rows, scale, HEAD_DIM=d, PACKED=packed, num_warps=8
         )  # fmt: skip

@@ -35,6 +35,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from course_kernels.gluon import backward as B  # noqa: E402
+from course_kernels.gluon import backward_passes as P  # noqa: E402
 from course_kernels.gluon.backward_launch import (  # noqa: E402
     BACKWARD_CONFIG,
     BACKWARD_CONSUMER_REGS,
@@ -99,6 +100,9 @@ def build(d=128, dt="fp16", CAUSAL=False, **overrides):
         "sm_scale": "fp32",
         "win_left": "i32",
         "kend_ptr": "*i32",
+        "dq_acc_ptr": "*fp32",  # session 18: DQ_CONVERT's dQ_acc, dq and per-head counters
+        "dq_final_ptr": f"*{dt}",
+        "count_ptr": "*i32",
     }
     if cfg.get("DQ_TMA"):  # session 12: dQ_acc through a TMA descriptor of fp32 chunk blocks
         cols = d // cfg["NUM_CONSUMERS"] // cfg["DQ_SPLIT"]
@@ -225,6 +229,14 @@ CONFIGS = (
     + [  # session 18: a third (Q, dO) stage for the window and causal backward at d = 128
         _masked_last(128, None, True, STAGES=3, **w) for w in (dict(WINDOW=True), {})
     ]
+    + [  # session 18: dq converted in the kernel by each head's last consumer (DQ_CONVERT)
+        _masked_last(d, None, c, DQ_CONVERT=True) for d in (64, 128) for c in (False, True)
+    ]
+    + [_masked_last(128, None, True, WINDOW=True, DQ_CONVERT=True)]
+    + [
+        _masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8, DQ_CONVERT=True)
+        for d in (64, 128)
+    ]  # fmt: skip
 )
 
 
@@ -306,7 +318,7 @@ def main():
     for dt in ("fp16", "bf16"):
         for d, packed in ((64, False), (128, False), (64, True), (128, True)):
             k = _compile(
-                B._bwd_preprocess,
+                P._bwd_preprocess,
                 {
                     "o_ptr": f"*{dt}",
                     "do_ptr": f"*{dt}",
@@ -321,14 +333,14 @@ def main():
             )
             print("preprocess", dt, d, "PACKED" * packed, ptxas_info(k.asm["ptx"]))
         k = _compile(
-            B._bwd_dq_epilogue,
+            P._bwd_dq_epilogue,
             {"dq_acc_ptr": "*fp32", "dq_ptr": f"*{dt}", "n_elems": "i32", "scale": "fp32"},
             {},
         )
         print("dq epilogue", dt, ptxas_info(k.asm["ptx"]))
         for d, packed in ((64, False), (128, False), (64, True), (128, True)):
             k = _compile(
-                B._bwd_dq_epilogue_rows,
+                P._bwd_dq_epilogue_rows,
                 {
                     "dq_acc_ptr": "*fp32",
                     "dq_ptr": f"*{dt}",

@@ -79,6 +79,8 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(SECTION=4),  # session 17: heads innermost in sections (6 heads: 4 + a partial 2)
         dict(SECTION=2),
         dict(TAIL=4),  # two heads one after the other, then four together
+        dict(DQ_CONVERT=True),  # session 18: dq converted by each head's last consumer
+        dict(DQ_CONVERT=True, SECTION=2),
     ],  # fmt: skip
     ids=str,
 )
@@ -136,6 +138,9 @@ def test_dq_tma_with_128_query_rows():
         dict(ROTATE=True),
         dict(ROTATE=True, STAGES=1),
         dict(ROTATE=True, DQ_TMA=False),
+        # session 18: dq converted inside the kernel (DQ_CONVERT), not yet run on a GPU
+        dict(DQ_CONVERT=True),
+        dict(DQ_CONVERT=True, STAGES=1),
     ],
     ids=str,
 )
@@ -321,6 +326,7 @@ def _doc_mask(cu, n, device):
         dict(packed=True, SECTION=2),  # session 17's CTA order (packed: the epilogue's rows)
         dict(packed=False, SECTION=4),  # a section wider than the two heads
         dict(packed=True, TAIL=2),
+        dict(packed=True, DQ_CONVERT=True),  # session 18: PACKED dq rows from the converter
     ],
 )
 @pytest.mark.parametrize(
