@@ -760,7 +760,7 @@ def test_session18_levers_that_lost_stay_off():
 
 def test_dq_convert_is_off_and_needs_dq_tma():
     """Session 18's DQ_CONVERT (dq converted inside the main kernel by each head's last
-    consumer) is off by default (written and compiled offline, never run on a GPU) and refused
+    CTA) is off by default (written and compiled offline, never run on a GPU) and refused
     without DQ_TMA's padded dQ_acc, with a message that says so."""
     for d in (64, 128):
         assert GB._check_config(d, {})["DQ_CONVERT"] is False

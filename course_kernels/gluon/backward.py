@@ -20,8 +20,8 @@ One CTA per (key block of ``BN = 64 * NUM_CONSUMERS`` keys, batch x head). Roles
 * ``_bwd_epilogue``  dK *= scale; dK, dV stored in the input dtype (rows < N).
 * ``_bwd_preprocess`` D = rowsum(dO * O) (a separate small kernel, FA2's preprocessing);
   ``_bwd_dq_epilogue`` dq = (scale * dQ_acc).to(dtype) (another one), or with ``DQ_CONVERT``
-  (session 18, off) inside this kernel by each head's last consumer; all three in
-  :mod:`.backward_passes`.
+  (session 18, off) inside this kernel by each head's last CTA
+  (:func:`.scheduler._dq_convert_last`).
 
 L is the forward's NATURAL-log logsumexp (:func:`.launch.gluon_attention_forward`). The math is
 FA2's Algorithm 2 transposed, as in :mod:`course_kernels.triton.backward`; the split into roles
@@ -43,14 +43,71 @@ from .backward_steps import DqVecBases  # noqa: F401 (the dQ layout's bases, for
 
 if HAVE_GLUON:
     from ._lang import aggregate, gl, gluon, mbarrier, set_fields, tma
-    from .backward_passes import _dq_convert_last
     from .backward_steps import KEYS, _bwd_block, _bwd_runs, _bwd_step, _q_range
     from .producer import _mma_layout
-    from .scheduler import _bwd_tile
+    from .scheduler import _bulk_writes_done, _bwd_tile, _dq_convert_last
+
+    LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
+    _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
+    _FLAT_LAYOUT = gl.constexpr(gl.BlockedLayout([4], [32], [4], [0]))
 
     @gluon.constexpr_function
     def _ds_smem_layout(BM, dtype):
         return gl.NVMMASharedLayout.get_default_for([64, BM], dtype)
+
+    @gluon.jit
+    def _flat_rows(hz, r, N, PACKED: gl.constexpr):
+        """Row of (batch x head hz, token r) in the [rows, d] view of q, k, v, o and their
+        gradients: (B, H, N, d), or with PACKED flash-attn's (total, H, d), read in place."""
+        if PACKED:
+            return r * gl.num_programs(1) + hz
+        else:
+            return hz * N + r
+
+    # ---------------------------------------------------------- small kernels
+    @gluon.jit
+    def _bwd_preprocess(
+        o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, HEAD_DIM: gl.constexpr,
+        PACKED: gl.constexpr = False,
+    ):  # fmt: skip
+        """Per (batch, head), 64 rows a program, into buffers padded to N_PAD rows a head (a
+        multiple of the backward's BM, so TMA reads whole blocks of one head): D = rowsum(dO * O)
+        in fp32 (0 past N) and L log2 e (+inf past N: P = 0 there, no query-tail mask)."""
+        r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
+        hz = gl.program_id(1)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))
+        ok = r < N
+        offs = _flat_rows(hz, r, N, PACKED).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+        o = gl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(gl.float32)
+        do = gl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(gl.float32)
+        lse = gl.load(lse_ptr + hz * N + r, mask=ok, other=float("inf"))
+        out = hz * N_PAD + r
+        gl.store(delta_ptr + out, gl.sum(o * do, axis=1), mask=r < N_PAD)
+        gl.store(lse2_ptr + out, lse * LOG2E_, mask=r < N_PAD)
+
+    @gluon.jit
+    def _bwd_dq_epilogue(dq_acc_ptr, dq_ptr, n_elems, scale):
+        """dq = (scale * dQ_acc).to(dq's dtype), 512 elements a program."""
+        offs = gl.program_id(0).to(gl.int64) * 512 + gl.arange(0, 512, layout=_FLAT_LAYOUT)
+        ok = offs < n_elems
+        acc = gl.load(dq_acc_ptr + offs, mask=ok, other=0.0)
+        gl.store(dq_ptr + offs, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
+
+    @gluon.jit
+    def _bwd_dq_epilogue_rows(
+        dq_acc_ptr, dq_ptr, N, N_PAD, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False
+    ):  # fmt: skip
+        """DQ_TMA's dQ_acc has N_PAD rows a head: dq[hz, r] = (scale * dQ_acc[hz, r]).to(dq's
+        dtype) for r < N, 64 rows a program (8 warps); dq dense or PACKED (``_flat_rows``)."""
+        r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
+        hz = gl.program_id(1)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))[None, :]
+        ok = (r < N)[:, None]
+        acc = gl.load(
+            dq_acc_ptr + (hz * N_PAD + r).to(gl.int64)[:, None] * HEAD_DIM + cols, mask=ok
+        )
+        out = dq_ptr + _flat_rows(hz, r, N, PACKED).to(gl.int64)[:, None] * HEAD_DIM + cols
+        gl.store(out, (acc * scale).to(dq_ptr.dtype.element_ty), mask=ok)
 
     # ----------------------------------------------------------------- schedule
     BWD_SWITCHES = (
@@ -174,7 +231,7 @@ if HAVE_GLUON:
     # ----------------------------------------------------------------- consumer
     @gluon.jit
     def _bwd_consumer(
-        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale, conv,
+        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale,
         CID: gl.constexpr, cfg,
     ):  # fmt: skip
         BM: gl.constexpr = cfg.BM
@@ -214,12 +271,8 @@ if HAVE_GLUON:
         _bwd_epilogue(
             dk, dv, dk_ptr, dv_ptr, row0, k0, N, sm_scale, hz, heads, HEAD_DIM, dtype, PACKED
         )  # fmt: skip
-        if cfg.DQ_CONVERT:  # the head's last warpgroup out converts its dQ (backward_passes)
-            n_pad = gl.cdiv(N, BM) * BM
-            arrivals = NUM_CONSUMERS * gl.cdiv(N, BN)  # every CTA of the head, every consumer
-            _dq_convert_last(
-                conv, hz, heads, N, n_pad, arrivals, sm_scale, HEAD_DIM, PACKED, dtype
-            )  # fmt: skip
+        if cfg.DQ_CONVERT:  # its reduce-adds complete before the CTA counts itself in (below)
+            _bulk_writes_done()
 
     @gluon.jit
     def _bwd_steps(
@@ -301,7 +354,6 @@ if HAVE_GLUON:
             DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED, SECTION,
             TAIL, DQ_CONVERT,
         )  # fmt: skip
-        conv = (dq_acc_ptr, dq_final_ptr, count_ptr)  # DQ_CONVERT's (backward_passes)
         # (Gluon 3.6 takes each role's arguments written out: no *args, no shared tuple)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
@@ -309,7 +361,7 @@ if HAVE_GLUON:
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N,
                                      N_PAD, win_left, kend_ptr, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, conv, 0, cfg)),
+                                     qk_scale, sm_scale, 0, cfg)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -320,10 +372,18 @@ if HAVE_GLUON:
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N,
                                      N_PAD, win_left, kend_ptr, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, conv, 0, cfg)),
+                                     qk_scale, sm_scale, 0, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, conv, 1, cfg)),
+                                     qk_scale, sm_scale, 1, cfg)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],
+            )  # fmt: skip
+        if DQ_CONVERT:  # every role done: the head's last CTA converts its dq (scheduler)
+            BN: gl.constexpr = KEYS * NUM_CONSUMERS
+            _n0, hz, heads = _bwd_tile(N, BN, SECTION, TAIL)
+            conv = (dq_acc_ptr, dq_final_ptr, count_ptr)
+            _dq_convert_last(
+                conv, hz, heads, N, gl.cdiv(N, BM) * BM, gl.cdiv(N, BN), sm_scale, HEAD_DIM,
+                PACKED, dk_ptr.dtype.element_ty,
             )  # fmt: skip

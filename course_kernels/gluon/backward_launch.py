@@ -4,8 +4,7 @@ Measured on the H200 (notes/gluon_backward.md: sessions 8-12) and the backward t
 ``course_kernels.flash_attention``'s ``auto`` runs on Hopper at d = 64 and 128 (plain or causal,
 ``triton/launch.py``). Compiled offline for sm_90a by ``experiments/gluon/compile_bwd_sm90.py``.
 
-Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O) and L log2 e, padded per head; it and
-the dq conversion are in :mod:`.backward_passes`),
+Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O) and L log2 e, padded per head),
 ``_attn_bwd_kernel`` (dK, dV, and dQ added in fp32: by TMA reduce-adds of shared-memory tiles,
 DQ_TMA, the default; or by atomics), a dq epilogue (dq in the input dtype). Like the forward, importing this module needs neither a GPU nor Gluon; the
 call raises a RuntimeError saying why where the kernel cannot run, and a ValueError saying
@@ -26,8 +25,8 @@ if HAVE_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .backward import _attn_bwd_kernel
-    from .backward_passes import _bwd_dq_epilogue, _bwd_dq_epilogue_rows, _bwd_preprocess
+    from .backward import _attn_bwd_kernel, _bwd_dq_epilogue, _bwd_dq_epilogue_rows
+    from .backward import _bwd_preprocess
 
 # head_dim -> schedule. BM: query rows per block; NUM_CONSUMERS: consumer warpgroups of 64 keys
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
@@ -83,7 +82,7 @@ BACKWARD_DQ_DEFAULTS = dict(
     DQ_CONVERT=False,
 )
 # DQ_CONVERT (session 18, off: written and compiled offline, not yet run on a GPU): dq converted
-# inside the main kernel by each head's last consumer warpgroup (backward_passes._dq_convert_last)
+# inside the main kernel by each head's last CTA (scheduler._dq_convert_last)
 # instead of by a kernel of its own (7% of a window-1K call at d = 128, N = 4K on an H100).
 # MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
 # key tail) after. Same work, another order: ptxas then spills the hoisted wgmma descriptors in

@@ -1,6 +1,6 @@
 """Which tile a CTA works on: the tile order (head-major, heaviest causal tile first, or
 longest-processing-time first across all heads), the K/V range of a tile, and FA3's dynamic
-persistent scheduler.
+persistent scheduler; and which CTA of the backward converts a head's dq (the last one out).
 
 Dynamic scheduling (``DYNAMIC``): a grid of #SMs CTAs; the producer of each CTA takes its first
 tile from ``program_id`` and every next one from an atomic counter in global memory
@@ -12,6 +12,11 @@ stage it loads, guarded by that stage's ``q_ready`` mbarrier; after the last til
 ``num_tiles`` (the consumers' stop sign) and arrives on ``q_ready`` itself. The counter resets
 itself without a memset launch: each CTA counts itself out on a second counter after its last
 draw, and the last one out sets both back to 0 for the next launch (launches on one stream only).
+
+The backward's last CTA of a head (``DQ_CONVERT``, session 18, off: not yet run on a GPU): the
+same counting, once per CTA on a counter per head, after every reduce-add of the CTA has completed
+(``_bulk_writes_done``); the CTA that finds every other one in converts the head's fp32 dQ to dq
+there and then, instead of a kernel of its own (notes/gluon_backward.md, session 18).
 """
 
 from __future__ import annotations
@@ -215,3 +220,54 @@ if HAVE_GLUON:
         qs = qc % QSTAGES
         mbarrier.wait(q_ready.index(qs), (qc // QSTAGES) & 1)
         return gl.max(tile_ids.index(qs).load(_ID_LAYOUT), axis=0)
+
+    # ------------------------------------------- the backward's last CTA of a head (DQ_CONVERT)
+
+    @gluon.constexpr_function
+    def _convert_layout(HEAD_DIM):
+        """[rows, HEAD_DIM] fp32 over one warpgroup, 4 contiguous columns (16 bytes) a thread."""
+        return gl.BlockedLayout([1, 4], [128 // HEAD_DIM, HEAD_DIM // 4], [4, 1], [1, 0])
+
+    @gluon.jit
+    def _bulk_writes_done():
+        """Wait until this thread's TMA bulk operations have completed, their global writes
+        included (``cp.async.bulk.wait_group 0``; ``tma.store_wait`` only waits for their reads of
+        shared memory), and order those async-proxy writes before this thread's later accesses."""
+        zero = gl.full([1], 0, gl.int32, layout=_ID_LAYOUT)
+        gl.inline_asm_elementwise(
+            "cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.b32 $0, $1;",
+            "=r,r", [zero], dtype=gl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _dq_convert_last(
+        conv, hz, heads, N, N_PAD, arrivals, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr,
+        dtype: gl.constexpr,
+    ):  # fmt: skip
+        """Kernel body, after ``gl.warp_specialize`` has joined (every consumer past
+        :func:`_bulk_writes_done`): count this CTA in for head hz (``arrivals``: the head's key
+        blocks, one CTA each); the last one in converts the head's dQ_acc rows [0, N) to dq
+        (dense or PACKED) and resets the counter for the next launch. Here, not at the end of a
+        consumer: any branch on the counter after the consumers' loops moved ptxas to spill in
+        their hot loop at d = 128 (window, documents). ``conv``: (dQ_acc as a pointer, dq, the
+        per-head int32 counters)."""
+        acc_ptr, dq_ptr, count_ptr = conv
+        gl.thread_barrier()
+        before = gl.atomic_add(count_ptr + hz, 1, sem="acq_rel", scope="gpu")
+        if before == arrivals - 1:
+            gl.thread_barrier()
+            gl.atomic_xchg(count_ptr + hz, 0)
+            layout: gl.constexpr = _convert_layout(HEAD_DIM)
+            ROWS: gl.constexpr = 16384 // HEAD_DIM  # 64 KB of fp32 a pass
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :]
+            for r0 in range(0, N, ROWS):
+                r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+                ok = (r < N)[:, None]
+                src = acc_ptr + (hz * N_PAD + r).to(gl.int64)[:, None] * HEAD_DIM + cols
+                acc = gl.load(src, mask=ok, cache_modifier=".cg")
+                if PACKED:  # noqa: SIM108
+                    rows = r * heads + hz
+                else:
+                    rows = hz * N + r
+                out = dq_ptr + rows.to(gl.int64)[:, None] * HEAD_DIM + cols
+                gl.store(out, (acc * scale).to(dtype), mask=ok)

@@ -35,7 +35,6 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from course_kernels.gluon import backward as B  # noqa: E402
-from course_kernels.gluon import backward_passes as P  # noqa: E402
 from course_kernels.gluon.backward_launch import (  # noqa: E402
     BACKWARD_CONFIG,
     BACKWARD_CONSUMER_REGS,
@@ -318,7 +317,7 @@ def main():
     for dt in ("fp16", "bf16"):
         for d, packed in ((64, False), (128, False), (64, True), (128, True)):
             k = _compile(
-                P._bwd_preprocess,
+                B._bwd_preprocess,
                 {
                     "o_ptr": f"*{dt}",
                     "do_ptr": f"*{dt}",
@@ -333,14 +332,14 @@ def main():
             )
             print("preprocess", dt, d, "PACKED" * packed, ptxas_info(k.asm["ptx"]))
         k = _compile(
-            P._bwd_dq_epilogue,
+            B._bwd_dq_epilogue,
             {"dq_acc_ptr": "*fp32", "dq_ptr": f"*{dt}", "n_elems": "i32", "scale": "fp32"},
             {},
         )
         print("dq epilogue", dt, ptxas_info(k.asm["ptx"]))
         for d, packed in ((64, False), (128, False), (64, True), (128, True)):
             k = _compile(
-                P._bwd_dq_epilogue_rows,
+                B._bwd_dq_epilogue_rows,
                 {
                     "dq_acc_ptr": "*fp32",
                     "dq_ptr": f"*{dt}",

@@ -79,7 +79,7 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(SECTION=4),  # session 17: heads innermost in sections (6 heads: 4 + a partial 2)
         dict(SECTION=2),
         dict(TAIL=4),  # two heads one after the other, then four together
-        dict(DQ_CONVERT=True),  # session 18: dq converted by each head's last consumer
+        dict(DQ_CONVERT=True),  # session 18: dq converted by each head's last CTA
         dict(DQ_CONVERT=True, SECTION=2),
     ],  # fmt: skip
     ids=str,
