@@ -73,14 +73,9 @@ _ACCEPTED = {
 # N = 8K, fp16, one process): d = 64 +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on
 # wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
-    DQ_VEC=2,
-    DQ_SHARED=True,
-    OVERLAP_DQ=False,
-    MASKED_LAST=True,
-    DV_EARLY=False,
-    ROTATE=False,
+    DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
     DQ_CONVERT=False,
-)
+)  # fmt: skip
 # DQ_CONVERT (session 18, off: written and compiled offline, not yet run on a GPU): dq converted
 # inside the main kernel by each head's last CTA (scheduler._dq_convert_last)
 # instead of by a kernel of its own (7% of a window-1K call at d = 128, N = 4K on an H100).
