@@ -3,6 +3,7 @@
 #
 #   OUT=/some/dir scripts/gpu_session.sh [check] [tests] [bench] [memory] [dram]   (default: all)
 #   OUT=/some/dir scripts/gpu_session.sh gluon_bwd     (Hopper: not in the default set)
+#   OUT=/some/dir scripts/gpu_session.sh dq_convert d256   (Hopper, session 19's two unrun changes)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -13,6 +14,8 @@
 #   gluon_bwd_vs_cudnn_{float16,bfloat16}_run{1,2,3}.json   the Gluon backward and cuDNN's in
 #                            interleaved rounds on the same inputs, three fresh processes a dtype
 #                            (issue 23's "worst of three"; experiments/gluon/bench_section.py)
+#   dq_convert.json          the Gluon backward with DQ_CONVERT beside its default (same inputs)
+#   gluon_d256.json          the d = 256 Gluon forward: checks, then cuDNN, FA2, tl (one process)
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -95,5 +98,20 @@ if has gluon_bwd; then
         --sections 0 cudnn --rounds "${GLUON_BWD_ROUNDS:-5}" --budget-s 70 --dtype "$dt" | grep -v '^{'
     done
   done
+fi
+if has dq_convert; then
+  echo "== Gluon backward GPU tests (whole file: DQ_CONVERT and the one-buffer zeroing), then DQ_CONVERT timed"
+  COURSE_KERNELS_AUTOTUNE=0 timeout "${DQC_TEST_LIMIT:-240}" "$PY" -m pytest -q -p no:cacheprovider \
+    -n "${TEST_WORKERS:-12}" tests/gpu/test_gpu_gluon_backward.py 2>&1 | tail -25
+  timeout "${DQC_BENCH_LIMIT:-200}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+    --tag dq_convert --masks window causal full --dims 128 64 --ns 4096 16384 \
+    --sections 0 DQ_CONVERT=1 --rounds 5 --budget-s 170 | grep -v '^{'
+fi
+if has d256; then
+  echo "== Gluon forward at d = 256: GPU tests, then beside cuDNN, FA2 and the tl kernel"
+  COURSE_KERNELS_AUTOTUNE=0 timeout "${D256_TEST_LIMIT:-200}" "$PY" -m pytest -q -p no:cacheprovider \
+    -n "${TEST_WORKERS:-12}" tests/gpu/test_gpu_gluon.py -k 256 2>&1 | tail -25
+  timeout "${D256_BENCH_LIMIT:-240}" "$PY" experiments/gluon/bench_forward.py --out "$OUT" \
+    --tag gluon_d256 --skip-levers --quick-check --check-dims 256 --dims 256 --with-tl
 fi
 echo "== done $(date -u +%FT%TZ)"

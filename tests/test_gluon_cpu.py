@@ -46,7 +46,11 @@ def test_clear_error_when_unavailable():
 @pytest.mark.parametrize(
     "shapes, dtype, match",
     [
-        (((1, 2, 16, 96), (1, 2, 16, 96)), torch.float16, "head dim 96"),
+        (
+            ((1, 2, 16, 96), (1, 2, 16, 96)),
+            torch.float16,
+            "head dim 96 not supported .64, 128 or 256",
+        ),
         (
             ((1, 2, 16, 64), (1, 2, 16, 64)),
             torch.float32,
@@ -89,7 +93,7 @@ def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
     monkeypatch.delenv(launch.BACKWARD_ENV, raising=False)
     monkeypatch.setattr(launch, "gluon_available", lambda: True)
     monkeypatch.setattr(launch, "INTERPRET", False)
-    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k, dims: True)
     monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
     assert launch._use_gluon(q, q) is True  # the forward's auto, everything else equal
     assert launch.GLUON_BACKWARD_AUTO == (64, 128)  # measured: session 10 (64), 12 (128)
@@ -159,6 +163,51 @@ def test_the_backward_hands_the_gluon_kernel_the_natural_log_lse(monkeypatch):
         assert len(asked) == 3 and len(calls) == 3 and dq.shape == q.shape
 
 
+def test_head_dim_256_is_the_forwards_when_asked_and_never_autos(monkeypatch):
+    """d = 256 compiles for Hopper (FA3's shape: two consumers, K/V blocks of 64 keys, one Q
+    stage) but has not run on a GPU: ``$COURSE_KERNELS_FORWARD=gluon`` takes it, ``auto`` leaves
+    it to tl, and the Gluon backward (d = 64 or 128) refuses it, saying which dims it takes."""
+    from types import SimpleNamespace
+
+    from course_kernels.triton import launch
+
+    def t(d, is_cuda=True, dtype=torch.float16):  # what _gluon_fits reads of a tensor
+        return SimpleNamespace(is_cuda=is_cuda, dtype=dtype, shape=(1, 2, 16, d))
+
+    assert launch._gluon_fits(t(256), t(256), launch.GLUON_FORWARD_DIMS)
+    assert not launch._gluon_fits(t(256), t(256), launch.GLUON_BACKWARD_DIMS)
+    assert not launch._gluon_fits(t(96), t(96), launch.GLUON_FORWARD_DIMS)
+    assert not launch._gluon_fits(t(256, False), t(256), launch.GLUON_FORWARD_DIMS)
+    assert not launch._gluon_fits(t(256, True, torch.float32), t(256), launch.GLUON_FORWARD_DIMS)
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "gluon_available", lambda: True)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k, dims: q.shape[3] in dims)
+    q = {d: torch.empty(1, 2, 16, d, device="meta") for d in (64, 128, 256)}
+    for env in (launch.FORWARD_ENV, launch.BACKWARD_ENV):
+        monkeypatch.delenv(env, raising=False)
+    assert [launch._use_gluon(q[d], q[d]) for d in (64, 128, 256)] == [True, True, False]
+    assert launch._use_gluon(q[256], q[256], backward=True) is False
+    monkeypatch.setenv(launch.FORWARD_ENV, "gluon")
+    assert launch._use_gluon(q[256], q[256]) is True
+    monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")
+    with pytest.raises(ValueError, match=r"d in \(64, 128\).*d = 256"):
+        launch._use_gluon(q[256], q[256], backward=True)
+
+
+def test_head_dim_256_schedule_fits_hoppers_shared_memory():
+    """The d = 256 schedule's Q stages and K/V ring (the buffers forward.py allocates) fit the
+    227 KiB of shared memory a Hopper CTA may use; d = 128's two Q stages would not."""
+    for causal in (False, True):
+        cfg = G.schedule_config(256, causal, 4096)
+        q_bytes = cfg["QSTAGES"] * cfg["NUM_CONSUMERS"] * 64 * 256 * 2
+        kv_bytes = 2 * cfg["STAGES"] * cfg["BN"] * 256 * 2
+        assert q_bytes + kv_bytes <= 227 * 1024, cfg
+        assert 2 * q_bytes + kv_bytes > 227 * 1024  # a second Q stage (d = 128's) would not
+    assert G.schedule_config(256, True, 4096)["SKIP_DEAD"] is True
+    assert "ROW_MASK" not in G.schedule_config(256, True, 4096, window=True)
+
+
 @pytest.mark.parametrize("mask", ["window", "documents"])
 def test_masked_backwards_run_only_at_their_listed_dims(monkeypatch, mask):
     """A causal window's or packed documents' Gluon backward runs only at the head dims that
@@ -168,7 +217,7 @@ def test_masked_backwards_run_only_at_their_listed_dims(monkeypatch, mask):
     from course_kernels.triton import launch
 
     monkeypatch.setattr(launch, "INTERPRET", False)
-    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k, dims: True)
     monkeypatch.setattr(launch, "gluon_available", lambda: True)
     q = torch.empty(1, 1, 1 << 12, 64, device="meta")
     k = torch.empty(1, 1, 1 << 24, 64, device="meta")  # enough work for GLUON_MIN_WORK
@@ -667,7 +716,7 @@ def test_packed_documents_take_the_gluon_forward_only_at_its_listed_dims(monkeyp
         return "o", torch.full((q.shape[1], q.shape[0]), 3.0)
 
     monkeypatch.setattr(launch, "INTERPRET", False)
-    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k: True)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k, dims: True)
     monkeypatch.setattr(launch, "gluon_available", lambda: True)
     monkeypatch.setattr(launch, "gluon_varlen_forward", fake)
     monkeypatch.setitem(launch.GLUON_MASKED_FORWARD, "documents", (64,))

@@ -64,6 +64,7 @@ def why_unavailable() -> str:
     return "needs a CUDA GPU of compute capability 9.x (Hopper: H100/H200)"
 
 
+_SCHEDULE = dict(OVERLAP=True, persistent=False, LPT=False, DYNAMIC=True)
 DEFAULT_CONFIG = {
     # head_dim: BN, NUM_CONSUMERS, STAGES, QSTAGES, OVERLAP
     # Chosen from the lever runs of 2026-12-01 (results/run1_levers.json, run2_full.json); these
@@ -72,26 +73,13 @@ DEFAULT_CONFIG = {
     # followed on the H200 (open bug, notes/gluon.md), so it stays off in every default.
     # DYNAMIC (FA3's dynamic persistent scheduler) since session 7: 40/40 float64 checks and
     # faster than one CTA per tile in 15 of 16 rows of h200_session7_levers.json (notes/gluon.md).
-    64: dict(
-        BN=128,
-        NUM_CONSUMERS=3,
-        STAGES=3,
-        QSTAGES=2,
-        OVERLAP=True,
-        persistent=False,
-        LPT=False,
-        DYNAMIC=True,
-    ),
-    128: dict(
-        BN=128,
-        NUM_CONSUMERS=2,
-        STAGES=2,
-        QSTAGES=2,
-        OVERLAP=True,
-        persistent=False,
-        LPT=False,
-        DYNAMIC=True,
-    ),
+    64: dict(_SCHEDULE, BN=128, NUM_CONSUMERS=3, STAGES=3, QSTAGES=2),
+    128: dict(_SCHEDULE, BN=128, NUM_CONSUMERS=2, STAGES=2, QSTAGES=2),
+    # d = 256 (session 19, CPU only; issue 23's "then 256"): FA3's two consumers of 64 rows, K/V
+    # blocks of 64 keys, one Q stage, so Q (64 KiB) and the 2-stage K/V ring (128 KiB) fit: offline
+    # sm_90a 196,932 B of shared memory, no spills (experiments/gluon/compile_sm90.py, 55-59).
+    # Not yet run on a GPU: `auto` leaves d = 256 to tl (triton/launch.GLUON_FORWARD_AUTO).
+    256: dict(_SCHEDULE, BN=64, NUM_CONSUMERS=2, STAGES=2, QSTAGES=1),
 }
 # Added for causal calls (session 8, course_kernels/data/gluon/h200_session8_levers.json, 44/44
 # float64 checks): a consumer warpgroup skips the K/V blocks wholly masked for its own rows
@@ -107,16 +95,17 @@ DEFAULT_CONFIG = {
 CAUSAL_CONFIG = {
     64: dict(SKIP_DEAD=True, ALIGN_END=True),
     128: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),
+    256: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),  # d = 128's (2 consumers)
 }
 # Added for causal sliding-window calls (session 11, experiments/data/gluon/h200_window_levers.json):
 # at d = 64 K/V blocks of 64 keys, whose finer window edges cost less masked work: 0.36 / 0.76 /
 # 1.56 ms at N = 4K / 8K / 16K against 0.51 / 1.03 / 2.05 with 128 (B = 4, H = 32, window 1024).
-WINDOW_CONFIG = {64: dict(BN=64), 128: dict()}
+WINDOW_CONFIG = {64: dict(BN=64), 128: dict(), 256: dict()}
 # Added for non-causal calls (session 12, course_kernels/data/gluon/h200_pingpong_full64.json):
 # at d = 64 FA3's ping-pong turns (PINGPONG), faster than without in 18 of 18 rows (three
 # processes x fp16/bf16 x N = 4K/8K/16K, +0.6 to +4.7%); slower at d = 128 and on causal rows
 # (h200_pingpong_full.json, h200_pingpong_causal.json: one process, fp16).
-NONCAUSAL_CONFIG = {64: dict(PINGPONG=True), 128: dict()}
+NONCAUSAL_CONFIG = {64: dict(PINGPONG=True), 128: dict(), 256: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
     "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE", "PINGPONG",
@@ -161,7 +150,7 @@ def _check_inputs(q, k, v) -> None:
     if H % H_kv:
         raise ValueError(f"query heads {H} must be a multiple of K/V heads {H_kv}")
     if d not in DEFAULT_CONFIG:
-        raise ValueError(f"head dim {d} not supported (64 or 128)")
+        raise ValueError(f"head dim {d} not supported (64, 128 or 256)")
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(
             f"q, k, v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
@@ -239,7 +228,7 @@ def gluon_attention_forward(
     **config,
 ):  # fmt: skip
     """Attention forward with the FA3 schedule.  q: (B, H, N, d); k, v: (B, H_kv, N, d)
-    with H a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128}; causal is
+    with H a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128, 256}; causal is
     top-left aligned (as SDPA's is_causal); ``window_left`` (causal only): row i sees keys
     [i - window_left, i] (flash-attn's ``window_size=(window_left, 0)``; the producer loads only
     the blocks of a tile's window); ``cu_seqlens`` (causal only, B = 1): the offsets of causal

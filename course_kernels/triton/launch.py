@@ -49,8 +49,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 # Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: Hopper with
 # the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, at least GLUON_MIN_WORK; else tl),
-# "gluon" (always; an error where it cannot) or "triton". The backward has its own variable (the
-# Gluon one also needs as many K/V heads as query heads; "auto": GLUON_BACKWARD_AUTO's dims).
+# "gluon" (always, d = 256 too; an error where it cannot) or "triton". The backward has its own
+# variable (the Gluon one: as many K/V heads as query heads; "auto": GLUON_BACKWARD_AUTO's dims).
 FORWARD_ENV, BACKWARD_ENV = "COURSE_KERNELS_FORWARD", "COURSE_KERNELS_BACKWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
 
@@ -67,9 +67,9 @@ def _gluon_pays(q, k) -> bool:
     return b * hq * n_q * k.shape[2] * d >= GLUON_MIN_WORK
 
 
-def _gluon_fits(q, k) -> bool:
+def _gluon_fits(q, k, dims) -> bool:
     fp16 = q.dtype in (torch.float16, torch.bfloat16)
-    return q.is_cuda and fp16 and q.shape[3] in (64, 128) and q.shape[2] == k.shape[2]
+    return q.is_cuda and fp16 and q.shape[3] in dims and q.shape[2] == k.shape[2]
 
 
 # Head dims where "auto" takes the Gluon backward (H200): d = 64, 5-9% faster than tl; d = 128
@@ -77,6 +77,8 @@ def _gluon_fits(q, k) -> bool:
 # where it beat tl by 3% in every row (data/bench/h100_features_bench_{masked_bwd,session16_window_bwd}_*).
 GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (128,), "documents": (64, 128)}
 GLUON_MASKED_FORWARD = {"documents": (128,)}  # the same rule (h100_features_bench_docs_fwd_*)
+# The dims each Gluon kernel takes; d = 256 compiles for Hopper but has not run on a GPU: not auto's.
+GLUON_FORWARD_DIMS, GLUON_BACKWARD_DIMS, GLUON_FORWARD_AUTO = (64, 128, 256), (64, 128), (64, 128)
 
 
 def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
@@ -94,18 +96,20 @@ def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
         q.shape[-1] not in dims or torch.are_deterministic_algorithms_enabled()
     ):
         return False
-    fits = _gluon_fits(q, k) and (not backward or q.shape[1] == k.shape[1])
+    dims = GLUON_BACKWARD_DIMS if backward else GLUON_FORWARD_DIMS
+    fits = _gluon_fits(q, k, dims) and (not backward or q.shape[1] == k.shape[1])
     if choice == "gluon":
         if not gluon_available():
             raise RuntimeError(f"${env}=gluon, but {why_unavailable()}")
         if not fits:
             raise ValueError(
-                f"${env}=gluon: the Gluon {what} takes CUDA fp16/bf16 inputs with d = 64 or 128 "
+                f"${env}=gluon: the Gluon {what} takes CUDA fp16/bf16 inputs with d in {dims} "
                 f"and Nq = Nk{' and as many K/V heads as query heads' if backward else ''}; got "
                 f"{q.dtype}, d = {q.shape[3]}, Nq = {q.shape[2]}, Nk = {k.shape[2]}, "
                 f"{q.shape[1]} query and {k.shape[1]} K/V heads on {q.device}"
             )
         return True
+    fits = fits and (backward or mask or q.shape[3] in GLUON_FORWARD_AUTO)  # (else checked above)
     return not INTERPRET and fits and _gluon_pays(q, k) and gluon_available()
 
 
@@ -210,12 +214,7 @@ def _fwd_plan(q, k, v, o, variant: Variant, scale: float, alibi, varlen):
         n_q,
         n_k,
     )
-    constexprs = dict(
-        HEAD_DIM=lay.d,
-        HEAD_DIM_PADDED=head_dim_padded(lay.d),
-        **_variant_constexprs(variant, alibi, varlen),
-        DOT_PRECISION=_dot_precision(q.dtype),
-    )
+    constexprs = _constexprs(lay, q.dtype, variant, alibi, varlen)
     tune_key = (q.device, q.dtype, n_q, n_k, lay.d, variant, alibi is not None, varlen is not None)
 
     def grid(meta):
@@ -225,13 +224,17 @@ def _fwd_plan(q, k, v, o, variant: Variant, scale: float, alibi, varlen):
     return lay.lse_shape, c, plan
 
 
-def _variant_constexprs(variant: Variant, alibi, varlen) -> dict:
+def _constexprs(lay, dtype, variant: Variant, alibi, varlen) -> dict:
+    """The constexprs the forward and both backward kernels share."""
     return {
+        "HEAD_DIM": lay.d,
+        "HEAD_DIM_PADDED": head_dim_padded(lay.d),
         "WINDOWED": variant.windowed,
         "BOTTOM_RIGHT": variant.bottom_right,
         "SOFTCAP": variant.softcap > 0,
         "ALIBI": alibi is not None,
         "VARLEN": varlen is not None,
+        "DOT_PRECISION": _dot_precision(dtype),
     }
 
 
@@ -316,12 +319,7 @@ def bwd_variant_args(q, k, lse_c, variant: Variant, scale: float, alibi=None, va
         c2,
         *variant.window_offsets(),
     )
-    constexprs = dict(
-        HEAD_DIM=lay.d,
-        HEAD_DIM_PADDED=head_dim_padded(lay.d),
-        **_variant_constexprs(variant, alibi, varlen),
-        DOT_PRECISION=_dot_precision(q.dtype),
-    )
+    constexprs = _constexprs(lay, q.dtype, variant, alibi, varlen)
     return common, constexprs
 
 

@@ -143,7 +143,7 @@ def check_one(B, H, H_kv, N, d, dtype, causal, seed, **cfg):
     )
 
 
-def run_checks(quick=False, variants=None):
+def run_checks(quick=False, variants=None, dims=(64, 128)):
     shapes = [
         (1, 2, 2, 1),
         (1, 2, 2, 17),
@@ -160,7 +160,7 @@ def run_checks(quick=False, variants=None):
     seed = 0
     for cfg in variants or [{}]:
         for dtype in (torch.float16, torch.bfloat16):
-            for d in (64, 128):
+            for d in dims:
                 for causal in (False, True):
                     for B, H, Hkv, N in shapes:
                         seed += 1
@@ -231,6 +231,13 @@ def gluon_maker(**cfg):
     return make
 
 
+def tl_maker(q, k, v, causal, scale):
+    from course_kernels import flash_attention
+
+    os.environ["COURSE_KERNELS_FORWARD"] = "triton"  # read by every call
+    return lambda: flash_attention(q, k, v, causal=causal, scale=scale)
+
+
 def sdpa_maker(backend):
     def make(q, k, v, causal, scale):
         def f():
@@ -280,6 +287,8 @@ def main():
     )
     ap.add_argument("--lever-dims", default="64,128", help="head dims of the lever timings")
     ap.add_argument("--dims", default="64,128", help="head dims of the main table")
+    ap.add_argument("--check-dims", default="64,128", help="head dims of the checks (256 too)")
+    ap.add_argument("--with-tl", action="store_true", help="main table: the tl kernel as well")
     ap.add_argument("--Ns", default="4096,8192,16384", help="sequence lengths of the main table")
     ap.add_argument("--dtypes", default="float16,bfloat16", help="dtypes of the main table")
     ap.add_argument(
@@ -305,7 +314,8 @@ def main():
     out = dict(meta=meta)
     t0 = time.time()
     if not args.skip_check:
-        out["checks"] = run_checks(quick=args.quick_check)
+        check_dims = [int(x) for x in args.check_dims.split(",")]
+        out["checks"] = run_checks(quick=args.quick_check, dims=check_dims)
         print(f"[checks took {time.time() - t0:.0f}s]", flush=True)
     if not args.skip_levers:
         rows = []
@@ -348,6 +358,8 @@ def main():
             "sdpa-flash", sdpa_maker(SDPBackend.FLASH_ATTENTION), dtypes, dims, Ns, [False, True]
         )
         rows += bench_rows("gluon-fa3", gluon_maker(**cfg), dtypes, dims, Ns, [False, True])
+        if args.with_tl:  # flash_attention with the tl forward ($COURSE_KERNELS_FORWARD=triton)
+            rows += bench_rows("course-tl", tl_maker, dtypes, dims, Ns, [False, True])
         add_ratios(rows)
         out["main"] = rows
         out["main_config_overrides"] = cfg

@@ -131,6 +131,7 @@ def build(
 S7 = dict(d=64, NC=3, STAGES=3, DYNAMIC=True)  # session 7: the dynamic persistent scheduler
 S8 = dict(S7, CAUSAL=True, LPT=False, SKIP_DEAD=True, ALIGN_END=True)  # session 8: causal switches
 S10 = dict(d=128, CAUSAL=True, LPT=True, DYNAMIC=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True)
+S19 = dict(d=256, BN=64, NC=2, STAGES=2, QSTAGES=1, DYNAMIC=True)  # session 19: d = 256
 CONFIGS = [
     dict(d=128),
     dict(d=128, CAUSAL=True),
@@ -195,6 +196,12 @@ CONFIGS = [
     dict(S10, ROW_MASK=False, DOCS=True, PACKED=True),
     dict(S10, ROW_MASK=False, DOCS=True, PACKED=True, dt="bf16"),
     dict(S8, ALIGN_END=False, DOCS=True, PACKED=True, OVERLAP=False),
+    # session 19: d = 256 (launch.DEFAULT_CONFIG[256]: BN = 64, one Q stage), 55
+    S19,
+    dict(S19, CAUSAL=True, LPT=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True),  # its causal
+    dict(S19, CAUSAL=True, LPT=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True, dt="bf16"),
+    dict(S19, CAUSAL=True, LPT=True, SKIP_DEAD=True, SECTION=8, WINDOW=True),
+    dict(S19, CAUSAL=True, LPT=True, SKIP_DEAD=True, SECTION=8, DOCS=True, PACKED=True),
 ]
 
 

@@ -100,7 +100,7 @@ SHAPES = [  # B, H, H_kv, N: tails of every size, N < one block, GQA
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}Hkv{}N{}".format(*s))
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_forward_matches_float64(shape, causal, d, dtype):
     B, H, H_kv, N = shape
@@ -312,6 +312,42 @@ def test_flash_attention_takes_the_gluon_backward_when_asked(monkeypatch, d, cau
         out.backward(torch.ones_like(out))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_256_forward_when_asked_with_the_tl_backward(monkeypatch, causal):
+    """d = 256 (session 19): ``flash_attention`` runs the Gluon forward under
+    ``$COURSE_KERNELS_FORWARD=gluon`` and not under ``auto`` (not yet measured; the work
+    threshold waived so that only the head dim decides), the tl backward either way; gradients
+    within flash-attn's rule of float64."""
+    from course_kernels import flash_attention
+    from course_kernels.testing import attention_grads
+    from course_kernels.triton import launch
+
+    calls = []
+    real = launch.gluon_attention_forward
+
+    def spy(*a, **kw):
+        calls.append(a[0].shape)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(launch, "gluon_attention_forward", spy)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    q, k, v = _inputs(1, 4, 4, 1000, 256, torch.bfloat16, seed=256 + causal)
+    do = torch.randn_like(q)
+    scale = 1.0 / math.sqrt(256)
+    ref = attention_grads(q, k, v, do, causal, scale, True)
+    sdpa = attention_grads(q, k, v, do, causal, scale, False)
+    monkeypatch.delenv(launch.BACKWARD_ENV, raising=False)
+    for choice, gluon_calls in (("auto", 0), ("gluon", 1)):
+        monkeypatch.setenv(launch.FORWARD_ENV, choice)
+        calls.clear()
+        x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        flash_attention(*x, causal=causal, scale=scale).backward(do)
+        assert len(calls) == gluon_calls, (choice, calls)
+        for name, g, r, s in zip(("dq", "dk", "dv"), [t.grad for t in x], ref, sdpa, strict=True):
+            err, lim = (g.double() - r).abs().max().item(), fa_rule.budget(s, r, torch.bfloat16)
+            assert err <= lim, f"{choice} {name}: {err:.3e} over the budget {lim:.3e}"
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_o_staging_tile_gives_the_same_bits(d, causal):
@@ -332,7 +368,7 @@ WINDOW_SHAPES = [(1, 2, 2, 17), (2, 2, 2, 1000), (1, 2, 2, 2053), (1, 4, 2, 1024
 
 @pytest.mark.parametrize("shape", WINDOW_SHAPES, ids=lambda s: "B{}H{}Hkv{}N{}".format(*s))
 @pytest.mark.parametrize("window_left", [0, 1, 63, 64, 100, 128, 191, 1023])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_sliding_window_matches_float64(shape, window_left, d, dtype):
     """Session 11: causal sliding window (row i sees keys [i - window_left, i]) with the default
@@ -446,7 +482,7 @@ def _documents_forward(q, k, v, cu, scale, packed, **cfg):
 
 @pytest.mark.parametrize("lengths", DOC_LENGTHS, ids=lambda lens: "-".join(map(str, lens)))
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_documents_match_float64(lengths, packed, d, dtype):
     """Causal documents packed into one sequence (row i sees keys [start(i), i]), GQA, with the
