@@ -35,6 +35,7 @@ def test_imports_without_gluon_and_has_a_config_per_head_dim():
     [
         (dict(H_kv=1), "GQA/MQA .* not supported .* as many heads as q"),
         (dict(d=96), "head dim 96"),
+        (dict(d=256), r"head dim 256 not supported by the Gluon backward \(64 or 128\)"),
         (dict(dtype=torch.float32), "float16 or all bfloat16"),
     ],
 )

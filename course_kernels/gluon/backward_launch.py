@@ -117,7 +117,9 @@ def _check_backward_inputs(do, q, k, v, o, lse) -> None:
     """A ValueError saying what is accepted, for anything the first version does not support."""
     import torch
 
-    _check_inputs(q, k, v)  # 4-D, same B/N/d, d in {64, 128}, fp16 or bf16 (the forward's)
+    _check_inputs(q, k, v)  # 4-D, same B/N/d, the forward's head dims, fp16 or bf16
+    if q.shape[-1] not in BACKWARD_CONFIG:  # (the forward also takes d = 256)
+        raise ValueError(f"head dim {q.shape[-1]} not supported by the Gluon backward (64 or 128)")
     if k.shape[1] != q.shape[1]:
         raise ValueError(
             f"GQA/MQA ({q.shape[1]} query heads, {k.shape[1]} K/V heads) is not supported by "
