@@ -79,7 +79,7 @@ if HAVE_GLUON:
         else:  # tail tile: a TMA store would spill into the next head's rows
             orow = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
             ocol = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-            ptrs = o_ptr + (off_hz * N + orow)[:, None] * HEAD_DIM + ocol[None, :]
+            ptrs = o_ptr + (off_hz * N + orow).to(gl.int64)[:, None] * HEAD_DIM + ocol[None, :]
             gl.store(ptrs, o, mask=(orow < N)[:, None])
 
     # ---------------------------------------------------------------- consumer
