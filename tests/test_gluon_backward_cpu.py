@@ -33,7 +33,7 @@ def test_imports_without_gluon_and_has_a_config_per_head_dim():
 @pytest.mark.parametrize(
     "change, match",
     [
-        (dict(H_kv=1), "GQA/MQA .* not supported .* as many heads as q"),
+        (dict(H=3, H_kv=2), "multiple of K/V heads"),
         (dict(d=96), "head dim 96"),
         (dict(d=256), r"head dim 256 not supported by the Gluon backward \(64 or 128\)"),
         (dict(dtype=torch.float32), "float16 or all bfloat16"),
@@ -42,6 +42,32 @@ def test_imports_without_gluon_and_has_a_config_per_head_dim():
 def test_unsupported_shapes_and_dtypes_are_refused(change, match):
     with pytest.raises(ValueError, match=match):
         GB.gluon_attention_backward(**_args(**change))
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 5, 4), (7, 6, 4)], ids=["dense", "packed"])
+@pytest.mark.parametrize("h_kv", [1, 2, 3, 6])
+def test_gqa_gradients_sum_over_each_kv_heads_query_heads(shape, h_kv):
+    """Session 19: the Gluon backward writes dK, dV per query head; a K/V head's gradient is the
+    sum over the query heads that read it, heads h_kv * g .. h_kv * g + G - 1 for G = H // h_kv
+    (query head h reads K/V head h // G, SDPA's enable_gqa), summed in fp32, one rounding."""
+    per_q = torch.randn(*shape).to(torch.bfloat16)
+    got = GB._sum_over_groups(per_q, h_kv)
+    G = shape[1] // h_kv
+    want = torch.stack(
+        [sum(per_q[:, h].float() for h in range(j * G, (j + 1) * G)) for j in range(h_kv)], 1
+    ).to(torch.bfloat16)
+    assert got.shape == want.shape and got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+
+
+def test_gqa_is_accepted_by_the_checks():
+    """A call with fewer K/V heads passes every input check (GQA, session 19); on this machine
+    it then stops at the availability check, not at a ValueError."""
+    if G.gluon_available():
+        pytest.skip("Gluon is available here")
+    for h_kv in (1, 2):
+        with pytest.raises(RuntimeError, match="unavailable"):
+            GB.gluon_attention_backward(**_args(H=4, H_kv=h_kv))
 
 
 def test_o_do_and_lse_must_match_q():
@@ -595,7 +621,10 @@ def test_gluon_varlen_backward_checks_its_packed_inputs_like_the_dense_call():
             GB.gluon_varlen_backward(do, q, k, v, o, lse[:, :-1], cu, 0.125, packed=packed)
         with pytest.raises(ValueError, match="rise from 0 to N = 16"):
             GB.gluon_varlen_backward(do, q, k, v, o, lse, cu + 1, 0.125, packed=packed)
-        with pytest.raises(ValueError, match="GQA/MQA"):
+        k3 = torch.randn(T, 3, d, dtype=torch.float16)  # 3 K/V heads for 2 query heads
+        with pytest.raises(ValueError, match="multiple of K/V heads 3"):
+            GB.gluon_varlen_backward(do, q, k3, k3, o, lse, cu, 0.125, packed=packed)
+        with pytest.raises(RuntimeError, match="unavailable"):  # GQA passes the checks
             GB.gluon_varlen_backward(do, q, k[:, :1], v[:, :1], o, lse, cu, 0.125, packed=packed)
         with pytest.raises(ValueError, match="unknown"):
             GB.gluon_varlen_backward(do, q, k, v, o, lse, cu, 0.125, packed=packed, BLOCK=3)

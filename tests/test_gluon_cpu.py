@@ -89,7 +89,7 @@ def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
     from course_kernels.triton import launch
 
     q = torch.randn(1, 2, 16, 64, dtype=torch.float16)
-    kv = torch.randn(1, 1, 16, 64, dtype=torch.float16)  # GQA: the Gluon backward refuses it
+    kv = torch.randn(1, 1, 16, 64, dtype=torch.float16)  # GQA: auto leaves it to tl
     monkeypatch.delenv(launch.BACKWARD_ENV, raising=False)
     monkeypatch.setattr(launch, "gluon_available", lambda: True)
     monkeypatch.setattr(launch, "INTERPRET", False)
@@ -104,6 +104,15 @@ def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
     assert launch._use_gluon(q128, q128, backward=True) is False  # auto follows the tuple
     assert launch._use_gluon(q128, q128) is True  # the forward's auto takes both
     assert launch._use_gluon(q, kv, backward=True) is False  # auto: GQA keeps the tl backward
+    monkeypatch.setattr(launch, "GLUON_BACKWARD_GQA", True)  # once a GPU run has timed it
+    assert launch._use_gluon(q, kv, backward=True) is True
+    monkeypatch.setattr(launch, "GLUON_BACKWARD_GQA", False)
+    monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")  # asked for: GQA runs the Gluon backward
+    assert launch._use_gluon(q, kv, backward=True) is True
+    q3 = torch.randn(1, 3, 16, 64, dtype=torch.float16)  # 3 query heads over 2 K/V heads
+    with pytest.raises(ValueError, match="3 query and 2 K/V heads"):
+        launch._use_gluon(q3, torch.randn(1, 2, 16, 64), backward=True)
+    monkeypatch.delenv(launch.BACKWARD_ENV)
     # the Gluon backward's dQ atomics are not bit-reproducible: deterministic mode keeps tl
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     assert launch._use_gluon(q, q, backward=True) is False
@@ -117,8 +126,7 @@ def test_the_backward_choice_is_read_from_the_environment(monkeypatch):
     assert launch._use_gluon(q, q) is True  # the forward's variable is another one
     monkeypatch.setenv(launch.BACKWARD_ENV, "gluon")
     assert launch._use_gluon(q, q, backward=True) is True
-    with pytest.raises(ValueError, match="as many K/V heads as query heads; got .* 2 query and 1"):
-        launch._use_gluon(q, kv, backward=True)
+    assert launch._use_gluon(q, kv, backward=True) is True  # GQA, asked for by name
     monkeypatch.setenv(launch.BACKWARD_ENV, "fa3")
     with pytest.raises(ValueError, match="COURSE_KERNELS_BACKWARD='fa3'.*auto, gluon, triton"):
         launch._use_gluon(q, q, backward=True)

@@ -113,7 +113,7 @@ if HAVE_GLUON:
     BWD_SWITCHES = (
         "BM", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "CAUSAL", "DQ_SPLIT", "DQ_VEC", "DQ_SHARED",
         "OVERLAP_DQ", "DQ_TMA", "MASKED_LAST", "DV_EARLY", "ROTATE", "WINDOW", "DOCS", "PACKED",
-        "SECTION", "TAIL", "DQ_CONVERT",
+        "SECTION", "TAIL", "DQ_CONVERT", "GROUP",
     )  # fmt: skip
 
     @aggregate
@@ -146,22 +146,23 @@ if HAVE_GLUON:
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
         n0, hz, _heads = _bwd_tile(N, BN, cfg.SECTION, cfg.TAIL)
         rowp = hz * N_PAD  # the same head's first row in the padded L, D
+        kvz = hz // cfg.GROUP  # its K/V head (GQA: GROUP query heads share one; 1: kvz = hz)
         if PACKED:  # (total, H x d) views: token rows, the head's d columns
-            row0 = hz * 0
-            col0 = hz * desc_k.block_type.shape[1]
+            row0, kv_row0 = hz * 0, hz * 0
+            col0, kv_col0 = hz * desc_k.block_type.shape[1], kvz * desc_k.block_type.shape[1]
         else:  # first row of this (batch, head) in the flat tensors
-            row0 = hz * N
-            col0 = 0
+            row0, kv_row0 = hz * N, kvz * N
+            col0, kv_col0 = 0, 0
         # K and V of the key block, once: one [64, d] slice per consumer warpgroup
         mbarrier.expect(
             kv_ready.index(0), NUM_CONSUMERS * 2 * desc_k.block_type.nbytes
         )  # fmt: skip
         for c in gl.static_range(NUM_CONSUMERS):
             tma.async_copy_global_to_shared(
-                desc_k, [row0 + n0 + c * KEYS, col0], kv_ready.index(0), k_bufs.index(c)
+                desc_k, [kv_row0 + n0 + c * KEYS, kv_col0], kv_ready.index(0), k_bufs.index(c)
             )
             tma.async_copy_global_to_shared(
-                desc_v, [row0 + n0 + c * KEYS, col0], kv_ready.index(0), v_bufs.index(c)
+                desc_v, [kv_row0 + n0 + c * KEYS, kv_col0], kv_ready.index(0), v_bufs.index(c)
             )
         lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
         if MASKED_LAST:  # the consumers' order (``_bwd_runs``): unmasked blocks first
@@ -302,7 +303,7 @@ if HAVE_GLUON:
         MASKED_LAST: gl.constexpr = False, DV_EARLY: gl.constexpr = False,
         ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
         PACKED: gl.constexpr = False, SECTION: gl.constexpr = 0, TAIL: gl.constexpr = 0,
-        DQ_CONVERT: gl.constexpr = False,
+        DQ_CONVERT: gl.constexpr = False, GROUP: gl.constexpr = 1,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
@@ -312,7 +313,8 @@ if HAVE_GLUON:
         dk, dv in flash-attn's (total, H, d) layout, B = 1 (all three session 14). DQ_CONVERT
         (with DQ_TMA): dq_acc_ptr (dQ_acc as a pointer), dq_final_ptr (dq) and count_ptr (an
         int32 a head, zero at launch, zero again after it) for the in-kernel conversion; other
-        calls pass any tensors there (unused)."""
+        calls pass any tensors there (unused). GROUP (session 19): query heads a K/V head serves
+        (GQA): K, V read from head hz // GROUP, dK, dV written per query head (the host sums)."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
@@ -352,7 +354,7 @@ if HAVE_GLUON:
         cfg = BwdSchedule(
             BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
             DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED, SECTION,
-            TAIL, DQ_CONVERT,
+            TAIL, DQ_CONVERT, GROUP,
         )  # fmt: skip
         # (Gluon 3.6 takes each role's arguments written out: no *args, no shared tuple)
         if NUM_CONSUMERS == 1:

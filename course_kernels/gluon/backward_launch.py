@@ -120,11 +120,6 @@ def _check_backward_inputs(do, q, k, v, o, lse) -> None:
     _check_inputs(q, k, v)  # 4-D, same B/N/d, the forward's head dims, fp16 or bf16
     if q.shape[-1] not in BACKWARD_CONFIG:  # (the forward also takes d = 256)
         raise ValueError(f"head dim {q.shape[-1]} not supported by the Gluon backward (64 or 128)")
-    if k.shape[1] != q.shape[1]:
-        raise ValueError(
-            f"GQA/MQA ({q.shape[1]} query heads, {k.shape[1]} K/V heads) is not supported by "
-            "the Gluon backward yet: it accepts k, v with as many heads as q"
-        )
     for name, x in (("do", do), ("o", o)):
         if not isinstance(x, torch.Tensor) or x.shape != q.shape or x.dtype != q.dtype:
             got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x)
@@ -204,6 +199,15 @@ def shared_bytes(d: int, cfg: dict) -> int:
     return ring + NC * 2 * 64 * d * 2 + NC * 64 * BM * 2 + tiles
 
 
+def _sum_over_groups(x, h_kv: int):
+    """GQA: per-query-head dK or dV, (B, H, N, d) or packed (total, H, d), -> per K/V head, the
+    sum over each head's H // h_kv consecutive query heads (SDPA's ``enable_gqa`` grouping, the
+    kernel's hz // GROUP), accumulated in fp32 and rounded once (as flash-attn 2 sums them)."""
+    import torch
+
+    return x.unflatten(1, (h_kv, -1)).sum(2, dtype=torch.float32).to(x.dtype)
+
+
 def _row_layout(BM: int):
     if BM not in _ROW_LAYOUTS:
         _ROW_LAYOUTS[BM] = gl.NVMMASharedLayout.get_default_for([BM], gl.float32)
@@ -225,9 +229,10 @@ def gluon_attention_backward(
 ):
     """Gradients (dq, dk, dv) of attention with the FA3-style Gluon backward (first version).
 
-    q, k, v, o, do: (B, H, N, d), fp16 or bf16, d in {64, 128}, as many K/V heads as query
-    heads (no GQA yet); lse: the forward's natural-log logsumexp, float32 (B, H, N), as
-    :func:`.launch.gluon_attention_forward` returns it; causal is top-left aligned (SDPA's
+    q, o, do: (B, H, N, d), k, v: (B, H_kv, N, d) with H_kv dividing H (GQA, session 19: dK, dV
+    per query head, summed on the host), fp16 or bf16, d in {64, 128}; lse: the forward's
+    natural-log logsumexp, float32 (B, H, N), as :func:`.launch.gluon_attention_forward`
+    returns it; causal is top-left aligned (SDPA's
     ``is_causal``); scale defaults to 1/sqrt(d); window_left (with causal): row i sees keys
     [i - window_left, i], as in :func:`.launch.gluon_attention_forward` (session 14; its GPU
     tests passed on an H100 in session 15); cu_seqlens (with causal, B = 1): documents packed
@@ -282,6 +287,7 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         (N, H, d), B = q.shape, 1
     else:
         B, H, N, d = q.shape
+    H_kv = k.shape[1]  # (B, H_kv, N, d) or packed (total, H_kv, d); GQA: H_kv divides H
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     BM, NC = cfg["BM"], cfg["NUM_CONSUMERS"]
     BN = 64 * NC
@@ -297,14 +303,16 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     flat = torch.zeros(B * H * rows * d + B * H, device=q.device, dtype=torch.float32)
     dq_acc = flat[: B * H * rows * d].view(B, H, rows, d)
     dq = torch.empty_like(q)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    # GQA: dK, dV per query head (each reads its K/V head, GROUP = H // H_kv), summed below
+    dk, dv = (torch.empty_like(q if H_kv < H else x) for x in (k, v))
     gdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     q_layout, kv_layout = _smem_layout(BM, d, gdt), _smem_layout(64, d, gdt)
     cols = H * d if packed else d  # the rows of the 2-D views TMA reads
     desc_q = TensorDescriptor.from_tensor(q.view(-1, cols), [BM, d], q_layout)
     desc_do = TensorDescriptor.from_tensor(do.view(-1, cols), [BM, d], q_layout)
-    desc_k = TensorDescriptor.from_tensor(k.view(-1, cols), [64, d], kv_layout)
-    desc_v = TensorDescriptor.from_tensor(v.view(-1, cols), [64, d], kv_layout)
+    kv_cols = H_kv * d if packed else d
+    desc_k = TensorDescriptor.from_tensor(k.view(-1, kv_cols), [64, d], kv_layout)
+    desc_v = TensorDescriptor.from_tensor(v.view(-1, kv_cols), [64, d], kv_layout)
     desc_lse = TensorDescriptor.from_tensor(lse2, [BM], _row_layout(BM))
     desc_d = TensorDescriptor.from_tensor(delta, [BM], _row_layout(BM))
     dq_out = dq_acc
@@ -352,8 +360,11 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         SECTION=section,
         TAIL=tail,
         DQ_CONVERT=bool(cfg["DQ_CONVERT"]),
+        GROUP=H // H_kv,
         num_warps=4,
     )
+    if H_kv < H:
+        dk, dv = _sum_over_groups(dk, H_kv), _sum_over_groups(dv, H_kv)
     if cfg["DQ_CONVERT"]:  # dq converted by the main kernel
         return dq, dk, dv
     if dq_tma or packed:  # dQ_acc's rows a head: n_pad (DQ_TMA) or N

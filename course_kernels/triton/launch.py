@@ -50,7 +50,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 # Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: Hopper with
 # the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, at least GLUON_MIN_WORK; else tl),
 # "gluon" (always, d = 256 too; an error where it cannot) or "triton". The backward has its own
-# variable (the Gluon one: as many K/V heads as query heads; "auto": GLUON_BACKWARD_AUTO's dims).
+# variable ("auto": GLUON_BACKWARD_AUTO's dims; GQA only if GLUON_BACKWARD_GQA, else forced).
 FORWARD_ENV, BACKWARD_ENV = "COURSE_KERNELS_FORWARD", "COURSE_KERNELS_BACKWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
 
@@ -77,8 +77,9 @@ def _gluon_fits(q, k, dims) -> bool:
 # where it beat tl by 3% in every row (data/bench/h100_features_bench_{masked_bwd,session16_window_bwd}_*).
 GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (128,), "documents": (64, 128)}
 GLUON_MASKED_FORWARD = {"documents": (128,)}  # the same rule (h100_features_bench_docs_fwd_*)
-# The dims each Gluon kernel takes; d = 256 compiles for Hopper but has not run on a GPU: not auto's.
+# The dims each Gluon kernel takes. Not run on a GPU yet, so not auto's: d = 256, a GQA backward.
 GLUON_FORWARD_DIMS, GLUON_BACKWARD_DIMS, GLUON_FORWARD_AUTO = (64, 128, 256), (64, 128), (64, 128)
+GLUON_BACKWARD_GQA = False
 
 
 def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
@@ -97,19 +98,20 @@ def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
     ):
         return False
     dims = GLUON_BACKWARD_DIMS if backward else GLUON_FORWARD_DIMS
-    fits = _gluon_fits(q, k, dims) and (not backward or q.shape[1] == k.shape[1])
+    fits = _gluon_fits(q, k, dims) and q.shape[1] % k.shape[1] == 0
     if choice == "gluon":
         if not gluon_available():
             raise RuntimeError(f"${env}=gluon, but {why_unavailable()}")
         if not fits:
             raise ValueError(
                 f"${env}=gluon: the Gluon {what} takes CUDA fp16/bf16 inputs with d in {dims} "
-                f"and Nq = Nk{' and as many K/V heads as query heads' if backward else ''}; got "
+                f"and Nq = Nk; got "
                 f"{q.dtype}, d = {q.shape[3]}, Nq = {q.shape[2]}, Nk = {k.shape[2]}, "
                 f"{q.shape[1]} query and {k.shape[1]} K/V heads on {q.device}"
             )
         return True
     fits = fits and (backward or mask or q.shape[3] in GLUON_FORWARD_AUTO)  # (else checked above)
+    fits = fits and (not backward or GLUON_BACKWARD_GQA or q.shape[1] == k.shape[1])
     return not INTERPRET and fits and _gluon_pays(q, k) and gluon_available()
 
 

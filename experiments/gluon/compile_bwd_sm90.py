@@ -236,6 +236,11 @@ CONFIGS = (
         _masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8, DQ_CONVERT=True)
         for d in (64, 128)
     ]  # fmt: skip
+    + [  # session 19: GQA (K/V from head hz // GROUP), dense plain / causal / window, packed docs
+        _masked_last(d, None, c, GROUP=g) for d in (64, 128) for c in (False, True) for g in (2, 8)
+    ]
+    + [_masked_last(128, None, True, WINDOW=True, GROUP=4)]
+    + [_masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8, GROUP=4) for d in (64, 128)]
 )
 
 

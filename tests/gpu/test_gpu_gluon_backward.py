@@ -405,3 +405,114 @@ def test_documents_cta_order_changes_only_the_dq_summation_order(d):
     assert torch.equal(plain[1], default[1]) and torch.equal(plain[2], default[2])
     tol = 4 * 2**-10 * plain[0].abs().max().item()
     assert (plain[0].float() - default[0].float()).abs().max().item() <= tol
+
+
+# ------------------------------------- session 19: GQA (GROUP query heads share a K/V head)
+def _gqa_grads(q, k, v, do, scale, keep, f64):
+    """dq, dk, dv when query head h reads K/V head h // (H // H_kv) (SDPA's ``enable_gqa``),
+    ``keep`` a boolean (N, N) mask or None: float64 autograd through K/V repeated per query head
+    (so their gradients sum over the group), or SDPA in the inputs' dtype."""
+    g = q.shape[1] // k.shape[1]
+    xs = [x.detach().to(torch.float64 if f64 else x.dtype).requires_grad_() for x in (q, k, v)]
+    if f64:
+        kr, vr = (x.repeat_interleave(g, dim=1) for x in xs[1:])
+        s = xs[0] @ kr.transpose(-1, -2) * scale
+        o = torch.softmax(s if keep is None else s.masked_fill(~keep, float("-inf")), -1) @ vr
+    else:
+        o = torch.nn.functional.scaled_dot_product_attention(
+            *xs, attn_mask=keep, scale=scale, enable_gqa=True
+        )
+    return torch.autograd.grad(o, xs, do.to(o.dtype))
+
+
+def _gqa_inputs(B, H, H_kv, N, d, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, do = (torch.randn(B, H, N, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, H_kv, N, d, device="cuda", dtype=dtype, generator=g) for _ in range(2))
+    return q, k, v, do
+
+
+def _assert_rule(got, ref, sdpa, dtype, shapes):
+    errs = {}
+    for name, g, r, s, shape in zip(("dq", "dk", "dv"), got, ref, sdpa, shapes, strict=True):
+        assert g.shape == shape and g.dtype == dtype, (name, g.shape, g.dtype)
+        assert torch.isfinite(g).all(), f"NaN/inf in {name} (unwritten rows?)"
+        errs[name] = ((g.double() - r).abs().max().item(), fa_rule.budget(s, r, dtype))
+    assert all(e <= lim for e, lim in errs.values()), errs
+
+
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("heads", [(4, 2), (8, 1), (6, 3)], ids=lambda h: "H{}Hkv{}".format(*h))
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gqa_backward_matches_float64(mask, heads, d, dtype):
+    """GQA and MQA in the Gluon backward (GROUP): K/V read from head hz // GROUP, dK and dV
+    written per query head and summed over each group on the host; flash-attn's 2x rule against
+    float64 for every gradient, dk and dv in k's shape; two batch entries (hz = b H + h)."""
+    H, H_kv = heads
+    dt, N, left = getattr(torch, dtype), 1000, 300 if mask == "window" else None
+    q, k, v, do = _gqa_inputs(2, H, H_kv, N, d, dt, seed=fa_rule.seed(mask, heads, d, dtype))
+    scale = 1.0 / math.sqrt(d)
+    i = torch.arange(N, device="cuda")[:, None]
+    j = torch.arange(N, device="cuda")[None, :]
+    keep = {"full": None, "causal": j <= i, "window": (j <= i) & (j >= i - 300)}[mask]
+    ref = _gqa_grads(q, k, v, do, scale, keep, True)
+    sdpa = _gqa_grads(q, k, v, do, scale, keep, False)
+    causal = mask != "full"
+    o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale, window_left=left)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_attention_backward(do, q, k, v, o, lse, causal, scale, window_left=left)
+    _assert_rule(got, ref, sdpa, dt, (q.shape, k.shape, v.shape))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("lengths", [[100, 1, 300, 77], [1000, 24, 1029]])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gqa_documents_backward_matches_float64(lengths, d, packed):
+    """GQA with packed causal documents (gluon_varlen_backward, flash-attn's (total, heads, d)
+    layout with fewer K/V heads, in place or copied): flash-attn's 2x rule against float64."""
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    n = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda").int()
+    q, k, v, do = _gqa_inputs(1, 4, 2, n, d, torch.float16, seed=fa_rule.seed(lengths, d))
+    scale = 1.0 / math.sqrt(d)
+    keep = _doc_mask(cu, n, "cuda")
+    ref = _gqa_grads(q, k, v, do, scale, keep, True)
+    sdpa = _gqa_grads(q, k, v, do, scale, keep, False)
+    qp, kp, vp, dop = (x[0].transpose(0, 1).contiguous() for x in (q, k, v, do))  # (n, H, d)
+    m = max(lengths)
+    o, lse = flash_attention_varlen(qp, kp, vp, cu, cu, m, m, True, scale, True)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_varlen_backward(dop, qp, kp, vp, o, lse, cu, scale, packed=packed)
+    got = [g.transpose(0, 1).unsqueeze(0) for g in got]  # back to (1, heads, n, d)
+    _assert_rule(got, ref, sdpa, torch.float16, (q.shape, k.shape, v.shape))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_runs_gqa_backwards_on_gluon_only_when_asked(monkeypatch, causal):
+    """Until a GPU run has timed it, ``auto`` keeps the tl backward for GQA
+    (GLUON_BACKWARD_GQA); ``$COURSE_KERNELS_BACKWARD=gluon`` or the switch take the Gluon one,
+    whose gradients pass flash-attn's rule against float64."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.flash import flash_attention
+
+    q, k, v, do = _gqa_inputs(1, 8, 2, 2048, 128, torch.float16, seed=191 + causal)
+    scale = 1.0 / math.sqrt(128)
+    keep = torch.ones(2048, 2048, dtype=torch.bool, device="cuda").tril() if causal else None
+    ref = _gqa_grads(q, k, v, do, scale, keep, True)
+    sdpa = _gqa_grads(q, k, v, do, scale, keep, False)
+    calls = []
+    real = launch.gluon_attention_backward
+    monkeypatch.setattr(
+        launch, "gluon_attention_backward", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    for env, switch, want in (("auto", False, 0), ("gluon", False, 1), ("auto", True, 1)):
+        monkeypatch.setenv(launch.BACKWARD_ENV, env)
+        monkeypatch.setattr(launch, "GLUON_BACKWARD_GQA", switch)
+        calls.clear()
+        xs = [x.detach().requires_grad_() for x in (q, k, v)]
+        got = torch.autograd.grad(flash_attention(*xs, causal=causal, scale=scale), xs, do)
+        assert len(calls) == want, (env, switch, calls)
+        _assert_rule(got, ref, sdpa, torch.float16, (q.shape, k.shape, v.shape))
