@@ -15,7 +15,8 @@
 #                            interleaved rounds on the same inputs, three fresh processes a dtype
 #                            (issue 23's "worst of three"; experiments/gluon/bench_section.py)
 #   dq_convert.json          the Gluon backward with DQ_CONVERT beside its default (same inputs)
-#   gluon_d256.json          the d = 256 Gluon forward: checks, then cuDNN, FA2, tl (one process)
+#   gluon_d256.json          the d = 256 Gluon forward: checks, then beside cuDNN and FA2
+#   gluon_d256_tl.json       the same rows in a second process, with the tl kernel as well
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -108,7 +109,10 @@ if has dq_convert; then
 fi
 if has d256; then
   echo "== Gluon forward at d = 256: float64 checks, then beside cuDNN, FA2 and the tl kernel"
-  timeout "${D256_BENCH_LIMIT:-240}" "$PY" experiments/gluon/bench_forward.py --out "$OUT" \
-    --tag gluon_d256 --skip-levers --quick-check --check-dims 256 --dims 256 --with-tl
+  timeout "${D256_BENCH_LIMIT:-200}" "$PY" experiments/gluon/bench_forward.py --out "$OUT" \
+    --tag gluon_d256 --skip-levers --quick-check --check-dims 256 --dims 256
+  # a second process with the tl kernel as well (autotuned at d = 256: its own limit, its own file)
+  timeout "${D256_TL_LIMIT:-240}" "$PY" experiments/gluon/bench_forward.py --out "$OUT" \
+    --tag gluon_d256_tl --skip-levers --skip-check --dims 256 --with-tl
 fi
 echo "== done $(date -u +%FT%TZ)"
