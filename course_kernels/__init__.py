@@ -10,7 +10,7 @@ The ladder (one module per concept, one book chapter each):
 - ``tiled``           Flash Attention forward in NumPy, FA1 and FA2 loop orders
 - ``tiled_backward``  the tiled backward pass from the saved logsumexp
 - ``blocks``          block sizes from the SRAM budget
-- ``iosim``           a two-level memory that counts HBM traffic (the memory: ``two_level_memory``)
+- ``iosim``           a two-level memory that counts HBM traffic (the memory: ``iosim.memory``)
 - ``flash``           the Triton kernels behind ``flash_attention`` (torch and triton imported lazily)
 - ``split_kv``        split-KV decoding in NumPy (Flash-Decoding's algorithm); ``decode`` runs it in Triton
 - ``apps``            the Applications chapter's GPU runs (training, context length, decode steps)

@@ -71,3 +71,19 @@ def test_paper_br_is_min_of_bc_and_d(m, d):
 def test_block_size_bad_input(m, d, exc, match):
     with pytest.raises(exc, match=match):
         block_size(m, d)
+
+
+@pytest.mark.parametrize("rule", [article_block_size, paper_block_sizes])
+@pytest.mark.parametrize(
+    "m,d,exc,match",
+    [
+        (0, 64, ValueError, "sram_elements must be an integer >= 1"),
+        (1000, 0, ValueError, "head_dim must be an integer >= 1"),
+        (1000.5, 8, TypeError, "sram_elements must be an integer"),
+        (True, 8, TypeError, "sram_elements must be an integer"),
+        (1000, 8.0, TypeError, "head_dim must be an integer"),
+    ],
+)
+def test_other_block_rules_check_their_arguments(rule, m, d, exc, match):
+    with pytest.raises(exc, match=match):
+        rule(m, d)

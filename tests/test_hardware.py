@@ -48,12 +48,53 @@ SOURCE_VALUES = [
     ("A100-80GB", "fp32_tflops", 19.5),
     ("H100-SXM", "fp32_tflops", 67),
     ("H200-SXM", "fp32_tflops", 67),
+    ("T4", "memory_type", "GDDR6"),
+    ("T4", "boost_clock_mhz", 1590),
+    ("A100-40GB", "compute_capability", "8.0"),
+    ("A100-40GB", "sms", 108),
+    ("A100-40GB", "smem_per_sm_kib", 164),
+    ("A100-40GB", "smem_per_block_kib", 163),
+    ("A100-40GB", "smem_per_block_default_kib", 48),
+    ("A100-40GB", "l2_mb", 40),
+    ("A100-40GB", "memory_gb", 40),
+    ("A100-40GB", "memory_type", "HBM2"),
+    ("A100-40GB", "fp16_tensor_tflops", 312),
+    ("A100-40GB", "bf16_tensor_tflops", 312),
+    ("A100-40GB", "boost_clock_mhz", 1410),
+    ("A100-40GB", "fp32_tflops", 19.5),
+    ("A100-80GB", "smem_per_block_default_kib", 48),
+    ("A100-80GB", "memory_gb", 80),
+    ("A100-80GB", "memory_type", "HBM2e"),
+    ("A100-80GB", "bf16_tensor_tflops", 312),
+    ("H100-SXM", "smem_per_block_default_kib", 48),
+    ("H100-SXM", "memory_gb", 80),
+    ("H100-SXM", "memory_type", "HBM3"),
+    ("H100-SXM", "bf16_tensor_tflops", 989),
+    ("H100-SXM", "boost_clock_mhz", 1980),
+    ("H200-SXM", "compute_capability", "9.0"),
+    ("H200-SXM", "smem_per_sm_kib", 228),
+    ("H200-SXM", "smem_per_block_default_kib", 48),
+    ("H200-SXM", "l2_mb", 50),
+    ("H200-SXM", "memory_type", "HBM3e"),
+    ("H200-SXM", "bf16_tensor_tflops", 989),
+    ("H200-SXM", "boost_clock_mhz", 1980),
 ]
 
 
 @pytest.mark.parametrize("gpu,field,value", SOURCE_VALUES)
 def test_hardware_table_matches_sources(gpu, field, value):
     assert getattr(hw.GPUS[gpu], field) == value
+
+
+def test_hardware_every_table_value_is_checked_against_a_source():
+    """SOURCE_VALUES covers every number of every GPU, so a typo anywhere in the table fails."""
+    import dataclasses
+
+    checked = {(gpu, field) for gpu, field, _ in SOURCE_VALUES}
+    for key, g in hw.GPUS.items():
+        for f in dataclasses.fields(g):
+            if f.name not in ("name", "sources"):
+                assert (key, f.name) in checked, (key, f.name)
 
 
 def test_hardware_every_gpu_cites_sources():
@@ -84,6 +125,8 @@ def test_hardware_sram_elements_a100_is_163_kib_of_fp16():
     assert a100.sram_elements(bytes_per_element=4) == 163 * 1024 // 4
     with pytest.raises(ValueError, match="per"):
         a100.sram_elements(per="chip")
+    with pytest.raises(ValueError, match="bytes_per_element"):
+        a100.sram_elements(bytes_per_element=0)
 
 
 def test_hardware_traffic_ratio_values_from_facts():
@@ -263,3 +306,109 @@ def test_hardware_measure_ceilings_script_writes_a_record_that_reads_back(tmp_pa
     )
     with pytest.raises(ValueError, match="ceilings"):
         hw.ceilings_from_record({"environment": record["environment"]})
+
+
+def test_hardware_rates_in_base_units():
+    h100 = hw.GPUS["H100-SXM"]
+    assert h100.fp16_flops == 989e12  # TFLOP/s -> FLOP/s
+    assert h100.bandwidth == 3350e9  # GB/s (10^9) -> bytes/s
+
+
+def test_hardware_links_per_direction_from_the_quoted_rates():
+    per_dir = {name: link.per_direction for name, link in hw.LINKS.items()}
+    assert per_dir["NVLink 4 (H200 SXM)"] == 900e9 / 2
+    assert per_dir["PCIe Gen5 x16"] == 128e9 / 2
+    assert per_dir["InfiniBand NDR (one 400 Gb/s NIC per GPU)"] == 400e9 / 8  # bits -> bytes
+
+
+def test_hardware_bank_conflict_degree_counts_words_not_bytes():
+    # 32 threads read consecutive fp16 elements: two threads per 4-byte word, one broadcast each.
+    assert hw.bank_conflict_degree([2 * t for t in range(32)]) == 1
+    assert hw.bank_conflict_degree([0]) == 1  # one thread: one transaction
+    # 8-byte bank words (bank_bytes=8): consecutive 8-byte elements are conflict-free...
+    assert hw.bank_conflict_degree([8 * t for t in range(32)], bank_bytes=8) == 1
+    # ...and with 16 banks the 32 words fall two to a bank.
+    assert hw.bank_conflict_degree([4 * t for t in range(32)], banks=16) == 2
+
+
+@pytest.mark.parametrize(
+    "addresses,kw,match",
+    [
+        ([True], {}, "integers"),
+        ([4.5], {}, "integers"),
+        ([0], {"banks": 0}, "banks"),
+        ([0], {"bank_bytes": 0}, "bank_bytes"),
+    ],
+)
+def test_hardware_bank_conflict_degree_bad_input(addresses, kw, match):
+    with pytest.raises(ValueError, match=match):
+        hw.bank_conflict_degree(addresses, **kw)
+
+
+def _record(runs=None, **ceilings):
+    env = {"gpu": "NVIDIA X", "date": "2026-01-01", "torch": "2", "triton": "3", "command": "c"}
+    res = {"copy_bandwidth": 1e12, "fp16_matmul_flops": 5e14, "matmul_n": 8192, **ceilings}
+    if runs is not None:
+        res["matmul_runs"] = runs
+    return {"environment": env, "ceilings": res}
+
+
+def test_hardware_ceilings_from_record_non_square_best_run():
+    """The ceiling's matmul_n is the largest dimension of the best run when it is not square."""
+    run = {"dtype": "float16", "repeats": 3, "mean_flops": 5e14}
+    runs = [
+        {**run, "shape": [4096, 4096, 4096], "best_flops": 6e14},
+        {**run, "shape": [8192, 4096, 16384], "best_flops": 7e14},
+    ]
+    c = hw.ceilings_from_record(_record(runs), gpu="H200-SXM")
+    assert (c.fp16_matmul_flops, c.matmul_n, c.gpu) == (7e14, 16384, "H200-SXM")
+    assert "best of 2 runs" in c.matmul_method
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        _record(matmul_n="big"),  # ValueError inside
+        _record(copy_bandwidth=None),  # TypeError inside
+        {"environment": None, "ceilings": {}},
+    ],
+)
+def test_hardware_ceilings_from_record_malformed_values_say_what_is_needed(record):
+    with pytest.raises(ValueError, match="a ceilings record needs"):
+        hw.ceilings_from_record(record)
+
+
+def _scripted_timer(*seconds):
+    """A timer that returns the given times, one per call, and never runs ``fn``."""
+    it = iter(seconds)
+    return lambda fn: next(it)
+
+
+def test_hardware_measure_ceilings_times_each_ceiling_separately():
+    pytest.importorskip("torch")
+    timer = _scripted_timer(1e-3, 4e-3)  # the copy is timed first, then the matmul
+    res = hw.measure_ceilings("cpu", matmul_n=16, copy_bytes=2048, timer=timer)
+    assert res["copy_bandwidth"] == pytest.approx(2 * 2048 / 1e-3)
+    assert res["fp16_matmul_flops"] == pytest.approx(2 * 16**3 / 4e-3)
+    assert (res["copy_seconds"], res["matmul_seconds"]) == (1e-3, 4e-3)
+    for bad in ((1e-3, 0.0), (0.0, 1e-3)):
+        with pytest.raises(RuntimeError, match="non-positive"):
+            hw.measure_ceilings("cpu", matmul_n=4, copy_bytes=4, timer=_scripted_timer(*bad))
+    with pytest.raises(ValueError, match="matmul_n"):
+        hw.measure_ceilings("cpu", matmul_n=0, copy_bytes=4, timer=lambda fn: 1.0)
+
+
+def test_hardware_cpu_timer_is_the_median_after_warmup(monkeypatch):
+    """The CPU fallback of do_bench: warm-up calls untimed, then the median of the timed ones."""
+    import time
+
+    from course_kernels.hardware import ceilings
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    durations = iter([100.0] * 3 + [1.0] + [2.0] * 3 + [50.0])  # 3 warm-up calls, then 5 timed
+
+    def fn():
+        clock[0] += next(durations)
+
+    assert ceilings._median_seconds(fn, repeats=5, warmup=3) == 2.0

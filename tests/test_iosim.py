@@ -6,7 +6,7 @@ import pytest
 from attention_inputs import make_qkv
 
 from course_kernels import attention_reference, block_size, iosim
-from course_kernels.iosim import SRAMOverflowError, TwoLevelMemory
+from course_kernels.iosim import IOCount, SRAMOverflowError, TwoLevelMemory
 
 
 @pytest.mark.parametrize("n,d", [(1, 1), (7, 3), (113, 40), (1024, 64), (4096, 128)])
@@ -132,6 +132,8 @@ def test_memory_errors_are_clear():
         (dict(N=10, d=64, M=100), ValueError, "too small for one block"),
         (dict(N=10, d=64, M=1000, loop_order="fa3"), ValueError, "loop_order"),
         (dict(N=10, d=64, M=1000, model="fast"), ValueError, "model must be one of"),
+        (dict(N=10, d=64, M=1000, n_k=0), ValueError, "n_k must be an integer >= 1"),
+        (dict(N=10, d=64, M=1000, dv=0), ValueError, "dv must be an integer >= 1"),
     ],
 )
 def test_flash_io_bad_input(kwargs, exc, match):
@@ -177,3 +179,96 @@ def test_iosim_io_blocks_by_hand_and_agrees_with_the_formula():
         iosim.flash_attention_io_blocks(10, 4, 0, 5)
     with pytest.raises(ValueError, match="loop_order"):
         iosim.flash_attention_io_blocks(10, 4, 3, 5, "fa3")
+
+
+def test_causal_counts_by_hand():
+    # FA2, article model, N = 8, d = 1, M = 8: B = 2. Query block i sees key blocks 0..i, so
+    # 1 + 2 + 3 + 4 = 10 loads of a K and a V block of 2 rows; Q read once; O and L written once.
+    c = iosim.flash_attention_io(8, 1, 8, "fa2", causal=True)
+    assert (c.reads, c.writes) == (8 + 10 * (2 + 2), 8 + 8)
+    # FA1, paper model, N = 10, d = 2, M = 40: block_k = 5, block_q = 2. Key block 0 meets all 10
+    # query rows; key block 1 (keys 5..9) starts at the query block holding row 5, rows 4..9.
+    # Each of the 16 rows reads Q, O (2 each), l, m and writes O, l, m; O, l, m initialised once.
+    c = iosim.flash_attention_io(10, 2, 40, "fa1", causal=True, model="paper")
+    assert (c.reads, c.writes) == (2 * 5 * (2 + 2) + 16 * 6, 10 * 4 + 16 * 4)
+
+
+def test_flash_block_sizes_of_each_model():
+    assert iosim.flash_block_sizes(64, 100_000) == (390, 390)  # article: B = floor(M / 4d)
+    assert iosim.flash_block_sizes(64, 100_000, "paper") == (64, 390)  # min(B, d), B
+    assert iosim.flash_block_sizes(16, 100_000, "paper") == (16, 1562)
+    with pytest.raises(ValueError, match="model must be one of"):
+        iosim.flash_block_sizes(64, 100_000, "fast")
+
+
+def test_asymptotic_rejects_an_unknown_loop_order():
+    with pytest.raises(ValueError, match="loop_order"):
+        iosim.flash_attention_io_asymptotic(1024, 64, 100_000, "fa3")
+
+
+def test_count_io_output_buffers_start_empty_in_the_accumulator_dtype(rng):
+    """fp16 inputs: O and L are float32 (the accumulator), O = 0 and L = -inf before any store."""
+    q, k, v = make_qkv(rng, lead=(), n_q=6, d=4, dv=3, dtype=np.float16)
+    count, out, lse = iosim.count_io(lambda mem: None, q, k, v, 1000)
+    assert count.total == 0
+    assert out.dtype == np.float32 and lse.dtype == np.float32 and out.shape == (6, 3)
+    assert (out == 0).all() and np.isneginf(lse).all()
+
+
+def test_memory_rows_are_a_contiguous_slice_and_an_empty_one_moves_nothing():
+    mem = TwoLevelMemory(100, X=np.zeros((4, 3)))
+    with pytest.raises(ValueError, match="contiguous slice"):
+        mem.load("X", slice(0, 4, 2))
+    tile = mem.load("X", slice(3, 1))
+    assert tile.shape == (0, 3) and (mem.reads, mem.in_use) == (0, 0)
+    mem.free(tile)
+
+
+def test_memory_rows_index_the_sequence_axis_of_batched_arrays():
+    x = np.arange(24.0).reshape(2, 4, 3)  # (batch, N, d)
+    mem = TwoLevelMemory(None, X=x.copy())
+    tile = mem.load("X", slice(1, 3))
+    np.testing.assert_array_equal(tile, x[:, 1:3])
+    mem.store("X", slice(1, 3), -tile)
+    np.testing.assert_array_equal(mem.hbm["X"][:, 1:3], -x[:, 1:3])
+    assert (mem.reads, mem.writes) == (12, 12)
+
+
+def test_memory_load_is_a_copy_until_stored():
+    x = np.arange(12.0).reshape(4, 3)
+    mem = TwoLevelMemory(None, X=x.copy())
+    tile = mem.load("X", slice(0, 2))
+    tile += 100.0  # work on chip
+    np.testing.assert_array_equal(mem.hbm["X"], x)
+
+
+def test_memory_alloc_is_filled_scratch_without_traffic():
+    mem = TwoLevelMemory(100, X=np.zeros((4, 3)))
+    acc = mem.alloc((2, 3), fill=-np.inf, dtype=np.float32)
+    assert acc.dtype == np.float32 and acc.shape == (2, 3) and np.isneginf(acc).all()
+    assert (mem.reads, mem.writes, mem.in_use) == (0, 0, 6)
+
+
+def test_repeat_simulates_once_and_charges_the_rest():
+    mem = TwoLevelMemory(100, X=np.zeros((4, 3)))
+    calls = []
+
+    def body():
+        calls.append(1)
+        mem.free(mem.load("X", slice(0, 2)))  # 6 elements read
+
+    mem.repeat(0, body)
+    assert calls == [] and mem.count() == IOCount(0, 0, 0, 0, 0)
+    mem.repeat(5, body)  # run once, charged four more times
+    assert len(calls) == 1 and mem.count() == IOCount(30, 0, 6, 1, 4)
+    mem.repeat(3, body, exact=True)  # run every time
+    assert len(calls) == 4 and mem.count() == IOCount(48, 0, 6, 4, 4)
+
+    def leaky():
+        mem.load("X", slice(0, 1))
+
+    with pytest.raises(RuntimeError, match="must free"):
+        mem.repeat(2, leaky)
+    leak_free = TwoLevelMemory(100, X=np.zeros((4, 3)))
+    with pytest.raises(RuntimeError, match="must free"):  # the same rule when run every time
+        leak_free.repeat(2, lambda: leak_free.load("X", slice(0, 1)), exact=True)

@@ -160,3 +160,39 @@ def test_finalize_of_empty_partial_is_zero_with_minus_inf_lse():
 def test_online_softmax_rejects_bad_block(bad, exc):
     with pytest.raises(exc, match="block_k must be an integer >= 1"):
         online_softmax(np.ones((2, 3)), block_k=bad)
+
+
+@pytest.mark.parametrize(
+    "x,exc,match",
+    [
+        (np.ones((2, 0)), ValueError, "non-empty last axis"),
+        (np.float64(1.0), ValueError, "non-empty last axis"),
+        (np.arange(6).reshape(2, 3), TypeError, "floating point"),
+    ],
+)
+def test_online_softmax_rejects_empty_or_integer_input(x, exc, match):
+    with pytest.raises(exc, match=match):
+        online_softmax(x)
+
+
+def test_partial_attention_applies_the_scale(rng):
+    q, k, v = make_qkv(rng, lead=(2,), n_q=5, n_k=9, d=4, dv=3)
+    out, lse = finalize(partial_attention(q, k, v, scale=0.9))
+    ref_out, ref_lse = attention_reference(q, k, v, scale=0.9)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_partial_and_finalize_work_in_float32_for_low_precision(rng, dtype):
+    """fp16 and fp32 inputs: m, l, acc and the finalized (out, lse) are float32, never float64."""
+    q, k, v = make_qkv(rng, lead=(2,), n_q=5, n_k=9, d=4, dv=3, dtype=dtype)
+    a = partial_attention(q, k[..., :4, :], v[..., :4, :])
+    b = partial_attention(q, k[..., 4:, :], v[..., 4:, :])
+    assert all(x.dtype == np.float32 for x in (*a, *b))
+    out, lse = finalize(merge(a, b))
+    assert out.dtype == np.float32 and lse.dtype == np.float32
+    ref_out, ref_lse = attention_reference(q, k, v)
+    tol = 1e-5 if dtype == np.float32 else 1e-3
+    np.testing.assert_allclose(out, ref_out, atol=tol)
+    np.testing.assert_allclose(lse, ref_lse, rtol=tol)

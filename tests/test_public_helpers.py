@@ -23,8 +23,8 @@ def test_listing_unknown_name_is_a_clear_error():
 
 
 def test_safe_max_guards_minus_inf_only():
-    m = np.array([-np.inf, -3.0, 0.0, 2.5])
-    np.testing.assert_array_equal(safe_max(m), [0.0, -3.0, 0.0, 2.5])
+    m = np.array([-np.inf, -3.0, 0.0, 2.5, np.inf])
+    np.testing.assert_array_equal(safe_max(m), [0.0, -3.0, 0.0, 2.5, np.inf])
 
 
 def test_gpu_config_list_is_the_data_whatever_the_device():

@@ -208,3 +208,79 @@ def test_variant_arguments_checked(rng, kw, error, match):
     q, k, v = make_qkv(rng, n_q=3, n_k=3, d=4, dv=4)
     with pytest.raises(error, match=match):
         attention_reference(q, k, v, **kw)
+
+
+# ---- mutation audit: behaviour a wrong implementation could change without any test failing
+
+
+def test_ln2_and_log2e_change_the_exponent_base():
+    """exp(x) = exp2(x * LOG2E) and ln(y) = log2(y) * LN2: the kernels' base-2 exponent and
+    their base-2 logsumexp rest on these two constants."""
+    from course_kernels.numpy import LN2, LOG2E
+
+    x = np.linspace(-30.0, 30.0, 61)
+    np.testing.assert_allclose(np.exp2(x * LOG2E), np.exp(x), rtol=1e-13)
+    np.testing.assert_allclose(np.log2(np.exp(x)) * LN2, x, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(5, 5), (4, 7), (7, 4)])
+def test_scores_are_scaled_qk_with_minus_inf_above_the_diagonal(rng, n_q, n_k):
+    """``scores`` (chapter 2's S): scale * Q K^T, 1/sqrt(d) by default; causal sets j > i to -inf."""
+    from course_kernels.numpy.reference import scores
+
+    q, k, _ = make_qkv(rng, n_q=n_q, n_k=n_k, d=16)
+    qk = np.einsum("bhid,bhjd->bhij", q, k)
+    np.testing.assert_allclose(scores(q, k), qk / 4.0, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(scores(q, k, scale=0.3), 0.3 * qk, rtol=1e-13, atol=1e-13)
+    s = scores(q, k, causal=True)
+    above = np.triu(np.ones((n_q, n_k), dtype=bool), k=1)  # key j > query i
+    assert np.isneginf(s[..., above]).all()
+    np.testing.assert_allclose(s[..., ~above], qk[..., ~above] / 4.0, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "kw,error,match",
+    [
+        ({"window_size": (-2, 0)}, ValueError, "window_size"),
+        ({"window_size": (True, 1)}, ValueError, "window_size"),
+        ({"softcap": float("inf")}, ValueError, "softcap"),
+        ({"softcap": float("nan")}, ValueError, "softcap"),
+    ],
+)
+def test_variant_arguments_out_of_range_are_refused(rng, kw, error, match):
+    """-1 is the only negative window side (unbounded); a bool is not a window; softcap finite."""
+    q, k, v = make_qkv(rng, n_q=3, n_k=3, d=4, dv=4)
+    with pytest.raises(error, match=match):
+        attention_reference(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("softcap", [0, 0.0])
+def test_softcap_zero_means_off(rng, softcap):
+    q, k, v = make_qkv(rng, n_q=9, n_k=13)
+    out, _ = attention_reference(q, k, v, softcap=softcap)
+    np.testing.assert_allclose(out, sdpa64(q, k, v, False, None), rtol=1e-12, atol=1e-12)
+
+
+def test_naive_subtracts_the_row_max(rng):
+    """Scores in the hundreds: exp overflows float32 unless the row max is subtracted first."""
+    q, k, v = make_qkv(rng, n_q=33, d=16, dtype=np.float32, scale=10.0)
+    naive = attention_naive(q, k, v)
+    assert np.isfinite(naive).all()
+    np.testing.assert_allclose(naive, attention_reference(q, k, v)[0], atol=1e-3)
+
+
+def test_naive_applies_the_scale(rng):
+    q, k, v = make_qkv(rng, n_q=33, d=16, dtype=np.float32)
+    out = attention_naive(q, k, v, causal=True, scale=0.9)
+    ref, _ = attention_reference(q, k, v, causal=True, scale=0.9)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+
+
+def test_naive_carries_the_error_of_its_dtype(rng):
+    """The naive baseline computes in float32: its error is several times the mere rounding of
+    the exact output to float32 (a float64 computation rounded at the end would not be)."""
+    q, k, v = make_qkv(rng, lead=(2,), n_q=64, d=32, dtype=np.float32)
+    ref, _ = attention_reference(q, k, v)
+    err = np.abs(attention_naive(q, k, v) - ref).max()
+    rounding = np.abs(ref.astype(np.float32) - ref).max()
+    assert err > 3 * rounding

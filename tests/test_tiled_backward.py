@@ -138,3 +138,36 @@ def test_torch_attention_grads_equal_the_numpy_reference(causal):
     sdpa = attention_grads(q, k, v, do, causal, 0.3, f64=False)  # SDPA in float32
     assert all(s.dtype == torch.float32 for s in sdpa)
     assert max((s.double() - r).abs().max().item() for s, r in zip(sdpa, grads, strict=True)) < 1e-4
+
+
+def test_dense_backward_rows_that_see_no_key_get_zero_gradients(rng):
+    """Bottom-right causal with Nq > Nk: the first Nq - Nk queries see no key (out 0, lse -inf).
+    Their gradients are 0, not NaN, and the other rows' are those of the visible rows alone
+    (torch autograd in float64; bottom-right on the last Nk queries is plain is_causal)."""
+    q, k, v = make_qkv(rng, lead=(2,), n_q=7, n_k=4, d=3, dv=2)
+    dout = rng.standard_normal((2, 7, 2))
+    dq, dk, dv = attention_reference_backward(q, k, v, dout, causal=True, alignment="bottom_right")
+    np.testing.assert_array_equal(dq[..., :3, :], 0.0)
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q[..., 3:, :], k, v))
+    F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(
+        torch.from_numpy(dout[..., 3:, :])
+    )
+    for g, t in zip((dq[..., 3:, :], dk, dv), (tq, tk, tv), strict=True):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_tiled_backward_rows_with_minus_inf_lse_contribute_nothing(rng):
+    """A saved lse of -inf marks a row that saw no key (P = 0, out = 0): its dq is 0 and it adds
+    nothing to dk, dv, which are then those of the other queries alone."""
+    q, k, v = make_qkv(rng, lead=(1,), n_q=9, n_k=9, d=4)
+    out, lse = flash_attention_numpy(q, k, v, block_q=4, block_k=4)
+    dout = rng.standard_normal(out.shape)
+    empty = [1, 6]
+    lse[..., empty] = -np.inf
+    out[..., empty, :] = 0.0
+    dq, dk, dv = flash_attention_numpy_backward(q, k, v, out, lse, dout, block_q=4, block_k=4)
+    np.testing.assert_array_equal(dq[..., empty, :], 0.0)
+    rest = np.setdiff1d(np.arange(9), empty)
+    want = attention_reference_backward(q[..., rest, :], k, v, dout[..., rest, :])
+    for g, w in zip((dq[..., rest, :], dk, dv), want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)

@@ -13,7 +13,7 @@ Two kinds of numbers live here and are never mixed up:
 Helpers: the transfer time T = D / B, the SRAM budget M in elements, the article's traffic
 ratio M / (2 d^2), a roofline, and the time standard attention spends moving S and P.
 
-Modules: :mod:`.gpu_specs` (the data tables), :mod:`.ceilings` (measuring the ceilings); this
+Modules: :mod:`.specs` (the data tables), :mod:`.ceilings` (measuring the ceilings); this
 module holds the helpers, and every public name of those is importable from here.
 """
 

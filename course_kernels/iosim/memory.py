@@ -166,24 +166,28 @@ class TwoLevelMemory:
     def repeat(self, times: int, body: Callable[[], None], exact: bool = False) -> None:
         """Run ``body`` ``times`` times: once against the memory, the rest charged identically.
 
-        The body must leave SRAM as it found it (free what it loads). ``exact=True`` runs it
-        every time instead.
+        The body must leave SRAM as it found it (free what it loads), in either mode: a
+        RuntimeError says so otherwise. ``exact=True`` runs it every time instead.
         """
         if times <= 0:
             return
         if exact:
             for _ in range(times):
-                body()
+                self._run_freeing(body)
             self.simulated_steps += times
             return
-        r0, w0, use0 = self.reads, self.writes, self.in_use
-        body()
-        if self.in_use != use0:
-            raise RuntimeError("a repeated body must free the SRAM it takes")
+        r0, w0 = self.reads, self.writes
+        self._run_freeing(body)
         self.reads += (times - 1) * (self.reads - r0)
         self.writes += (times - 1) * (self.writes - w0)
         self.simulated_steps += 1
         self.charged_steps += times - 1
+
+    def _run_freeing(self, body: Callable[[], None]) -> None:
+        use0 = self.in_use
+        body()
+        if self.in_use != use0:
+            raise RuntimeError("a repeated body must free the SRAM it takes")
 
     def count(self) -> IOCount:
         return IOCount(self.reads, self.writes, self.peak, self.simulated_steps, self.charged_steps)

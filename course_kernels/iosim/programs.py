@@ -2,7 +2,7 @@
 
 Chapter: "IO complexity" (book/chapters/05_io_complexity.ipynb).
 
-Modules: :mod:`.two_level_memory` (the memory: :class:`TwoLevelMemory`, :class:`Virtual`,
+Modules: :mod:`.memory` (the memory: :class:`TwoLevelMemory`, :class:`Virtual`,
 :class:`IOCount`, :class:`SRAMOverflowError`); this module runs the programs against it and
 holds their closed forms, and every name of that module is importable from here.
 
