@@ -148,6 +148,77 @@ def test_distributed_memory_model_scales_as_n_over_w():
     assert rd.ring_memory_bytes(8192, 4, 1, 16, 4, 128)["q, k, v, dO shards"] == 2048 * 40 * 256
 
 
+def test_distributed_ring_bytes_batch_and_default_element_size():
+    # 2 (K and V) x B = 3 x 2 KV heads x 16 tokens x 16 dims per shard, 3 of them sent, 2 bytes
+    assert rd.ring_bytes(3, 2, 64, 16, 4) == 3 * (2 * 3 * 2 * 16 * 16) * 2
+    assert rd.ring_bytes(3, 2, 64, 16, 4, backward=True) == (3 * 2 + 4 * 4) * 2 * 3 * 2 * 16 * 16
+
+
+def test_distributed_step_times_by_hand():
+    """B = 2, H = 4, kv_heads = 2, L = 100, d = 8, F = 1000 flop/s, 10 B/s, 2-byte elements:
+    compute 4 x 2 x 4 x 100^2 x 8 / 1000 = 2560 s, transfer 2 x 2 x 2 x 100 x 8 x 2 / 10 = 1280 s."""
+    t = rd.ring_step_times(100, 4, 2, 8, 1000.0, 10.0, batch=2)
+    assert t == {"compute_s": 2560.0, "transfer_s": 1280.0, "step_s": 2560.0, "hidden": True}
+    t = rd.ring_step_times(100, 4, 2, 8, 1000.0, 10.0, element_bytes=8, batch=2)
+    assert t["transfer_s"] == 5120.0 and t["step_s"] == 5120.0 and not t["hidden"]
+
+
+def test_distributed_min_shard_is_where_compute_equals_transfer():
+    """At L = ring_min_shard exactly, compute = transfer and the transfer counts as hidden."""
+    L = rd.ring_min_shard(1, 1, 100.0, 1.0)  # e F / (2 bw) = 2 x 100 / 2
+    assert L == 100.0
+    t = rd.ring_step_times(100, 1, 1, 1, 100.0, 1.0)
+    assert t["compute_s"] == t["transfer_s"] == 400.0 and t["hidden"]
+    assert rd.ring_min_shard(8, 2, 1e12, 1e9) == 2 / 8 * 2 * 1e12 / 2e9  # default 2 bytes
+    assert not rd.ring_step_times(99, 1, 1, 1, 100.0, 1.0)["hidden"]
+
+
+def test_distributed_memory_model_term_by_term():
+    """N = 12 over W = 3 (L = 4), B = 2, H = 4, kv_heads = 2, d = 8, 2-byte elements:
+    a Q-shaped shard is 2 x 4 x 4 x 8 = 256 elements, a K/V-shaped one 128."""
+    got = rd.ring_memory_bytes(12, 3, 2, 4, 2, 8, element_bytes=2)
+    assert got == {
+        "q, k, v, dO shards": (256 + 128 + 128 + 256) * 2,
+        "saved O and logsumexp": 256 * 2 + 2 * 4 * 4 * 4,  # lse: B x H x L floats
+        "K/V in use and arriving": (128 + 128) * 2 * 2,  # (K + V) x (in use, arriving)
+        "fp32 dQ, dK/dV in use and arriving": 256 * 4 + (128 + 128) * 2 * 4,
+    }
+
+
+def test_distributed_plan_arguments_are_checked():
+    for world in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="world"):
+            rd.n_chunks(world)
+        with pytest.raises(ValueError, match="world"):
+            rd.ring_schedule(world)
+    for n in (0, True, 8.0):
+        with pytest.raises(ValueError, match="sequence length must be a positive int"):
+            rd.chunk_bounds(n, 2)
+    for chunks in (0, -1, True, 2.0):  # (0 was a ZeroDivisionError, -1 an IndexError)
+        with pytest.raises(ValueError, match="chunks must be a positive int"):
+            rd.chunk_bounds(5, chunks)
+    for rank in (2, -1):
+        with pytest.raises(ValueError, match="rank must be in"):
+            rd.rank_chunks(rank, 2)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        rd.rank_chunks(0, 2, "ring")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        rd.ring_schedule(2, causal=1)
+
+
+def test_distributed_shard_is_a_new_contiguous_tensor():
+    x = torch.arange(2 * 2 * 8 * 3.0).reshape(2, 2, 8, 3)
+    for layout in rd.LAYOUTS:
+        s = rd.shard_sequence(x, 2, 1, layout)
+        assert s.is_contiguous()
+        s.zero_()
+        assert x.flatten()[1:].ne(0).all(), layout  # x is untouched
+    one = torch.arange(8.0).reshape(1, 1, 8, 1)
+    s = rd.shard_sequence(one, 2, 0)
+    s.fill_(-1.0)
+    assert one.flatten().tolist() == list(range(8))
+
+
 # --------------------------------------------------------------------------- the merge
 
 

@@ -284,3 +284,45 @@ def test_naive_carries_the_error_of_its_dtype(rng):
     err = np.abs(attention_naive(q, k, v) - ref).max()
     rounding = np.abs(ref.astype(np.float32) - ref).max()
     assert err > 3 * rounding
+
+
+# ---- mutation audit: the shared NumPy input checks (course_kernels._validate) -------------------
+
+
+def test_inputs_may_be_nested_lists_but_not_scalars():
+    out, lse = attention_reference([[1.0, 0.0]], [[1.0, 0.0]], [[2.0, 3.0]])  # one key
+    assert out.tolist() == [[2.0, 3.0]] and lse.tolist() == [1.0 / math.sqrt(2)]
+    with pytest.raises(TypeError, match="q must be an array of shape"):
+        attention_reference(3.0, np.ones((3, 2)), np.ones((3, 2)))
+
+
+def test_k_and_v_must_share_their_leading_dims():
+    q, k = np.ones((2, 3, 2)), np.ones((2, 3, 2))
+    with pytest.raises(ValueError, match="leading"):
+        attention_reference(q, k, np.ones((1, 3, 2)))
+
+
+@pytest.mark.parametrize("scale", [True, "0.5", None])
+def test_scale_must_be_a_real_number(scale):
+    from course_kernels._validate import resolve_scale
+
+    if scale is None:
+        assert resolve_scale(None, 16) == 0.25
+        return
+    with pytest.raises(TypeError, match="scale must be a finite real number"):
+        resolve_scale(scale, 16)
+
+
+def test_validated_values_come_back_as_python_types(rng):
+    """resolve_scale gives a Python float: a NumPy float64 scale must not promote fp16 work
+    (float32 accumulators) to float64. check_positive_int gives an int, check_bool a bool."""
+    from course_kernels._validate import check_bool, check_positive_int, resolve_scale
+    from course_kernels.numpy.online_softmax import partial_attention
+
+    assert type(resolve_scale(np.float64(0.3), 4)) is float
+    assert type(resolve_scale(2, 4)) is float
+    q, k, v = (rng.standard_normal((2, 5, 4)).astype(np.float16) for _ in range(3))
+    p = partial_attention(q, k, v, scale=np.float64(0.3))
+    assert p.m.dtype == p.l.dtype == p.acc.dtype == np.float32
+    assert type(check_positive_int(np.int64(3), "n")) is int
+    assert check_bool(np.True_, "causal") is True and check_bool(np.False_, "causal") is False

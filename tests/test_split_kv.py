@@ -97,3 +97,88 @@ def test_split_kv_imports_without_triton():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- mutation audit: defaults, scale, every shape check, cache lengths, the row limit -------------
+
+
+def test_split_kv_defaults_are_four_splits_and_no_causal_mask(rng):
+    q, k, v = make_cache(rng, Nq=3, Nk=21)
+    out, lse, parts = split_kv.split_kv_decode_numpy(q, k, v, return_partials=True)
+    assert parts.m.shape == (2, 4, 3, 4) and parts.acc.shape == (2, 4, 3, 4, 16)
+    ref, ref_lse = reference(q, k, v)
+    np.testing.assert_allclose(out, ref, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-12)
+    causal, _ = reference(q, k, v, causal=True)
+    assert np.abs(out - causal).max() > 1e-3  # the default is really not causal
+
+
+def test_split_kv_applies_the_scale(rng):
+    from course_kernels import attention_reference
+
+    q, k, v = make_cache(rng, Hq=2, kv_heads=2, Nk=13, d=8)
+    out, lse = split_kv.split_kv_decode_numpy(q, k, v, 3, scale=-0.4)
+    want, want_lse = attention_reference(q, k, v, scale=-0.4)
+    np.testing.assert_allclose(out, want, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-12)
+
+
+def test_split_kv_cache_seqlens_forms():
+    """One int is every sequence's length; lengths are B integers in 1..Nk."""
+    q, k, v = make_cache(np.random.default_rng(1), B=2, Nk=10)
+    one, _ = split_kv.split_kv_decode_numpy(q, k, v, 2, cache_seqlens=6)
+    ref, _ = reference(q, k, v, [6, 6])
+    np.testing.assert_allclose(one, ref, atol=1e-12)
+    for bad in ([0, 3], [3.0, 4.0], np.array([3, 4, 5])):
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            split_kv.split_kv_decode_numpy(q, k, v, cache_seqlens=bad)
+
+
+@pytest.mark.parametrize(
+    "shapes,dtypes,error,match",
+    [
+        (((1, 2, 1, 8), (1, 2, 4, 8), (1, 2, 4, 8)), ("f8", "f4", "f8"), TypeError, "one dtype"),
+        (((1, 2, 1, 8), (2, 2, 4, 8), (2, 2, 4, 8)), ("f8",) * 3, ValueError, "batch size"),
+        (((1, 2, 1, 8), (1, 2, 4, 6), (1, 2, 4, 8)), ("f8",) * 3, ValueError, "head dim"),
+        (((1, 2, 1, 8), (1, 2, 4, 8), (1, 2, 5, 8)), ("f8",) * 3, ValueError, r"\(batch, heads"),
+        (((1, 2, 1, 8), (1, 2, 4, 8), (1, 1, 4, 8)), ("f8",) * 3, ValueError, r"\(batch, heads"),
+        (((2, 1, 8), (2, 4, 8), (2, 4, 8)), ("f8",) * 3, ValueError, "rank 4"),
+    ],
+)
+def test_split_kv_shape_checks(shapes, dtypes, error, match):
+    q, k, v = (np.ones(s, dtype=t) for s, t in zip(shapes, dtypes, strict=True))
+    with pytest.raises(error, match=match):
+        split_kv.split_kv_decode_numpy(q, k, v)
+
+
+def test_split_kv_row_limit_is_inclusive():
+    """(Hq / kv_heads) * Nq = 128 rows is still decoding; 129 is not."""
+    rng = np.random.default_rng(2)
+    k, v = rng.standard_normal((2, 1, 1, 3, 4))
+    q = rng.standard_normal((1, 64, 2, 4))  # 64 x 2 = 128 rows
+    out, _ = split_kv.split_kv_decode_numpy(q, k, v, 2)
+    np.testing.assert_allclose(out, reference(q, k, v)[0], atol=1e-12)
+    with pytest.raises(ValueError, match="129 query rows"):
+        split_kv.split_kv_decode_numpy(rng.standard_normal((1, 43, 3, 4)), k, v)
+
+
+def test_split_kv_checks_causal_and_chunk():
+    q, k, v = make_cache(np.random.default_rng(3), Nk=10)
+    with pytest.raises(TypeError, match="causal"):
+        split_kv.split_kv_decode_numpy(q, k, v, causal=1)
+    with pytest.raises(ValueError, match="chunk"):
+        split_kv.split_kv_decode_numpy(q, k, v, chunk=0)
+    with pytest.raises(TypeError, match="chunk"):
+        split_kv.split_kv_decode_numpy(q, k, v, chunk=2.0)
+
+
+def test_check_shapes_is_the_shared_shape_check():
+    """check_shapes also guards the Triton decode kernels (decode.py, paged_decode.py), which
+    have no head-dim check of their own: (B, Hq, Nq, d) back, or a clear error."""
+    f = np.float32
+    got = split_kv.check_shapes((2, 4, 3, 8), (2, 2, 9, 8), (2, 2, 9, 5), f, f, f)
+    assert got == (2, 4, 3, 8)
+    with pytest.raises(TypeError, match="one dtype"):
+        split_kv.check_shapes((1, 2, 1, 8), (1, 2, 4, 8), (1, 2, 4, 8), f, np.float16, f)
+    with pytest.raises(ValueError, match="share the head dim; got 16 and 8"):
+        split_kv.check_shapes((1, 2, 1, 16), (1, 2, 8, 8), (1, 2, 8, 8), f, f, f)

@@ -256,3 +256,167 @@ def test_alibi_slopes_are_read_once(monkeypatch):
     slopes.mul_(2.0)
     flash_attention(q, q, q, alibi_slopes=slopes)
     assert len(reads) == 2
+
+
+# ---- mutation audit: the block ranges by brute force, and the host-side Variant arithmetic ------
+
+
+def _sees(i, j, diag_lo, diag_hi):
+    return i + diag_lo <= j <= i + diag_hi
+
+
+def _check_key_blocks(sm, nk, dlo, dhi, bm, bn):
+    """Query rows [sm, sm + bm) against keys [0, nk): the visited key blocks hold every visible
+    key (one spare block at most, where no row sees any key), the unmasked middle is exactly
+    the whole blocks inside [0, nk) that every row sees entirely."""
+    lo, flo, fhi, hi = key_blocks(sm, nk, dlo, dhi, bm, bn)
+    case = (sm, nk, dlo, dhi, bm, bn, (lo, flo, fhi, hi))
+    assert lo <= flo <= fhi <= hi, case
+    rows, starts = range(sm, sm + bm), range(0, nk, bn)
+    seen = [
+        b
+        for b in starts
+        if any(_sees(i, j, dlo, dhi) for i in rows for j in range(b, min(b + bn, nk)))
+    ]
+    full = [
+        b
+        for b in starts
+        if b + bn <= nk and all(_sees(i, j, dlo, dhi) for i in rows for j in range(b, b + bn))
+    ]
+    visited = list(range(lo, hi, bn))
+    extra = [b for b in visited if b not in seen]
+    assert all(b % bn == 0 for b in visited) and set(seen) <= set(visited), case
+    assert not extra or (not seen and len(extra) == 1), case
+    assert list(range(flo, fhi, bn)) == full, case
+
+
+def _check_query_blocks(sn, nq, dlo, dhi, bn, bm):
+    """Keys [sn, sn + bn) against query rows [0, nq): as above; a middle block is one whose
+    bm rows (counted whole, the kernel masks rows past nq) all see every key of the block."""
+    lo, flo, fhi, hi = query_blocks(sn, nq, dlo, dhi, bn, bm)
+    case = (sn, nq, dlo, dhi, bn, bm, (lo, flo, fhi, hi))
+    assert lo <= flo <= fhi <= hi, case
+    keys, starts = range(sn, sn + bn), range(0, nq, bm)
+    seen = [
+        b
+        for b in starts
+        if any(_sees(i, j, dlo, dhi) for i in range(b, min(b + bm, nq)) for j in keys)
+    ]
+    full = [b for b in starts if all(_sees(i, j, dlo, dhi) for i in range(b, b + bm) for j in keys)]
+    visited = list(range(lo, hi, bm))
+    extra = [b for b in visited if b not in seen]
+    assert all(b % bm == 0 for b in visited) and set(seen) <= set(visited), case
+    assert not extra or (not seen and len(extra) == 1), case
+    assert list(range(flo, fhi, bm)) == full, case
+
+
+def test_block_ranges_against_brute_force():
+    """key_blocks / query_blocks over small shapes, both alignments and windows that leave whole
+    unmasked blocks (an off-by-one on the middle's edges only shows there)."""
+    import itertools
+
+    windows = [(-BIG, BIG), (-BIG, 0), (-BIG, 3), (-7, BIG), (-5, 0), (-6, 3), (-12, 3)]
+    windows += [(-13, 2), (-11, 20), (0, 7), (2, 9), (-11, -7)]
+    for (bm, bn), (nq, nk), (wl, wh) in itertools.product(
+        [(8, 4), (4, 8), (4, 4)], [(13, 29), (29, 13), (16, 16), (1, 9)], windows
+    ):
+        for diag in (0, nk - nq):
+            for sm in range(0, nq, bm):
+                _check_key_blocks(sm, nk, diag + wl, diag + wh, bm, bn)
+            for sn in range(0, nk, bn):
+                _check_query_blocks(sn, nq, diag + wl, diag + wh, bn, bm)
+
+
+def test_variant_window_offsets_and_units_by_hand():
+    import math
+
+    from course_kernels.triton.masks import CAUSAL, PLAIN, Variant
+
+    assert PLAIN.window_offsets() == (-BIG, BIG) and not PLAIN.windowed
+    assert CAUSAL.window_offsets() == (-BIG, 0) and CAUSAL.windowed
+    assert Variant(window=(5, 3)).window_offsets() == (-5, 3)
+    assert Variant(window=(-1, 4)).window_offsets() == (-BIG, 4)
+    assert Variant(window=(0, 0)).window_offsets() == (0, 0)
+    assert Variant(causal=True, window=(8, -1)).window_offsets() == (-8, 0)  # causal: right = 0
+    assert Variant(window=(8, -1)).windowed
+    log2e = 1 / math.log(2)
+    # s = c * r: r = sign(scale) q.k, c = |scale|; soft cap: r = tanh(scale q.k / cap), c = cap
+    qk_mul, c, c2 = PLAIN.units(-0.5)
+    assert (qk_mul, c) == (-1.0, 0.5) and c2 == pytest.approx(0.5 * log2e, rel=1e-15)
+    qk_mul, c, c2 = Variant(softcap=2.0).units(0.5)
+    assert (qk_mul, c) == (0.25, 2.0) and c2 == pytest.approx(2.0 * log2e, rel=1e-15)
+    qk_mul, c, c2 = PLAIN.units(0.0)  # every r = 0: any finite c > 0 gives the same P
+    assert qk_mul == 0.0 and 0 < c < math.inf and c2 == pytest.approx(c * log2e, rel=1e-15)
+
+
+def test_as_variant_keeps_a_variant():
+    from course_kernels.triton.masks import CAUSAL, PLAIN, Variant, as_variant
+
+    v = Variant(causal=True, bottom_right=True, window=(3, -1), softcap=2.0)
+    assert as_variant(v) is v
+    assert as_variant(True) is CAUSAL and as_variant(False) is PLAIN
+
+
+def test_lse_base2_conversions_against_logsumexp():
+    """The kernels' statistic is the natural logsumexp divided by c; lse_to_base2 gives it in
+    bits (natural / ln 2), an empty row's +inf becomes -inf, and lse_from_base2 undoes it."""
+    import math
+
+    from course_kernels.triton.masks import PLAIN, Variant, lse_from_base2, lse_to_base2
+
+    g = torch.Generator().manual_seed(12)
+    scores = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    for variant, scale, c in ((PLAIN, -0.3, 0.3), (Variant(softcap=2.5), 0.3, 2.5)):
+        lse_nat = torch.logsumexp(scores, dim=-1)  # any natural-log scores
+        lse_c = torch.cat([lse_nat / c, torch.tensor([math.inf], dtype=torch.float64)])
+        got = lse_to_base2(lse_c, variant, scale)
+        assert torch.allclose(got[:3], lse_nat / math.log(2), rtol=1e-14, atol=0)
+        assert torch.isneginf(got[3])
+        back = lse_from_base2(got, variant, scale)
+        assert torch.allclose(back[:3], lse_c[:3], rtol=1e-14, atol=0) and torch.isposinf(back[3])
+
+
+def test_check_once_rechecks_on_new_facts_or_writes():
+    from course_kernels.triton.masks import check_once
+
+    t, calls = torch.zeros(3), []
+    for facts in ((1,), (1,), (2,), (2,)):
+        check_once(t, "_course_kernels_test_stamp", facts, lambda: calls.append(1))
+    assert len(calls) == 2  # facts (1,) then (2,): each checked once
+    t.add_(1.0)
+    check_once(t, "_course_kernels_test_stamp", (2,), lambda: calls.append(1))
+    assert len(calls) == 3
+
+
+def test_check_alibi_gives_float32_rows_of_slopes():
+    from course_kernels.triton.masks import check_alibi
+
+    q = torch.zeros(2, 4, 8, 16)
+    one = check_alibi(torch.tensor([0.5, 0.25, 0.125, 1.0], dtype=torch.float64), q)
+    assert one.dtype == torch.float32 and one.shape == (1, 4)
+    assert one.tolist() == [[0.5, 0.25, 0.125, 1.0]]
+    assert check_alibi(torch.ones(2, 4), q).shape == (2, 4)
+    packed = torch.zeros(20, 4, 16)  # varlen: (total tokens, heads, d), 3 sequences
+    assert check_alibi(torch.ones(3, 4), packed, batch=3, heads=4).shape == (3, 4)
+    with pytest.raises(ValueError, match=r"\(B, H\) = \(3, 4\)"):
+        check_alibi(torch.ones(20, 4), packed, batch=3, heads=4)
+    assert check_alibi(None, q) is None
+
+
+def test_negative_scale():
+    """scale < 0 flips every score: r = sign(scale) q.k with c = |scale| (masks.Variant.units)."""
+    check(*make(Nq=9, Nk=13, seed=13), {"scale": -0.3, "causal": True}, flash_attention)
+
+
+def test_scale_zero_is_uniform_attention():
+    """scale = 0: every visible key weighs 1 / Nk, so O = mean(V), lse = ln Nk, dV = sum(dO) / Nk
+    and dQ = dK = 0 (worked by hand, no reference needed)."""
+    import math
+
+    q, k, v, do = (x.detach().clone().requires_grad_() for x in make(Nq=9, Nk=13, seed=14))
+    out, lse = flash_attention(q, k, v, scale=0.0, return_lse=True)
+    out.backward(do)
+    assert torch.allclose(out, v.mean(dim=2, keepdim=True).expand_as(out), atol=1e-6)
+    assert torch.allclose(lse, torch.full_like(lse, math.log(13)), atol=1e-6)
+    assert torch.allclose(v.grad, do.sum(dim=2, keepdim=True).expand_as(v) / 13, atol=1e-6)
+    assert q.grad.abs().max() == 0 and k.grad.abs().max() == 0

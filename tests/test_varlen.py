@@ -60,3 +60,69 @@ def test_varlen_attention_equals_per_sequence_reference(rng):
         np.testing.assert_allclose(lse[cu_q[b] : cu_q[b + 1]], want_lse.T, atol=1e-13)
     with pytest.raises(ValueError, match="packed lengths"):
         varlen.varlen_attention_numpy(q, k, v, cu_q, cu_k[:-1])
+
+
+# -- mutation audit: scale, defaults, and the checks of cu_seqlens and the packed lengths ---------
+
+
+def test_masked_attention_and_chunked_prefill_apply_the_scale(rng):
+    q, k, v = (rng.standard_normal((2, 11, 8)) for _ in range(3))
+    want, want_lse = attention_reference(q, k, v, causal=True, scale=0.3)
+    out, lse = varlen.masked_attention(q, k, v, causal_mask(11, 11), scale=0.3)
+    np.testing.assert_allclose(out, want, atol=1e-13)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-13)
+    np.testing.assert_allclose(varlen.chunked_prefill(q, k, v, 4, scale=0.3), want, atol=1e-13)
+
+
+def test_chunked_prefill_checks_the_chunk(rng):
+    q = rng.standard_normal((1, 4, 8))
+    with pytest.raises(TypeError, match="chunk must be an integer"):
+        varlen.chunked_prefill(q, q, q, True)
+    with pytest.raises(ValueError, match="chunk must be an integer"):
+        varlen.chunked_prefill(q, q, q, 0)
+
+
+def test_cu_seqlens_must_be_a_1d_integer_array():
+    with pytest.raises(ValueError, match=r"B \+ 1 integers"):
+        varlen.check_cu_seqlens([0.0, 4.0])
+    with pytest.raises(ValueError, match=r"B \+ 1 integers"):
+        varlen.check_cu_seqlens([[0, 4], [4, 8]])
+    got = varlen.check_cu_seqlens(np.array([0, 3, 3], dtype=np.int32))
+    assert got.dtype == np.int64 and got.tolist() == [0, 3, 3]
+
+
+def test_program_counts_check_block_m():
+    for fn in (varlen.varlen_programs, varlen.padded_programs):
+        with pytest.raises(ValueError, match="block_m"):
+            fn([0, 5], 0)
+        with pytest.raises(TypeError, match="block_m"):
+            fn([0, 5], 2.0)
+
+
+def _packed(rng, lq, lk, hq=2, hk=1, d=4):
+    q = rng.standard_normal((sum(lq), hq, d))
+    k, v = (rng.standard_normal((sum(lk), hk, d)) for _ in range(2))
+    return q, k, v, np.cumsum([0] + lq), np.cumsum([0] + lk)
+
+
+def test_varlen_attention_defaults_to_full_attention_and_applies_the_scale(rng):
+    """One sequence, MHA: the packed result is attention_reference on (heads, N, d)."""
+    q, k, v, cu_q, cu_k = _packed(rng, [5], [9], hq=2, hk=2)
+    qh, kh, vh = (x.transpose(1, 0, 2) for x in (q, k, v))
+    out, lse = varlen.varlen_attention_numpy(q, k, v, cu_q, cu_k)
+    want, want_lse = attention_reference(qh, kh, vh)
+    np.testing.assert_allclose(out, want.transpose(1, 0, 2), atol=1e-13)
+    np.testing.assert_allclose(lse, want_lse.T, atol=1e-13)
+    out, _ = varlen.varlen_attention_numpy(q, k, v, cu_q, cu_k, scale=2.5)
+    want, _ = attention_reference(qh, kh, vh, scale=2.5)
+    np.testing.assert_allclose(out, want.transpose(1, 0, 2), atol=1e-13)
+
+
+def test_varlen_attention_checks_that_the_offsets_describe_the_packing(rng):
+    q, k, v, cu_q, cu_k = _packed(rng, [3, 2], [4, 4])
+    with pytest.raises(ValueError, match="packed lengths"):  # 2 vs 3 sequences, same totals
+        varlen.varlen_attention_numpy(q, k, v, cu_q, [0, 2, 6, 8])
+    with pytest.raises(ValueError, match="packed lengths"):  # q has a row past cu_q[-1]
+        varlen.varlen_attention_numpy(np.concatenate([q, q[:1]]), k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match="packed lengths"):  # k has a row past cu_k[-1]
+        varlen.varlen_attention_numpy(q, k, v, cu_q, [0, 4, 7])

@@ -59,6 +59,8 @@ def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"sequence length must be a positive int; got {n!r}")
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be a positive int; got {chunks!r}")
     c = -(-n // chunks)
     if (chunks - 1) * c >= n:
         ok = [m for m in range(n, n + 2 * chunks) if (chunks - 1) * -(-m // chunks) < m]

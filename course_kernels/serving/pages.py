@@ -70,7 +70,8 @@ def gather_keys(pages, block_table, positions):
     """Rows of ``pages`` at logical ``positions`` (C,) of each sequence: (B, kv_heads, C, d).
 
     The one line that makes a cache paged: token j is ``pages[table[b, j // P], j % P]``.
-    Positions past a row's table read page 0 (they are masked by the caller).
+    Positions past a row's table read its last entry's page, an entry outside the pool (a pad
+    of -1) page 0: either way the caller masks them.
     """
     P = pages.shape[1]
     blk = np.minimum(positions // P, block_table.shape[1] - 1)
@@ -190,12 +191,17 @@ class PageAllocator:
     def append(self, seq, n_tokens: int = 1):
         """Add ``n_tokens`` tokens to ``seq``; returns the (page, slot) of each, in order."""
         n_tokens = check_positive_int(n_tokens, "n_tokens")
-        table, n = self.tables.setdefault(seq, []), self.lengths.get(seq, 0)
+        table, n = self.tables.get(seq, []), self.lengths.get(seq, 0)
+        new_pages = -(-(n + n_tokens) // self.block_size) - len(table)
+        if new_pages > len(self.free_pages):  # refused whole: nothing taken, nothing changed
+            raise MemoryError(
+                f"sequence {seq!r} needs {new_pages} more page(s) for {n_tokens} token(s), "
+                f"{len(self.free_pages)} free"
+            )
+        self.tables[seq] = table
         slots = []
         for j in range(n, n + n_tokens):
             if j % self.block_size == 0:
-                if not self.free_pages:
-                    raise MemoryError(f"no free page for token {j} of sequence {seq!r}")
                 table.append(self.free_pages.pop())
             slots.append((table[-1], j % self.block_size))
         self.lengths[seq] = n + n_tokens
