@@ -83,3 +83,70 @@ def test_check_cell_runs_the_graders_lint():
     with redirect_stdout(out):
         check("stable_softmax", good)
     assert "all visible tests pass" in out.getvalue(), out.getvalue()
+
+
+# -- the lint, by reading the cell (course_kernels/grading/lint.py) ---------------------------
+def test_magics_are_commented_only_where_a_logical_line_starts():
+    from course_kernels.grading.lint import MAX_CELL_CHARS, _strip_magics
+
+    assert _strip_magics("%time x = 1\n  !ls\ny = 2\n") == "# %time x = 1\n#   !ls\ny = 2"
+    code = [
+        "x = 1  # a comment (with a bracket\n%time y = 2",  # the bracket is in a comment
+        's = """\n%d items\n"""\n%time z = 3',  # inside a triple-quoted string, then a magic
+        "t = '\\'('\n%time z = 3",  # an escaped quote and a bracket inside a string
+        "u = (1\n     % 3)\n%time z = 3",  # a continuation line inside brackets
+        "v = 1 \\\n    % 3\n%time z = 3",  # after a backslash
+    ]
+    for src in code:
+        head, magic = src.rsplit("\n", 1)
+        assert _strip_magics(src) == head + "\n# " + magic, src
+    huge = "%time x = 1\n" + "#" * MAX_CELL_CHARS  # refused unread by the lint: left as it is
+    assert _strip_magics(huge) == huge
+
+
+def test_lint_refuses_escapes_and_library_answers_by_name_and_line():
+    from course_kernels.grading.lint import MAX_CELL_CHARS, forbidden_use
+
+    numpy_cases = {
+        "import sys\nsys.exit(0)": "uses sys (sys.exit, sys.modules) (`sys`, line 2)",
+        "import sys as s\ns.exit(0)": "uses sys (sys.exit, sys.modules) (`sys`, line 1)",
+        "from sys import float_info, exit": "uses sys (sys.exit, sys.modules) (`sys`, line 1)",
+        "from os import system": "runs shell commands (`system`, line 1)",
+        "import importlib.util": "uses importlib (`importlib`, line 1)",
+        "from scipy.special import logsumexp": "uses SciPy (scipy.special.softmax / logsumexp do "
+        "the exercise for you) (`scipy`, line 1)",
+        "y = x.softmax(-1)": "calls a library softmax (`.softmax`, line 1)",
+        "y = x.logsumexp(-1)": "calls a library logsumexp (`.logsumexp`, line 1)",
+        "f = open('answers.json')": "opens files (`open`, line 1)",
+        "import course_kernels": "imports the course's own implementation (`course_kernels`, line 1)",
+        "import torch": "uses PyTorch in a NumPy exercise (torch.softmax / torch's attention do "
+        "it for you) (`torch`, line 1)",
+    }
+    for src, why in numpy_cases.items():
+        assert forbidden_use(src, torch_rules=False) == why, src
+    for harmless in ("import sys\neps = sys.float_info.epsilon", "from sys import float_info"):
+        assert forbidden_use(harmless, torch_rules=False) is None
+    assert forbidden_use("x = 1\n" + "#" * MAX_CELL_CHARS, False) == (
+        f"is {MAX_CELL_CHARS + 6} characters long (more than {MAX_CELL_CHARS}; not read)"
+    )
+
+
+def test_lint_allows_torch_in_triton_exercises_and_its_answers_only_inside_kernels():
+    from course_kernels.grading.lint import forbidden_use
+
+    kernels = (
+        "import torch\nimport triton\nimport triton.language as tl\nfrom triton import jit\n\n"
+        "@triton.autotune(configs=[], key=[])\n@triton.jit\ndef k1(x):\n"
+        "    s = tl.dot(x, x)\n    return tl.softmax(s)\n\n"  # its last line
+        "@jit\ndef k2(x):\n    return x @ x\n"
+    )
+    assert forbidden_use(kernels, torch_rules=True) is None
+    assert forbidden_use("y = torch.softmax(x, -1)", True) == (
+        "calls a library softmax outside a Triton kernel (`softmax`, line 1)"
+    )
+    assert forbidden_use("y = torch.matmul(q, k)", True) == (
+        "calls torch.matmul outside a Triton kernel (`matmul`, line 1)"
+    )
+    assert forbidden_use("x = 1\ny = q @ k", True) == (
+        "multiplies matrices with @ outside a Triton kernel (line 2)"
+    )

@@ -99,3 +99,73 @@ def test_triton_spec_solution_passes_its_visible_cases(name):
             v = judge(case, _call_in_process(fn, case))
             assert v.passed, (case.name, v.message)
         assert spec.solution_source(ex_name).startswith("@triton.jit\ndef _attn_fwd")
+
+
+# -- the tables the grader reads (course_kernels/grading/exercises.py) -------------------------
+def test_notebook_tables_carry_each_specs_settings():
+    from course_kernels.grading.exercises import EXERCISES, NOTEBOOKS, SPECS, preamble
+
+    assert list(NOTEBOOKS) == list(SPECS)
+    for name, spec in SPECS.items():
+        nb = NOTEBOOKS[name]
+        assert (nb.title, nb.triton, nb.timeout) == (spec.TITLE, spec.TRITON, spec.TIMEOUT)
+        assert nb.exercises == tuple(e["name"] for e in spec.EXERCISES)
+        assert all(EXERCISES[ex].torch_rules == spec.TRITON for ex in nb.exercises)
+    assert NOTEBOOKS["06_tiled_backward"].timeout == 60.0  # the slowest exercise's own limit
+    assert "import torch" not in preamble(NOTEBOOKS["01_stable_softmax"])
+    assert "import triton.language as tl" in preamble(NOTEBOOKS["07_triton_forward"])
+
+
+def test_notebook_of_matches_the_number_prefix_and_lists_the_known_ones():
+    from course_kernels.grading.exercises import NOTEBOOKS, notebook_of
+
+    assert notebook_of("03") is NOTEBOOKS["03_tiled_forward"]
+    assert notebook_of("03_my_copy").name == "03_tiled_forward"
+    assert notebook_of("10_ring_attention").name == "10_ring_attention"
+    for stem in ("010_x", "3_tiled_forward", "99"):
+        with pytest.raises(KeyError, match=rf"no exercise notebook matches '{stem}'; known: \["):
+            notebook_of(stem)
+
+
+def test_hidden_params_group_tests_by_exercise_and_a_missing_file_has_none(tmp_path):
+    from course_kernels.grading.exercises import EXERCISES, hidden_params
+
+    a, b, c = ({"exercise": ex, "seed": i} for i, ex in enumerate(["e1", "e2", "e1"]))
+    (tmp_path / "01_stable_softmax.json").write_text(json.dumps({"tests": [a, b, c]}))
+    assert hidden_params("01_stable_softmax", tmp_path) == {"e1": [a, c], "e2": [b]}
+    assert hidden_params("02_online_softmax", tmp_path) == {}
+    ex = EXERCISES["stable_softmax"]
+    assert ex.cases([], hidden=True) == []  # no hidden test given: none, not the visible ones
+    hidden = ex.cases([{"name": "h", "shape": [2, 3], "seed": 9, "points": 2}], hidden=True)
+    assert [(c.name, c.points, c.hidden) for c in hidden] == [("h", 2.0, True)]
+
+
+def test_built_notebook_marks_its_cells_for_the_grader_and_locks_setup_and_checks():
+    """What the grader and Jupyter read besides the sources: the notebook's name, each cell's
+    role and exercise, and setup/check cells that cannot be edited or deleted."""
+    from course_kernels.grading.runner import solution_cells
+
+    nb = build("04_block_sizes", False, build_notebooks.repository_url())
+    assert nb.metadata["course_kernels"] == {"notebook": "04_block_sizes"}
+    roles = {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("course_kernels", {})
+        roles.setdefault(meta.get("role"), []).append(meta.get("exercise"))
+        locked = (cell.metadata.get("editable"), cell.metadata.get("deletable"))
+        assert locked == (
+            (False, False) if meta.get("role") in ("setup", "check") else (None, None)
+        )
+    exercises = ["block_size", "tile_sizes", "fits_in_sram"]
+    assert roles["solution"] == roles["check"] == exercises
+    assert roles["setup"] == [None]
+    assert list(solution_cells(json.loads(nbformat.writes(nb)))) == exercises
+
+
+def test_stub_ends_at_the_functions_own_docstring():
+    solution = (
+        'def f(x):\n    """Outer."""\n\n    def g():\n        """Inner."""\n        return x\n'
+        "    return g()\n"
+    )
+    assert stub_from_solution(solution) == (
+        'def f(x):\n    """Outer."""\n    # YOUR CODE\n    raise NotImplementedError'
+    )
