@@ -4,6 +4,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh [check] [tests] [bench] [memory] [dram]   (default: all)
 #   OUT=/some/dir scripts/gpu_session.sh gluon_bwd     (Hopper: not in the default set)
 #   OUT=/some/dir scripts/gpu_session.sh dq_convert d256   (Hopper, session 19's two unrun changes)
+#   OUT=/some/dir scripts/gpu_session.sh gqa               (Hopper, the GQA backward against tl)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -17,6 +18,7 @@
 #   dq_convert.json          the Gluon backward with DQ_CONVERT beside its default (same inputs)
 #   gluon_d256.json          the d = 256 Gluon forward: checks, then beside cuDNN and FA2
 #   gluon_d256_tl.json       the same rows in a second process, with the tl kernel as well
+#   gqa_backward.json        step gqa: the Gluon GQA backward beside tl and beside repeated K/V
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -114,5 +116,10 @@ if has d256; then
   # a second process with the tl kernel as well (autotuned at d = 256: its own limit, its own file)
   timeout "${D256_TL_LIMIT:-240}" "$PY" experiments/gluon/bench_forward.py --out "$OUT" \
     --tag gluon_d256_tl --skip-levers --skip-check --dims 256 --with-tl
+fi
+if has gqa; then
+  echo "== Gluon backward with GQA beside the tl backward and the repeated-K/V Gluon call"
+  timeout "${GQA_BENCH_LIMIT:-240}" "$PY" experiments/gluon/bench_gqa.py --out "$OUT" \
+    --tag gqa_backward --groups 4 --rounds 5 --budget-s 200
 fi
 echo "== done $(date -u +%FT%TZ)"
