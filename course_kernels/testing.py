@@ -28,7 +28,7 @@ def error_budget(naive, ref, factor: float = 2.0, floor: float | None = None) ->
     naive_err = max_abs_error(naive, ref)
     if floor is None:
         floor = 8 * np.finfo(np.asarray(naive).dtype).eps * max(1.0, float(np.abs(ref).max()))
-    return max(factor * naive_err, floor)
+    return float(max(factor * naive_err, floor))  # a Python float: it goes into JSON records
 
 
 def assert_close_to_reference(x, ref, naive, factor: float = 2.0, what: str = "output") -> None:

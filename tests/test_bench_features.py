@@ -111,3 +111,92 @@ def test_verdict_follows_the_backward(main):
     text = features.verdict(_scaled(main, 4.0, pass_="bwd"))
     assert "Every backward row" not in text and "backward **met**" in text
     assert "forward **not met**" in text
+
+
+# -- from a mutation audit: synthetic records whose verdict is known by hand ----------------------
+def _rec(ratios, autotune=True, other="flex", d=64, n=1024):
+    """A record with course TFLOP/s = ratio x 10 against ``other`` at 10, per (mask, pass)."""
+    rows = []
+    for (mask, pass_), ratio in ratios.items():
+        for provider, t in (("course", 10.0 * ratio), (other, 10.0)):
+            rows.append({"mask": mask, "d": d, "n": n, "provider": provider, "pass": pass_,
+                         "tflops": t, "status": "ok"})  # fmt: skip
+    env = {"gpu": "G", "torch": "t", "triton": "tr", "dtype": "float16", "date": "2026-02-03T04",
+           "command": "c", "autotune": autotune}  # fmt: skip
+    return {"environment": env, "rows": rows}
+
+
+def test_target_is_issue_22s_and_named_in_the_verdict():
+    assert features.TARGET == 1.1
+    text = features.verdict(_rec({("causal", "fwd"): 2.0}))
+    assert text.startswith(
+        "- **At least 1.1x FlexAttention** (causal, window, document masks, d = 64)"
+    )
+
+
+def test_comparisons_put_forward_before_backward():
+    rows = features.comparisons(_rec({("causal", "bwd"): 1.0, ("causal", "fwd"): 2.0}), "flex")
+    assert [r["pass"] for r in rows] == ["fwd", "bwd"]
+
+
+def test_a_ratio_exactly_at_the_target_meets_it():
+    rows = features.comparisons(_rec({("causal", "fwd"): 1.1}), "flex")
+    assert rows[0]["ratio"] == 1.1 and features.count_met(rows) == (1, 1)
+    assert "forward **met**" in features.verdict(_rec({("causal", "fwd"): 1.1}))
+
+
+def test_ratio_range_is_least_to_greatest():
+    rows = features.comparisons(_rec({("causal", "fwd"): 1.5, ("window", "fwd"): 0.5}), "flex")
+    assert features.ratio_range(rows) == (0.5, 1.5)
+
+
+def test_provenance_without_an_autotune_key_says_off():
+    rec = _rec({})
+    del rec["environment"]["autotune"]
+    assert features.provenance(rec) == (
+        "G, torch t, Triton tr, float16, 2026-02-03, autotuning off; command: c"
+    )
+
+
+def test_verdict_clauses_on_a_synthetic_record():
+    ratios = {
+        ("causal", "fwd"): 1.2,
+        ("causal", "bwd"): 0.5,
+        ("window", "fwd"): 0.9,
+        ("window", "bwd"): 0.55,
+    }
+    text = features.verdict(_rec(ratios, autotune=False))
+    assert "forward **not met** (1 of 2 rows); backward **not met** (0 of 2 rows)." in text
+    assert "Rows that reach it: causal d = 64 N = 1,024 forward." in text
+    # no varlen_attn rows at all: nothing measured, nothing met
+    assert "(document rows): not measured; over every mask: not measured." in text
+    assert "The main record ran with autotuning off" in text
+    assert "Backward over FlexAttention's backward: 0.50x to 0.55x at d = 64." in text
+    assert "Every backward row, tuned or not, is below" in text
+
+
+def test_verdict_on_varlen_counts_document_rows_apart():
+    ratios = {("document", "fwd"): 1.5, ("causal", "fwd"): 0.5, ("window", "fwd"): 0.5}
+    var = _rec(ratios, other="varlen_attn")
+    flex = _rec({("causal", "fwd"): 2.0})
+    rec = {"environment": flex["environment"], "rows": flex["rows"] + var["rows"]}
+    text = features.verdict(rec)
+    assert "(document rows): **met**; over every mask: **not met** (1 of 3 rows)." in text
+
+
+def test_verdict_span_of_two_close_ratios_is_a_range():
+    text = features.verdict(_rec({("causal", "bwd"): 1.23, ("window", "bwd"): 1.25}))
+    assert "1.23x to 1.25x at d = 64" in text
+
+
+def test_verdict_with_a_tuned_rerun():
+    main = _rec({("causal", "fwd"): 1.0, ("causal", "bwd"): 0.5}, autotune=False)
+    tuned = _rec({("causal", "fwd"): 1.234, ("causal", "bwd"): 1.3})
+    text = features.verdict(main, tuned, target=1.25)
+    assert "At least 1.25x FlexAttention" in text
+    assert (
+        "With autotuning on (d = 64, N = 1,024): causal forward 1.23x, causal backward 1.30x of "
+        "FlexAttention; 1 of 2 rows reach 1.25x." in text
+    )
+    assert "The window and document rows were not rerun with autotuning." in text
+    assert "Every backward row" not in text  # the tuned backward is above FlexAttention's

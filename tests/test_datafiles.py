@@ -64,3 +64,22 @@ def test_no_notebook_reads_a_path_relative_to_the_repository(nb):
         assert not re.search(pattern, code), (
             f"{nb.name}: reads the repository or the web ({pattern})"
         )
+
+
+# -- from a mutation audit ------------------------------------------------------------------------
+def test_datafiles_rejects_a_windows_absolute_name():
+    with pytest.raises(ValueError, match="relative path inside data/"):
+        datafiles.data_path("\\bench\\h200_bench.json")
+
+
+def test_datafiles_missing_file_lists_data_but_not_caches(monkeypatch, tmp_path):
+    (tmp_path / "bench" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "bench" / "__pycache__" / "x.pyc").write_bytes(b"")
+    (tmp_path / "bench" / "a.json").write_text("{}")
+    monkeypatch.setattr(datafiles, "_data_dir", lambda: tmp_path)
+    with pytest.raises(FileNotFoundError) as exc:
+        datafiles.data_path("b.json")
+    assert str(exc.value).endswith("it has: bench/a.json")
+    monkeypatch.setattr(datafiles, "_data_dir", lambda: tmp_path / "none")
+    with pytest.raises(FileNotFoundError, match=r"it has: nothing \(an install without package"):
+        datafiles.data_path("b.json")

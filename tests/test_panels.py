@@ -136,3 +136,24 @@ def test_every_multi_panel_figure_of_the_book_is_shown_one_panel_per_image(path)
     show it with show_panels, in a cell tagged "panels" (the stylesheet stacks its images)."""
     problems = panel_problems(_code_cells(path))
     assert not problems, f"{path.relative_to(BOOK)}:\n" + "\n".join(problems)
+
+
+# -- from a mutation audit ------------------------------------------------------------------------
+def test_colorbars_insets_and_switched_off_axes_are_not_panels():
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 3))
+    fig.colorbar(a.imshow([[0, 1], [1, 0]]), ax=a)
+    b.inset_axes([0.6, 0.6, 0.3, 0.3]).plot([0, 1])
+    c.axis("off")
+    title, images = panel_images(fig)
+    assert title == "" and len(images) == 2  # a and b only
+    plt.close(fig)
+
+
+def test_panels_hide_the_suptitle_and_show_every_panels_tick_labels():
+    fig = _two_panels(sharey=True)
+    right = fig.axes[1]
+    assert not right.yaxis.get_tick_params()["labelleft"]  # hidden by sharey
+    panel_images(fig)
+    assert right.yaxis.get_tick_params()["labelleft"]
+    assert not fig._suptitle.get_visible()  # shown as text above the images instead
+    plt.close(fig)
