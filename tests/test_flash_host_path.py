@@ -280,3 +280,23 @@ def test_environ_get_reads_every_call(monkeypatch, value):
     assert launch._environ_get(name, "auto") == os.environ.get(name, "auto")
     monkeypatch.setenv(name, "changed")
     assert launch._environ_get(name, "auto") == "changed"
+
+
+def test_v_is_checked_like_k_and_only_plain_tensors_are_memoised(monkeypatch):
+    """v's dtype and device are compared with q's (not only k's); a subclass v, or a call being
+    traced by torch.compile, gets no memoised signature."""
+    from course_kernels.triton import _torch_validate
+
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="share one dtype"):
+        _torch_validate.check_tensors(q, k, v.double().float().half())
+    with pytest.raises(ValueError, match="on one device"):
+        _torch_validate.check_tensors(q, k, v.to("meta"))
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert _torch_validate.tensor_signature(q, k, v.as_subclass(Sub)) is None
+    assert _torch_validate.tensor_signature(q, k, v) is not None
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _torch_validate.tensor_signature(q, k, v) is None

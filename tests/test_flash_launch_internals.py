@@ -282,3 +282,133 @@ def test_no_hook_is_set_by_default_and_a_registered_one_is_seen():
         finally:
             chain.remove(hook)
         assert not configs._hooks_set(fn)
+
+
+def test_dot_precision_is_ieee_for_fp32_only():
+    """fp32 inputs: IEEE products (the fp32 reference's); fp16/bf16: tf32 (tensor cores). What
+    the pruners read to pick the IEEE config (_triton_env.prune_configs), so GPU-only in effect."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import PLAIN
+
+    assert launch._dot_precision(torch.float32) == "ieee"
+    assert launch._dot_precision(torch.float16) == launch._dot_precision(torch.bfloat16) == "tf32"
+    q = torch.empty(1, 2, 8, 40)
+    for dtype, want in ((torch.float32, "ieee"), (torch.float16, "tf32")):
+        consts = launch._constexprs(launch._layout(q, q, None), dtype, PLAIN, None, None)
+        assert consts["DOT_PRECISION"] == want and consts["HEAD_DIM_PADDED"] == 64
+
+
+def test_plan_cache_is_bounded_and_keys_every_varlen_size(monkeypatch):
+    """_PLANS starts over at _MAX_PLANS entries; a varlen plan's key holds max_seqlen_k too (the
+    kernels' N_CTX_K), and bwd_variant_args passes the keys' offsets, not the queries'."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import PLAIN
+
+    monkeypatch.setattr(launch, "_PLANS", {})
+    monkeypatch.setattr(launch, "_MAX_PLANS", 3)
+    for i in range(10):
+        assert launch._remember(("k", i), i) == i
+        assert len(launch._PLANS) <= 3 and launch._PLANS[("k", i)] == i
+    cu_q, cu_k = torch.tensor([0, 4, 9]).int(), torch.tensor([0, 5, 9]).int()
+    key = launch._plan_key(PLAIN, 0.5, None, (cu_q, cu_k, 5, 5))
+    assert key != launch._plan_key(PLAIN, 0.5, None, (cu_q, cu_k, 5, 6))
+    assert key != launch._plan_key(PLAIN, 0.5, None, (cu_q, cu_k, 6, 5))
+    q = torch.randn(9, 2, 16)
+    common, _ = launch.bwd_variant_args(q, q, torch.empty(2, 9), PLAIN, 0.5, None,
+                                        (cu_q, cu_k, 5, 5))  # fmt: skip
+    assert common[0] is cu_q and common[1] is cu_k
+
+
+def test_even_blocks_without_an_autotuning_list_keeps_the_masks(monkeypatch):
+    """A backward kernel without configs to read the blocks from (not autotuned): no promise."""
+    from types import SimpleNamespace
+
+    from course_kernels.triton import launch
+
+    assert launch._even(1 << 12, 1 << 12)
+    monkeypatch.setattr(launch, "_attn_bwd_dq", SimpleNamespace())
+    assert not launch._even(1 << 12, 1 << 12)
+
+
+def test_one_key_backward_takes_the_closed_form(monkeypatch):
+    """Nk = 1, every row seeing the key: _backward_c returns the closed form's gradients (dQ =
+    dK = 0 exactly: notes/kernel.md), not the kernels'; with two keys the kernels run."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import CAUSAL, PLAIN
+
+    calls = []
+    monkeypatch.setattr(launch, "_backward_one_key", lambda *a: calls.append(a) or "closed")
+    q, do = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16)
+    for variant in (PLAIN, CAUSAL):
+        k = torch.randn(1, 2, 1, 16)
+        o, lse_c = launch._forward_c(q, k, k, variant, 0.3)
+        assert launch._backward_c(do, q, k, k, o, lse_c, variant, 0.3) == "closed"
+    k = torch.randn(1, 2, 2, 16)
+    o, lse_c = launch._forward_c(q, k, k, PLAIN, 0.3)
+    assert launch._backward_c(do, q, k, k, o, lse_c, PLAIN, 0.3)[0].shape == q.shape
+    assert len(calls) == 2
+
+
+def test_pruners_on_a_gpu_pick_by_capability_precision_and_head_dim(monkeypatch):
+    """prune_configs on a GPU: sm_80 and up keep the fp16/bf16 list (below sm_80 the T4 table),
+    fp32 the IEEE config, padded head dim 256 the small one, COURSE_KERNELS_AUTOTUNE=0 the first;
+    pick_configs lists the GPU configs then the IEEE one (the interpreter: the CPU one alone)."""
+    ieee, small, fast1, fast2 = (triton.Config({"BLOCK_M": m}) for m in (8, 16, 32, 64))
+    t4 = triton.Config({"BLOCK_M": 4})
+    prune = _triton_env.prune_configs(ieee, small, {(256, False): t4, (256, True): t4})
+    configs = [fast1, fast2, small, ieee]
+    tf32 = dict(HEAD_DIM=64, HEAD_DIM_PADDED=64, DOT_PRECISION="tf32")
+    monkeypatch.setattr(_triton_env, "AUTOTUNE", True)
+    for cap in ((8, 0), (9, 0)):
+        monkeypatch.setattr(_triton_env, "gpu_capability", lambda cap=cap: cap)
+        assert prune(configs, tf32) == [fast1, fast2, small]
+        assert prune(configs, {**tf32, "DOT_PRECISION": "ieee"}) == [ieee]
+        assert prune(configs, {**tf32, "HEAD_DIM_PADDED": 256}) == [small]
+        assert prune(configs, {**tf32, "HEAD_DIM_PADDED": 128}) == [fast1, fast2, small]
+    monkeypatch.setattr(_triton_env, "gpu_capability", lambda: (7, 5))
+    assert prune(configs, tf32) == [t4]
+    monkeypatch.setattr(_triton_env, "gpu_capability", lambda: (9, 0))
+    monkeypatch.setattr(_triton_env, "AUTOTUNE", False)
+    assert prune(configs, tf32) == [fast1]
+    assert _triton_env.pick_configs([fast1, fast2], small, ieee) == [small]  # interpreter
+    monkeypatch.setattr(_triton_env, "INTERPRET", False)
+    assert _triton_env.pick_configs([fast1, fast2], small, ieee) == [fast1, fast2, ieee]
+
+
+def test_env_helpers_under_the_interpreter(monkeypatch):
+    """No capability and no do_bench override under the interpreter (even with a GPU present);
+    without a GPU and with TRITON_INTERPRET=0 require_triton says where Triton could run."""
+    assert _triton_env.autotune_kwargs() == {}
+    monkeypatch.setattr(_triton_env, "HAS_GPU", True)
+    assert _triton_env.capability() is None
+    monkeypatch.setattr(_triton_env, "HAS_GPU", False)
+    monkeypatch.setattr(_triton_env, "INTERPRET", False)
+    with pytest.raises(RuntimeError, match="found no CUDA GPU and TRITON_INTERPRET=0"):
+        _triton_env.require_triton()
+
+
+def test_hooks_the_direct_launch_leaves_to_triton(monkeypatch):
+    """An empty slot (None) is no hook; a stages-inspection hook or a JIT pre-run hook sends the
+    launch through JITFunction.run."""
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    assert configs._hook_in_use(None) is False
+    fn = SimpleNamespace(pre_run_hooks=[])
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", None, raising=False)
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", None, raising=False)
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", None, raising=False)
+    assert not configs._hooks_set(fn)
+    assert configs._hooks_set(SimpleNamespace(pre_run_hooks=[print]))
+    monkeypatch.setattr(knobs.runtime, "add_stages_inspection_hook", print, raising=False)
+    assert configs._hooks_set(fn)
+
+
+def test_forward_tile_arithmetic():
+    """Shared memory: Q once plus a K and a V tile per stage; registers: the fp32 accumulator
+    over 32 threads a warp."""
+    assert configs.smem_estimate(128, 64, 3, 64) == 2 * (128 * 64 + 3 * 2 * 64 * 64)
+    assert configs.smem_estimate(64, 32, 2, 128, dtype_bytes=4) == 4 * (64 * 128 + 4 * 32 * 128)
+    assert configs.accumulator_registers(128, 64, 4) == 64
+    assert configs.accumulator_registers(128, 128, 8) == 64

@@ -799,3 +799,70 @@ def test_dq_convert_is_off_and_needs_dq_tma():
         GB.gluon_attention_backward(**_args(), DQ_CONVERT=True, DQ_TMA=False)
     with pytest.raises(ValueError, match=r"DQ_CONVERT='yes' not supported; accepted: \(False"):
         GB._check_config(64, dict(DQ_CONVERT="yes"))
+
+
+def test_empty_sequences_and_dq_chunks_without_dq_shared():
+    """N = 0 is refused with its own message; without DQ_SHARED each consumer's dQ chunk spans
+    d // DQ_SPLIT columns (not split across the consumers), and DQ_TMA stays off."""
+    with pytest.raises(ValueError, match="sequence length 0"):
+        GB.gluon_attention_backward(**_args(N=0))
+    cfg = GB._check_config(64, dict(DQ_SHARED=False, DQ_SPLIT=4))  # 16 columns
+    assert cfg["DQ_SPLIT"] == 4 and cfg["DQ_TMA"] is False
+
+
+def test_the_shared_memory_limit_is_inclusive(monkeypatch):
+    tma = dict(DQ_TMA=GB._check_config(64, {})["DQ_TMA"])
+    need = GB.shared_bytes(64, GB._check_config(64, tma))
+    monkeypatch.setattr(GB, "SMEM_LIMIT", need)
+    GB._check_config(64, tma)
+    monkeypatch.setattr(GB, "SMEM_LIMIT", need - 1)
+    with pytest.raises(ValueError, match=f"about {need} bytes of shared memory"):
+        GB._check_config(64, tma)
+
+
+def test_a_callers_tail_keeps_the_documents_default_section_off(monkeypatch):
+    """Packed documents default to SECTION = 8, unless the call passes SECTION or TAIL: a TAIL of
+    its own then runs with SECTION = 0 (the two orders exclude each other)."""
+    seen = []
+    real = GB._check_config
+    monkeypatch.setattr(
+        GB, "_check_config", lambda d, config: seen.append(real(d, config)) or seen[-1]
+    )
+    a = _args(N=16)
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    for config, want in ((dict(), (8, 0)), (dict(TAIL=4), (0, 4)), (dict(SECTION=2), (2, 0))):
+        with pytest.raises(RuntimeError, match="unavailable"):
+            GB.gluon_attention_backward(**a, causal=True, cu_seqlens=cu, **config)
+        assert (seen[-1]["SECTION"], seen[-1]["TAIL"]) == want, config
+    with pytest.raises(ValueError, match="SECTION and TAIL are two CTA orders"):
+        GB.gluon_attention_backward(**a, causal=True, cu_seqlens=cu, SECTION=2, TAIL=4)
+
+
+def test_the_backward_asks_for_document_ends_and_the_window_over_n(monkeypatch):
+    """The backward's DOCS mask reads each key's document end (side "end"), its window is
+    checked against the sequence length N, and a varlen call whose offsets were read already
+    does not read them again."""
+    seen = []
+    for name in ("_doc_bounds", "_check_window"):
+        real = getattr(GB, name)
+        monkeypatch.setattr(GB, name, lambda *a, _r=real, _n=name: seen.append((_n, a)) or _r(*a))
+    a = _args(H=2, N=16)
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="unavailable"):
+        GB.gluon_attention_backward(**a, causal=True, cu_seqlens=cu)
+    assert [s[1][-1] for s in seen if s[0] == "_doc_bounds"] == ["end"]
+    with pytest.raises(RuntimeError, match="unavailable"):
+        GB.gluon_attention_backward(**a, causal=True, window_left=4)
+    assert seen[-1] == ("_check_window", (4, True, 16))
+    spy = cu.as_subclass(_NoValues)
+    packed = {k: x[0].transpose(0, 1).contiguous() for k, x in a.items() if k != "lse"}
+    with pytest.raises(RuntimeError, match="unavailable"):
+        GB.gluon_varlen_backward(**packed, lse=a["lse"][0], cu_seqlens=spy, scale=None,
+                                 offsets_checked=True)  # fmt: skip
+
+
+class _NoValues(torch.Tensor):
+    """Offsets whose values must not be read (the caller has read them)."""
+
+    def tolist(self):
+        raise AssertionError("cu_seqlens read again")

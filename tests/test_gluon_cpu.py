@@ -743,3 +743,236 @@ def test_packed_documents_take_the_gluon_forward_only_at_its_listed_dims(monkeyp
     monkeypatch.setenv(launch.FORWARD_ENV, "triton")
     assert not launch._gluon_docs(q, q, CAUSAL, None, (cu, cu, 1, 1), False)
     assert len(calls) == 2
+
+
+# ------------------------------------------- mutation audit: what decides the kernel, pinned
+def _auto_hopper(monkeypatch):
+    """``_use_gluon`` under ``auto`` as on a Hopper GPU: CUDA-less tensors are let through by
+    ``_gluon_fits``'s other checks (shapes, dtype) with ``is_cuda`` faked."""
+    from course_kernels.triton import launch
+
+    monkeypatch.setattr(launch, "INTERPRET", False)
+    monkeypatch.setattr(launch, "gluon_available", lambda: True)
+    for env in (launch.FORWARD_ENV, launch.BACKWARD_ENV):
+        monkeypatch.delenv(env, raising=False)
+    return launch
+
+
+def _cuda_like(b, h, n, d, dtype=torch.float16):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(is_cuda=True, dtype=dtype, shape=(b, h, n, d))
+
+
+def test_gluon_fits_takes_bf16_and_needs_nq_equal_nk():
+    from course_kernels.triton import launch
+
+    dims = launch.GLUON_FORWARD_DIMS
+    for dtype in (torch.float16, torch.bfloat16):
+        assert launch._gluon_fits(_cuda_like(1, 2, 16, 64, dtype), _cuda_like(1, 2, 16, 64), dims)
+    assert not launch._gluon_fits(_cuda_like(1, 2, 16, 64), _cuda_like(1, 2, 32, 64), dims)
+    assert not launch._gluon_fits(_cuda_like(1, 2, 32, 64), _cuda_like(1, 2, 16, 64), dims)
+
+
+def test_gluon_pays_counts_query_heads_not_kv_heads():
+    """GQA: the work is B x Hq x Nq x Nk x d (each query head reads its K/V head)."""
+    from course_kernels.triton import launch
+
+    q = torch.empty(1, 8, 1 << 13, 64, device="meta")  # 8 * 2**13 * 2**13 * 64 = 2**35
+    kv = torch.empty(1, 1, 1 << 14, 64, device="meta")  # Nk = 2 Nq: 2**36 in all
+    assert launch._gluon_pays(q, kv)
+    assert not launch._gluon_pays(q[:, :4], kv)
+
+
+def test_auto_needs_every_condition(monkeypatch):
+    """``auto`` takes the Gluon forward only when it fits, pays, Gluon is available and Triton
+    compiles (not the interpreter); each condition alone turns it off. A GQA forward is taken
+    (only the backward's GQA waits for GLUON_BACKWARD_GQA)."""
+    launch = _auto_hopper(monkeypatch)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k, dims: True)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    q = torch.empty(1, 4, 16, 64, device="meta")
+    kv = torch.empty(1, 2, 16, 64, device="meta")
+    assert launch._use_gluon(q, q) and launch._use_gluon(q, kv)  # the forward: GQA too
+    assert launch._use_gluon(q, q, backward=True) and not launch._use_gluon(q, kv, backward=True)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: False)
+    assert not launch._use_gluon(q, q) and not launch._use_gluon(q, q, backward=True)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    monkeypatch.setattr(launch, "gluon_available", lambda: False)
+    assert not launch._use_gluon(q, q) and not launch._use_gluon(q, q, backward=True)
+    monkeypatch.setattr(launch, "gluon_available", lambda: True)
+    monkeypatch.setattr(launch, "INTERPRET", True)
+    assert not launch._use_gluon(q, q) and not launch._use_gluon(q, q, backward=True)
+
+
+def test_masked_and_backward_dims_do_not_follow_the_forwards_auto_tuple(monkeypatch):
+    """GLUON_FORWARD_AUTO is the plain forward's: a masked forward follows its own
+    GLUON_MASKED_FORWARD entry, the backward GLUON_BACKWARD_AUTO (both checked first)."""
+    launch = _auto_hopper(monkeypatch)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k, dims: q.shape[3] in dims)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    monkeypatch.setattr(launch, "GLUON_FORWARD_AUTO", (64,))
+    q128, q256 = (torch.empty(1, 2, 16, d, device="meta") for d in (128, 256))
+    assert not launch._use_gluon(q128, q128)
+    assert launch._use_gluon(q128, q128, backward=True)
+    monkeypatch.setitem(launch.GLUON_MASKED_FORWARD, "documents", (128, 256))
+    assert launch._use_gluon(q128, q128, False, "documents")
+    assert launch._use_gluon(q256, q256, False, "documents")  # not in GLUON_FORWARD_AUTO
+
+
+def test_packed_documents_backward_asks_with_the_backward_table(monkeypatch):
+    """``_gluon_docs(..., backward=True)`` reads GLUON_MASKED_BACKWARD and $COURSE_KERNELS_
+    BACKWARD, not the forward's: at d = 64 packed documents take the Gluon backward, not the
+    Gluon forward."""
+    from course_kernels.triton.masks import CAUSAL
+
+    launch = _auto_hopper(monkeypatch)
+    monkeypatch.setattr(launch, "_gluon_fits", lambda q, k, dims: True)
+    monkeypatch.setattr(launch, "_gluon_pays", lambda q, k: True)
+    assert 64 in launch.GLUON_MASKED_BACKWARD["documents"]
+    assert 64 not in launch.GLUON_MASKED_FORWARD["documents"]
+    q = torch.empty(1 << 10, 2, 64, device="meta")
+    cu = torch.tensor([0, 1 << 10])
+    varlen = (cu, cu, 1 << 10, 1 << 10)
+    assert launch._gluon_docs(q, q, CAUSAL, None, varlen, True)
+    assert not launch._gluon_docs(q, q, CAUSAL, None, varlen, False)
+    monkeypatch.setenv(launch.BACKWARD_ENV, "triton")
+    assert not launch._gluon_docs(q, q, CAUSAL, None, varlen, True)
+
+
+def test_alibi_and_varlen_never_reach_the_dense_gluon_kernels(monkeypatch):
+    """The Gluon kernels have no ALiBi and no cu_seqlens (but packed documents'): with ALiBi, or
+    packed inputs with two offsets tensors, the tl kernels run even where the choice says Gluon."""
+    from course_kernels.triton import launch
+    from course_kernels.triton.masks import CAUSAL
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a dense Gluon kernel was called")
+
+    monkeypatch.setattr(launch, "_use_gluon", lambda *args, **kwargs: True)
+    monkeypatch.setattr(launch, "gluon_attention_forward", boom)
+    monkeypatch.setattr(launch, "gluon_attention_backward", boom)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(4))
+    alibi = torch.full((1, 2), 0.5)
+    o, lse_c = launch._forward_c(q, k, v, CAUSAL, 0.3, alibi)
+    dq, dk, dv = launch._backward_c(do, q, k, v, o, lse_c, CAUSAL, 0.3, alibi)
+    assert o.shape == q.shape and dq.shape == q.shape and dk.shape == k.shape
+    qp, kp, vp = (x[0].transpose(0, 1).contiguous() for x in (q, k, v))  # (8, 2, 16) packed
+    cu_q, cu_k = torch.tensor([0, 3, 8], dtype=torch.int32), torch.tensor([0, 3, 8]).int()
+    o, lse_c = launch._forward_c(qp, kp, vp, CAUSAL, 0.3, None, (cu_q, cu_k, 5, 5))
+    assert o.shape == qp.shape and lse_c.shape == (2, 8)
+
+
+def _fake_hopper(monkeypatch, capability=(9, 0), cuda=True, version="3.6.0"):
+    """gluon_available's view of a machine: Gluon importable, Triton ``version``, a CUDA device
+    of ``capability`` (``cuda``: whether torch says CUDA is available)."""
+    import triton
+
+    monkeypatch.setattr(G, "HAVE_GLUON", True)
+    monkeypatch.setattr(G, "_AVAILABLE", {})
+    monkeypatch.setattr(triton, "__version__", version)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: capability)
+
+
+@pytest.mark.parametrize(
+    "machine, want",
+    [
+        (dict(), True),
+        (dict(capability=(10, 0)), False),  # Blackwell: not the Hopper kernel's
+        (dict(capability=(8, 0)), False),
+        (dict(cuda=False), False),
+        (dict(version="3.5.1"), False),
+        (dict(version="3.60.0"), False),  # not 3.6.x
+        (dict(version="3.6"), True),
+    ],
+)
+def test_gluon_is_available_only_on_hopper_with_triton_36(monkeypatch, machine, want):
+    _fake_hopper(monkeypatch, **machine)
+    assert G.gluon_available() is want
+
+
+def test_why_unavailable_names_the_missing_piece(monkeypatch):
+    import triton
+
+    monkeypatch.setattr(G, "HAVE_GLUON", False)
+    monkeypatch.setattr(G, "IMPORT_ERROR", ImportError("no gluon here"))
+    assert "did not import" in G.why_unavailable() and "no gluon here" in G.why_unavailable()
+    monkeypatch.setattr(G, "HAVE_GLUON", True)
+    monkeypatch.setattr(triton, "__version__", "3.6.1")
+    assert "compute capability 9.x" in G.why_unavailable()
+
+
+@pytest.mark.parametrize(
+    "q_shape, k_shape, v_shape, dtypes, match",
+    [
+        ((2, 2, 16, 64), (1, 2, 16, 64), (1, 2, 16, 64), (), "need same B, N, d"),
+        ((1, 2, 16, 64), (1, 2, 16, 128), (1, 2, 16, 128), (), "need same B, N, d"),
+        ((1, 2, 16, 64), (1, 2, 16, 64), (1, 1, 16, 64), (), "need same B, N, d"),
+        ((1, 2, 16, 64),) * 3
+        + ((torch.float16, torch.float16, torch.bfloat16), "must all be float16"),
+        ((1, 2, 16, 64),) * 3
+        + ((torch.float16, torch.bfloat16, torch.float16), "must all be float16"),
+    ],
+)
+def test_the_forward_checks_k_and_v_against_q(q_shape, k_shape, v_shape, dtypes, match):
+    dq, dk, dv = dtypes or (torch.float16,) * 3
+    q, k, v = torch.randn(q_shape).to(dq), torch.randn(k_shape).to(dk), torch.randn(v_shape).to(dv)
+    with pytest.raises(ValueError, match=match):
+        G.gluon_attention_forward(q, k, v)
+
+
+def test_window_schedule_details():
+    """A window's own K/V block (64 keys at d = 64) unless the caller sets the schedule; the
+    error for ROW_MASK with a window names the window; ALIGN_END at N = 1 is refused too."""
+    assert G.schedule_config(64, True, 4096, window=True)["BN"] == 64
+    assert G.schedule_config(64, True, 4096, window=True, BN=128)["BN"] == 128
+    with pytest.raises(ValueError, match=r"ROW_MASK cannot be combined with a sliding window"):
+        G.schedule_config(128, True, 4096, window=True, ROW_MASK=True)
+    with pytest.raises(ValueError, match="ALIGN_END at N = 1"):
+        G.schedule_config(64, True, 1, ALIGN_END=True)
+
+
+def test_consumer_registers_fit_hoppers_register_file():
+    """Each consumer warpgroup's setmaxnreg budget x 128 threads, with a producer warpgroup of
+    at least 24 registers a thread, fits the SM's 65,536 registers (3 consumers: 160 each)."""
+    for nc, regs in G.CONSUMER_REGS.items():
+        assert (nc * regs + 24) * 128 <= 65536, (nc, regs)
+
+
+def test_the_device_check_covers_all_three_tensors(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(G, "gluon_available", lambda: True)
+    cuda, cpu = (
+        SimpleNamespace(is_cuda=True, device="cuda:0"),
+        SimpleNamespace(is_cuda=False, device="cpu"),
+    )
+    G._check_device(cuda, cuda, cuda, "f")
+    for args in ((cpu, cuda, cuda), (cuda, cpu, cuda), (cuda, cuda, cpu)):
+        with pytest.raises(ValueError, match="must be CUDA tensors"):
+            G._check_device(*args, "f")
+
+
+class _NoValues(torch.Tensor):
+    """Offsets whose values must not be read (a device-to-host copy the caller has done)."""
+
+    def tolist(self):
+        raise AssertionError("cu_seqlens read again")
+
+
+def test_checked_offsets_are_not_read_again_and_offsets_live_on_qs_device():
+    q = torch.randn(1, 2, 10, 64, dtype=torch.float16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    spy = cu.as_subclass(_NoValues)
+    start = G._doc_bounds(spy, True, None, q, True, "start")
+    assert start.as_subclass(torch.Tensor).tolist() == [0] * 4 + [4] * 6
+    with pytest.raises(AssertionError, match="read again"):
+        G._doc_bounds(spy, True, None, q, False, "start")
+    packed = torch.randn(10, 2, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="unavailable"):  # past the offsets, at the GPU check
+        G.gluon_varlen_forward(packed, packed, packed, spy, offsets_checked=True)
+    with pytest.raises(ValueError, match="on q's device"):
+        G._doc_bounds(cu.to("meta"), True, None, q, False, "start")
