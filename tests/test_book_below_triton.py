@@ -208,10 +208,13 @@ def test_dq_tma_won_in_every_row_is_the_default_and_the_chapter_says_so():
     assert "### $dQ$ through a TMA reduce-add (`DQ_TMA`)" in prose
     assert "**The backward at cuDNN's speed.**" in prose
     assert "dedicated $dQ$ writer warp are not written" in prose
-    # GQA (session 19): written; the chapter says it has not run while auto leaves it to tl
-    assert "GQA (fewer $K$/$V$ heads than query heads) is written" in prose
-    said = "has not run on a GPU, so `auto` keeps the `tl` backward for such calls" in prose
-    assert said is (launch.GLUON_BACKWARD_GQA is False)
+    # GQA (session 19, timed in session 20): the chapter says auto takes it exactly when it does
+    assert "### Grouped-query attention in the backward" in prose
+    said = "so `auto` now takes it for GQA calls" in prose
+    assert said is (launch.GLUON_BACKWARD_GQA is True)
+    gqa = load_json("gluon/h100_gqa_backward_session20.json")
+    assert all(r["gluon_over_tl"] >= 1.03 for r in gqa["rows"]) is launch.GLUON_BACKWARD_GQA
+    assert "has not run on a GPU, so `auto` keeps the `tl` backward" not in prose
     for stale in ("does not offer\non Hopper", "the `tl` backward was faster)", "only at $d$ ="):
         assert stale not in prose, stale
     code = _code()

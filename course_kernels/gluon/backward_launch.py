@@ -76,7 +76,7 @@ BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
     DQ_CONVERT=False,
 )  # fmt: skip
-# DQ_CONVERT (session 18, off: written and compiled offline, not yet run on a GPU): dq converted
+# DQ_CONVERT (session 18, off: its GPU tests pass (session 20), not timed yet): dq converted
 # inside the main kernel by each head's last CTA (scheduler._dq_convert_last)
 # instead of by a kernel of its own (7% of a window-1K call at d = 128, N = 4K on an H100).
 # MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,

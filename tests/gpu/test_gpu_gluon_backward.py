@@ -491,9 +491,9 @@ def test_gqa_documents_backward_matches_float64(lengths, d, packed):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attention_runs_gqa_backwards_on_gluon_only_when_asked(monkeypatch, causal):
-    """Until a GPU run has timed it, ``auto`` keeps the tl backward for GQA
-    (GLUON_BACKWARD_GQA); ``$COURSE_KERNELS_BACKWARD=gluon`` or the switch take the Gluon one,
-    whose gradients pass flash-attn's rule against float64."""
+    """``auto`` takes the Gluon backward for GQA exactly when GLUON_BACKWARD_GQA is on (since
+    session 20's timing); ``$COURSE_KERNELS_BACKWARD=gluon`` takes it either way; the gradients
+    pass flash-attn's rule against float64 on every path."""
     from course_kernels.triton import launch
     from course_kernels.triton.flash import flash_attention
 
