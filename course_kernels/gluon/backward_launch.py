@@ -202,10 +202,10 @@ def shared_bytes(d: int, cfg: dict) -> int:
 def _sum_over_groups(x, h_kv: int):
     """GQA: per-query-head dK or dV, (B, H, N, d) or packed (total, H, d), -> per K/V head, the
     sum over each head's H // h_kv consecutive query heads (SDPA's ``enable_gqa`` grouping, the
-    kernel's hz // GROUP), accumulated in fp32 and rounded once (as flash-attn 2 sums them)."""
-    import torch
-
-    return x.unflatten(1, (h_kv, -1)).sum(2, dtype=torch.float32).to(x.dtype)
+    kernel's hz // GROUP), accumulated in fp32 and rounded once (as flash-attn 2 sums them):
+    torch's fp16/bf16 sums accumulate in fp32 and write x's dtype, one pass (a ``dtype=float32``
+    sum and a cast would write and read an fp32 copy as well)."""
+    return x.unflatten(1, (h_kv, -1)).sum(2)
 
 
 def _row_layout(BM: int):
