@@ -265,49 +265,42 @@ def _sees(i, j, diag_lo, diag_hi):
     return i + diag_lo <= j <= i + diag_hi
 
 
-def _check_key_blocks(sm, nk, dlo, dhi, bm, bn):
-    """Query rows [sm, sm + bm) against keys [0, nk): the visited key blocks hold every visible
-    key (one spare block at most, where no row sees any key), the unmasked middle is exactly
-    the whole blocks inside [0, nk) that every row sees entirely."""
-    lo, flo, fhi, hi = key_blocks(sm, nk, dlo, dhi, bm, bn)
-    case = (sm, nk, dlo, dhi, bm, bn, (lo, flo, fhi, hi))
+def _check_blocks(got, tile, n, step, sees, whole_inside, case):
+    """A tile (its indices ``tile``) against the other side's [0, n) in blocks of ``step``:
+    ``got`` = (lo, flo, fhi, hi). The visited blocks hold every visible pair (one spare block at
+    most, where nothing in the tile sees anything); the unmasked middle is exactly the blocks
+    every pair of which is visible, counted within [0, n) if ``whole_inside`` else whole."""
+    lo, flo, fhi, hi = got
     assert lo <= flo <= fhi <= hi, case
-    rows, starts = range(sm, sm + bm), range(0, nk, bn)
-    seen = [
-        b
-        for b in starts
-        if any(_sees(i, j, dlo, dhi) for i in rows for j in range(b, min(b + bn, nk)))
-    ]
+    starts = range(0, n, step)
+    seen = [b for b in starts if any(sees(t, o) for t in tile for o in range(b, min(b + step, n)))]
     full = [
         b
         for b in starts
-        if b + bn <= nk and all(_sees(i, j, dlo, dhi) for i in rows for j in range(b, b + bn))
+        if (b + step <= n or not whole_inside)
+        and all(sees(t, o) for t in tile for o in range(b, b + step))
     ]
-    visited = list(range(lo, hi, bn))
+    visited = list(range(lo, hi, step))
     extra = [b for b in visited if b not in seen]
-    assert all(b % bn == 0 for b in visited) and set(seen) <= set(visited), case
+    assert all(b % step == 0 for b in visited) and set(seen) <= set(visited), case
     assert not extra or (not seen and len(extra) == 1), case
-    assert list(range(flo, fhi, bn)) == full, case
+    assert list(range(flo, fhi, step)) == full, case
+
+
+def _check_key_blocks(sm, nk, dlo, dhi, bm, bn):
+    """Query rows [sm, sm + bm) against keys [0, nk) in blocks of bn: a middle block lies whole
+    inside [0, nk)."""
+    got = key_blocks(sm, nk, dlo, dhi, bm, bn)
+    sees = lambda i, j: _sees(i, j, dlo, dhi)  # noqa: E731
+    _check_blocks(got, range(sm, sm + bm), nk, bn, sees, True, (sm, nk, dlo, dhi, bm, bn, got))
 
 
 def _check_query_blocks(sn, nq, dlo, dhi, bn, bm):
-    """Keys [sn, sn + bn) against query rows [0, nq): as above; a middle block is one whose
-    bm rows (counted whole, the kernel masks rows past nq) all see every key of the block."""
-    lo, flo, fhi, hi = query_blocks(sn, nq, dlo, dhi, bn, bm)
-    case = (sn, nq, dlo, dhi, bn, bm, (lo, flo, fhi, hi))
-    assert lo <= flo <= fhi <= hi, case
-    keys, starts = range(sn, sn + bn), range(0, nq, bm)
-    seen = [
-        b
-        for b in starts
-        if any(_sees(i, j, dlo, dhi) for i in range(b, min(b + bm, nq)) for j in keys)
-    ]
-    full = [b for b in starts if all(_sees(i, j, dlo, dhi) for i in range(b, b + bm) for j in keys)]
-    visited = list(range(lo, hi, bm))
-    extra = [b for b in visited if b not in seen]
-    assert all(b % bm == 0 for b in visited) and set(seen) <= set(visited), case
-    assert not extra or (not seen and len(extra) == 1), case
-    assert list(range(flo, fhi, bm)) == full, case
+    """Keys [sn, sn + bn) against query rows [0, nq) in blocks of bm: a middle block's bm rows are
+    counted whole (the kernel masks rows past nq)."""
+    got = query_blocks(sn, nq, dlo, dhi, bn, bm)
+    sees = lambda j, i: _sees(i, j, dlo, dhi)  # noqa: E731
+    _check_blocks(got, range(sn, sn + bn), nq, bm, sees, False, (sn, nq, dlo, dhi, bn, bm, got))
 
 
 def test_block_ranges_against_brute_force():
