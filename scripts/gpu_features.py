@@ -89,6 +89,8 @@ def parse_args(argv=None):
         help="an experiment: the Gluon backward's SECTION "
         "for documents (backward_launch.BACKWARD_SECTION), in this process only",
     )
+    p.add_argument("--gluon-dq-convert", action="store_true", help="an experiment: the Gluon "
+                   "backward with DQ_CONVERT (BACKWARD_DQ_DEFAULTS), in this process only")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -340,22 +342,14 @@ def run_bench(args, record, write):
         record["rows"].append(row)
         write()
     record["bench_seconds"] = round(time.time() - t0, 1)
-    ratios = {}
-    for r in record["rows"]:
-        if r.get("status") == "ok" and r["provider"] != "course":
-            mine = next(
-                (
-                    c
-                    for c in record["rows"]
-                    if c.get("status") == "ok"
-                    and c["provider"] == "course"
-                    and all(c[x] == r[x] for x in ("mask", "d", "n", "pass"))
-                ),
-                None,
-            )
-            if mine:
-                key = f"{r['mask']} d={r['d']} N={r['n']} {r['pass']} vs {r['provider']}"
-                ratios[key] = round(mine["tflops"] / r["tflops"], 3)
+    ratios, key = {}, ("mask", "d", "n", "pass")
+    ok = [r for r in record["rows"] if r.get("status") == "ok"]
+    course = {tuple(c[x] for x in key): c for c in ok if c["provider"] == "course"}
+    for r in ok:
+        mine = course.get(tuple(r[x] for x in key))
+        if r["provider"] != "course" and mine:
+            name = f"{r['mask']} d={r['d']} N={r['n']} {r['pass']} vs {r['provider']}"
+            ratios[name] = round(mine["tflops"] / r["tflops"], 3)
     record["course_over_other"] = ratios
 
 
@@ -380,6 +374,10 @@ def main(argv=None):
 
         record["gluon_section_before"] = GB.BACKWARD_SECTION["documents"]
         GB.BACKWARD_SECTION["documents"] = args.gluon_section
+    if args.gluon_dq_convert:
+        from course_kernels.gluon import backward_launch as GB
+
+        GB.BACKWARD_DQ_DEFAULTS["DQ_CONVERT"] = True
     out = Path(args.out)
 
     def write():

@@ -97,3 +97,45 @@ def test_gluon_masked_backward_is_an_explicit_experiment(monkeypatch):
     assert launch.GLUON_MASKED_BACKWARD == {"window": (), "documents": (128,)}  # not touched
     with pytest.raises(SystemExit):
         gpu_features.parse_args(["--gluon-masked-forward", "window"])
+
+
+def test_ratios_pair_each_row_with_the_course_row_of_its_shape(monkeypatch):
+    """course_over_other: course TFLOP/s over each other provider's, on the same mask, d, N and
+    pass only; failed rows give no ratio."""
+    speed = {("course", 64): 300.0, ("flex", 64): 200.0, ("course", 128): 500.0,
+             ("flex", 128): 400.0}  # fmt: skip
+
+    def fake_measure(row, args):
+        if row["provider"] == "flex" and row["pass"] == "bwd" and row["d"] == 128:
+            raise RuntimeError("no backward")
+        t = speed[row["provider"], row["d"]] * (2 if row["pass"] == "bwd" else 1)
+        return 1.0, t
+
+    monkeypatch.setattr(gpu_features, "measure", fake_measure)
+    args = gpu_features.parse_args(["--masks", "window", "--d", "64", "128", "--n", "4096",
+                                    "--providers", "course", "flex"])  # fmt: skip
+    record = {"rows": []}
+    gpu_features.run_bench(args, record, lambda: None)
+    assert record["course_over_other"] == {
+        "window d=64 N=4096 fwd vs flex": 1.5,
+        "window d=64 N=4096 bwd vs flex": 1.5,
+        "window d=128 N=4096 fwd vs flex": 1.25,
+    }
+
+
+def test_gluon_dq_convert_is_an_explicit_experiment(monkeypatch, tmp_path):
+    """--gluon-dq-convert turns DQ_CONVERT on in BACKWARD_DQ_DEFAULTS for this process and is
+    recorded in the file's args; without it the default is left alone."""
+    from course_kernels.gluon import backward_launch as GB
+
+    monkeypatch.setitem(GB.BACKWARD_DQ_DEFAULTS, "DQ_CONVERT", False)
+    monkeypatch.setattr(gpu_features, "run_bench", lambda args, record, write: None)
+    monkeypatch.setattr(gpu_features, "DEVICE", ["cuda"])  # main sets it
+    out = tmp_path / "r.json"
+    base = ["--part", "bench", "--device", "cpu", "--autotune", "--out", str(out)]
+    gpu_features.main(base)
+    assert GB.BACKWARD_DQ_DEFAULTS["DQ_CONVERT"] is False
+    assert json.loads(out.read_text())["args"]["gluon_dq_convert"] is False
+    gpu_features.main([*base, "--gluon-dq-convert"])
+    assert GB.BACKWARD_DQ_DEFAULTS["DQ_CONVERT"] is True
+    assert json.loads(out.read_text())["args"]["gluon_dq_convert"] is True
