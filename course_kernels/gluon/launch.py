@@ -78,7 +78,8 @@ DEFAULT_CONFIG = {
     # d = 256 (session 19, CPU only; issue 23's "then 256"): FA3's two consumers of 64 rows, K/V
     # blocks of 64 keys, one Q stage, so Q (64 KiB) and the 2-stage K/V ring (128 KiB) fit: offline
     # sm_90a 196,932 B of shared memory, no spills (experiments/gluon/compile_sm90.py, 55-59).
-    # Not yet run on a GPU: `auto` leaves d = 256 to tl (triton/launch.GLUON_FORWARD_AUTO).
+    # Timed on an H100 in session 21 (data/gluon/h100_d256_session21.json, _tl.json: 1.66-1.87x
+    # the tl forward, 0.89-1.07x cuDNN): `auto` takes it (triton/launch.GLUON_FORWARD_AUTO).
     256: dict(_SCHEDULE, BN=64, NUM_CONSUMERS=2, STAGES=2, QSTAGES=1),
 }
 # Added for causal calls (session 8, course_kernels/data/gluon/h200_session8_levers.json, 44/44

@@ -77,9 +77,9 @@ def _gluon_fits(q, k, dims) -> bool:
 # where it beat tl by 3% in every row (data/bench/h100_features_bench_{masked_bwd,session16_window_bwd}_*).
 GLUON_BACKWARD_AUTO, GLUON_MASKED_BACKWARD = (64, 128), {"window": (128,), "documents": (64, 128)}
 GLUON_MASKED_FORWARD = {"documents": (128,)}  # the same rule (h100_features_bench_docs_fwd_*)
-# The dims each Gluon kernel takes (d = 256: not timed yet, not auto's); GQA: data/gluon/h100_gqa_*.
-GLUON_FORWARD_DIMS, GLUON_BACKWARD_DIMS, GLUON_FORWARD_AUTO = (64, 128, 256), (64, 128), (64, 128)
-GLUON_BACKWARD_GQA = True
+# The dims each Gluon kernel takes; d = 256 auto's by h100_d256_session21*.json; GQA: h100_gqa_*.
+GLUON_FORWARD_DIMS = GLUON_FORWARD_AUTO = (64, 128, 256)
+GLUON_BACKWARD_DIMS, GLUON_BACKWARD_GQA = (64, 128), True
 
 
 def _use_gluon(q, k, backward: bool = False, mask: str = "") -> bool:
