@@ -275,7 +275,7 @@ LISTINGS = {
     "gluon.bwd_step": ("course_kernels.gluon.backward_steps", "_bwd_step"),
     "gluon.bwd_dq": ("course_kernels.gluon.backward_steps", "_bwd_dq"),
     "gluon.bwd_dq_tma": ("course_kernels.gluon.backward_steps", "_bwd_dq_tma"),
-    "gluon.bwd_runs": ("course_kernels.gluon.backward_steps", "_bwd_runs"),
+    "gluon.bwd_runs": ("course_kernels.gluon.scheduler", "_bwd_runs"),
     "gluon.keep_seen": ("course_kernels.gluon.backward_steps", "_keep_seen"),
     "gluon.bwd_tile": ("course_kernels.gluon.scheduler", "_bwd_tile"),
     # the course's wrapper of an op Gluon 3.6 has no Python function for (a public name of a

@@ -5,6 +5,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh gluon_bwd     (Hopper: not in the default set)
 #   OUT=/some/dir scripts/gpu_session.sh dq_convert d256   (Hopper, session 19's two unrun changes)
 #   OUT=/some/dir scripts/gpu_session.sh gqa               (Hopper, the GQA backward against tl)
+#   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -19,6 +20,7 @@
 #   gluon_d256.json          the d = 256 Gluon forward: checks, then beside cuDNN and FA2
 #   gluon_d256_tl.json       the same rows in a second process, with the tl kernel as well
 #   gqa_backward.json        step gqa: the Gluon GQA backward beside tl and beside repeated K/V
+#   persist_run{1,2,3}.json  step persist: PERSIST and DQ_CONVERT beside the default, three processes
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -121,5 +123,14 @@ if has gqa; then
   echo "== Gluon backward with GQA beside the tl backward and the repeated-K/V Gluon call"
   timeout "${GQA_BENCH_LIMIT:-240}" "$PY" experiments/gluon/bench_gqa.py --out "$OUT" \
     --tag gqa_backward --groups 4 --rounds 5 --budget-s 200
+fi
+# persist: run its GPU tests first (pytest tests/gpu -k "PERSIST or persist").
+if has persist; then
+  echo "== Gluon backward: PERSIST and DQ_CONVERT beside the default, three fresh processes"
+  for run in 1 2 3; do
+    timeout "${PERSIST_BENCH_LIMIT:-150}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+      --tag "persist_run$run" --masks full causal --dims 64 128 --ns 4096 8192 16384 \
+      --sections 0 PERSIST=1 DQ_CONVERT=1 --rounds 5 --budget-s 130 | grep -v '^{'
+  done
 fi
 echo "== done $(date -u +%FT%TZ)"

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 from course_kernels.gluon import backward as GB_kernel  # noqa: E402
 from course_kernels.gluon import backward_steps as GB_steps  # noqa: E402
+from course_kernels.gluon import scheduler as GB_sched  # noqa: E402
 from course_kernels.gluon import backward_launch as GB  # noqa: E402
 from course_kernels.gluon import launch as G  # noqa: E402
 
@@ -384,6 +385,85 @@ def test_overlap_dq_schedule_releases_nothing_early_and_never_deadlocks(stages):
         assert bad, early
 
 
+class _PersistModel:
+    """PERSIST's K/V hand-over transcribed (producer.py ``_bwd_producer``, backward.py
+    ``_bwd_consume``): per tile the producer waits kv_bars[1] (phase parity (it & 1) ^ 1), loads
+    K/V (arrives kv_bars[0]), then fills the ring at steps step0, step0 + 1, ...; each consumer
+    waits kv_bars[0] (parity it & 1), runs the tile's steps (reading K/V and its ring slot; the
+    other consumer's dQ wgmma reads its K too), and after its last step's wait arrives kv_bars[1],
+    then writes its epilogue. ``early``: kv_bars[1] arrived before the last step (wrong).
+    ``bad``: K/V or a slot overwritten while read, or a stale read."""
+
+    def __init__(self, steps_per_tile, stages, early=False):
+        self.tiles, self.stages, self.early = steps_per_tile, stages, early
+        self.kv_ready, self.kv_free = _Bar(1), _Bar(2)
+        self.q_ready = [_Bar(1) for _ in range(stages)]
+        self.q_empty = [_Bar(2) for _ in range(stages)]
+        self.kv, self.slot, self.readers, self.bad = None, [None] * stages, [], []
+
+    def producer(self):
+        jc = 0
+        for it, steps in enumerate(self.tiles):
+            while not self.kv_free.passes((it & 1) ^ 1):
+                yield
+            if any(r[0] == "kv" for r, _ in self.readers):
+                self.bad.append(("K/V overwritten while read", it))
+            self.kv = it
+            self.kv_ready.arrive()
+            for _ in range(steps):
+                s = jc % self.stages
+                while not self.q_empty[s].passes(((jc // self.stages) & 1) ^ 1):
+                    yield
+                if any(r == ("slot", s) for r, _ in self.readers):
+                    self.bad.append(("slot overwritten while read", jc))
+                self.slot[s] = jc
+                self.q_ready[s].arrive()
+                jc += 1
+
+    def consumer(self, cid):
+        jc = 0
+        for it, steps in enumerate(self.tiles):
+            while not self.kv_ready.passes(it & 1):
+                yield
+            for k in range(steps):
+                s = jc % self.stages
+                while not self.q_ready[s].passes((jc // self.stages) & 1):
+                    yield
+                if self.kv != it or self.slot[s] != jc:
+                    self.bad.append(("stale read", cid, it, jc))
+                if self.early and k == steps - 1:
+                    self.kv_free.arrive()
+                held = [(("kv", cid), cid), (("slot", s), cid)]
+                self.readers.extend(held)
+                yield  # the step's wgmmas in flight
+                for r in held:  # wait(0)
+                    self.readers.remove(r)
+                self.q_empty[s].arrive()
+                jc += 1
+            if not self.early or steps == 0:
+                self.kv_free.arrive()
+            yield  # the epilogue (registers to global memory: no shared buffer)
+
+
+def _simulate_persist(seed, tiles, stages, early=False):
+    rng = np.random.default_rng(seed)
+    m = _PersistModel(tiles, stages, early)
+    _interleave({"p": m.producer(), 0: m.consumer(0), 1: m.consumer(1)}, rng)
+    return m.bad
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_persist_hands_k_v_over_between_tiles_without_a_hazard(stages):
+    """Tiles of 1-5 ring steps (a causal key block sees fewer query blocks), the ring's step
+    count running on across tiles: no K/V or slot overwritten under a reader, no stale read, no
+    deadlock (``_interleave`` fails on one); releasing K/V before the last step is caught."""
+    tiles = [3, 1, 5, 2, 4, 1]
+    for seed in range(150):
+        assert _simulate_persist(seed, tiles, stages) == []
+    bad = [b for seed in range(150) for b in _simulate_persist(seed, tiles, stages, early=True)]
+    assert any(b[0] in ("K/V overwritten while read", "stale read") for b in bad)
+
+
 # ------------------------------------------------ session 13: MASKED_LAST (the unmasked run first)
 @pytest.mark.parametrize("order", ["masked_first", "masked_last", "rotate"])
 @pytest.mark.parametrize("causal", [False, True])
@@ -396,7 +476,7 @@ def test_query_block_runs_cover_every_block_once_in_ring_order(order, causal):
     Checked against a brute-force mask."""
     if not GB_kernel.HAVE_GLUON:
         pytest.skip("triton.experimental.gluon not importable here")
-    runs, block = GB_kernel._bwd_runs.fn, GB_kernel._bwd_block.fn
+    runs, block = GB_sched._bwd_runs.fn, GB_sched._bwd_block.fn
     masked_last, rotate = order != "masked_first", order == "rotate"
     BM, BN = 64, 128
     for N in (1, 17, 64, 127, 128, 129, 200, 1000, 1024, 2053):
@@ -453,8 +533,8 @@ def test_masked_ranges_and_runs_visit_exactly_the_blocks_a_key_block_needs(mask,
     Against brute force over 1500 random cases."""
     if not GB_kernel.HAVE_GLUON:
         pytest.skip("triton.experimental.gluon not importable here")
-    edge_range, runs = GB_steps._edge_range.fn, GB_steps._bwd_runs.fn
-    block = GB_kernel._bwd_block.fn
+    edge_range, runs = GB_sched._edge_range.fn, GB_sched._bwd_runs.fn
+    block = GB_sched._bwd_block.fn
     rng = np.random.default_rng(14)
     for _ in range(1500):
         BM, BN = int(rng.choice([64, 128])), int(rng.choice([64, 128, 192]))
@@ -834,8 +914,34 @@ def test_a_callers_tail_keeps_the_documents_default_section_off(monkeypatch):
         with pytest.raises(RuntimeError, match="unavailable"):
             GB.gluon_attention_backward(**a, causal=True, cu_seqlens=cu, **config)
         assert (seen[-1]["SECTION"], seen[-1]["TAIL"]) == want, config
-    with pytest.raises(ValueError, match="SECTION and TAIL are two CTA orders"):
+    with pytest.raises(ValueError, match="SECTION, TAIL and PERSIST are three CTA orders"):
         GB.gluon_attention_backward(**a, causal=True, cu_seqlens=cu, SECTION=2, TAIL=4)
+
+
+def test_persist_is_a_cta_order_of_its_own(monkeypatch):
+    """PERSIST (session 21; off by default): one CTA an SM looping over the tiles in the plain
+    grid's order. It replaces the documents' default SECTION rather than clashing with it,
+    refuses an explicit SECTION or TAIL and DQ_CONVERT (whose count is one a tile and CTA), and
+    takes only booleans."""
+    seen = []
+    real = GB._check_config
+    monkeypatch.setattr(
+        GB, "_check_config", lambda d, config: seen.append(real(d, config)) or seen[-1]
+    )
+    assert GB._check_config(64, {})["PERSIST"] is False
+    a = _args(N=16)
+    cu = torch.tensor([0, 6, 16], dtype=torch.int32)
+    for docs in (None, cu):
+        with pytest.raises(RuntimeError, match="unavailable"):
+            GB.gluon_attention_backward(**a, causal=True, cu_seqlens=docs, PERSIST=True)
+        assert (seen[-1]["PERSIST"], seen[-1]["SECTION"], seen[-1]["TAIL"]) == (True, 0, 0)
+    for other in (dict(SECTION=8), dict(TAIL=4)):
+        with pytest.raises(ValueError, match="SECTION, TAIL and PERSIST are three CTA orders"):
+            GB.gluon_attention_backward(**a, causal=True, PERSIST=True, **other)
+    with pytest.raises(ValueError, match="DQ_CONVERT needs a CTA per tile: not with PERSIST"):
+        GB.gluon_attention_backward(**a, PERSIST=True, DQ_CONVERT=True)
+    with pytest.raises(ValueError, match=r"PERSIST=2 not supported; accepted: \(False, True\)"):
+        GB.gluon_attention_backward(**a, PERSIST=2)
 
 
 def test_the_backward_asks_for_document_ends_and_the_window_over_n(monkeypatch):

@@ -3,7 +3,7 @@ predictions and H200 measurements in notes/gluon_backward.md.
 
 One CTA per (key block of ``BN = 64 * NUM_CONSUMERS`` keys, batch x head). Roles:
 
-* ``_bwd_producer``  one warpgroup (the default partition) that only issues TMA loads: this
+* ``_bwd_producer``  (:mod:`.producer`) one warpgroup, the default partition, issuing TMA loads: this
                      CTA's K and V once, then the (Q_i, dO_i) pairs of every query block the
                      key block needs, into a ``STAGES``-deep ring guarded by mbarriers
                      (``q_ready`` filled by TMA, ``q_empty`` released by the consumers).
@@ -43,9 +43,10 @@ from .backward_steps import DqVecBases  # noqa: F401 (the dQ layout's bases, for
 
 if HAVE_GLUON:
     from ._lang import aggregate, gl, gluon, mbarrier, set_fields, tma
-    from .backward_steps import KEYS, _bwd_block, _bwd_runs, _bwd_step, _q_range
-    from .producer import _mma_layout
-    from .scheduler import _bulk_writes_done, _bwd_tile, _dq_convert_last
+    from .backward_steps import _bwd_step
+    from .producer import KEYS, _bwd_producer, _mma_layout
+    from .scheduler import _after, _bulk_writes_done, _bwd_block, _bwd_runs, _bwd_tile
+    from .scheduler import _dq_convert_last, _q_range
 
     LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
     _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
@@ -113,7 +114,7 @@ if HAVE_GLUON:
     BWD_SWITCHES = (
         "BM", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "CAUSAL", "DQ_SPLIT", "DQ_VEC", "DQ_SHARED",
         "OVERLAP_DQ", "DQ_TMA", "MASKED_LAST", "DV_EARLY", "ROTATE", "WINDOW", "DOCS", "PACKED",
-        "SECTION", "TAIL", "DQ_CONVERT", "GROUP",
+        "SECTION", "TAIL", "DQ_CONVERT", "GROUP", "PERSIST",
     )  # fmt: skip
 
     @aggregate
@@ -127,87 +128,6 @@ if HAVE_GLUON:
         @gluon.constexpr_function
         def __init__(self, *values):  # one value per name of BWD_SWITCHES, in that order
             set_fields(self, BWD_SWITCHES, values)
-
-    # ----------------------------------------------------------------- producer
-    @gluon.jit
-    def _bwd_producer(
-        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left, kend_ptr, cfg
-    ):  # fmt: skip
-        BM: gl.constexpr = cfg.BM
-        NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
-        STAGES: gl.constexpr = cfg.STAGES
-        CAUSAL: gl.constexpr = cfg.CAUSAL
-        MASKED_LAST: gl.constexpr = cfg.MASKED_LAST
-        ROTATE: gl.constexpr = cfg.ROTATE
-        WINDOW: gl.constexpr = cfg.WINDOW
-        DOCS: gl.constexpr = cfg.DOCS
-        PACKED: gl.constexpr = cfg.PACKED
-        _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
-        BN: gl.constexpr = KEYS * NUM_CONSUMERS
-        n0, hz, _heads = _bwd_tile(N, BN, cfg.SECTION, cfg.TAIL)
-        rowp = hz * N_PAD  # the same head's first row in the padded L, D
-        kvz = hz // cfg.GROUP  # its K/V head (GQA: GROUP query heads share one; 1: kvz = hz)
-        if PACKED:  # (total, H x d) views: token rows, the head's d columns
-            row0, kv_row0 = hz * 0, hz * 0
-            col0, kv_col0 = hz * desc_k.block_type.shape[1], kvz * desc_k.block_type.shape[1]
-        else:  # first row of this (batch, head) in the flat tensors
-            row0, kv_row0 = hz * N, kvz * N
-            col0, kv_col0 = 0, 0
-        # K and V of the key block, once: one [64, d] slice per consumer warpgroup
-        mbarrier.expect(
-            kv_ready.index(0), NUM_CONSUMERS * 2 * desc_k.block_type.nbytes
-        )  # fmt: skip
-        for c in gl.static_range(NUM_CONSUMERS):
-            tma.async_copy_global_to_shared(
-                desc_k, [kv_row0 + n0 + c * KEYS, kv_col0], kv_ready.index(0), k_bufs.index(c)
-            )
-            tma.async_copy_global_to_shared(
-                desc_v, [kv_row0 + n0 + c * KEYS, kv_col0], kv_ready.index(0), v_bufs.index(c)
-            )
-        lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
-        if MASKED_LAST:  # the consumers' order (``_bwd_runs``): unmasked blocks first
-            run0, run1, run2 = _bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE)
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0, row0, col0, rowp, BM,
-                       STAGES, ROTATE)  # fmt: skip
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1, row0, col0, rowp, BM,
-                       STAGES, False)  # fmt: skip
-            if WINDOW or DOCS:  # the far edge (window, document end), masked
-                _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run2, row0, col0, rowp, BM,
-                           STAGES, False)  # fmt: skip
-        else:  # the same order as the consumers' runs, in one loop
-            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, (lo, hi, lo, 0), row0, col0,
-                       rowp, BM, STAGES, False)  # fmt: skip
-
-    @gluon.jit
-    def _bwd_loads(
-        desc_q, desc_do, desc_lse, desc_d, ring, run, row0, col0, rowp, BM: gl.constexpr,
-        STAGES: gl.constexpr, ROT: gl.constexpr,
-    ):  # fmt: skip
-        """(Q_i, dO_i, L_i log2 e, D_i) of the query blocks of one run (``_bwd_runs``) into
-        their ring slots (the consumers take them in the same order)."""
-        q_bufs, do_bufs, l_bufs, d_bufs, _k, _v, _ds, q_ready, q_empty, _kv, _dsb = ring
-        start, stop, base, shift = run
-        for t in range(start, stop):
-            jc = t - base
-            i = _bwd_block(t, start, stop, shift, ROT)
-            s = jc % STAGES
-            mbarrier.wait(q_empty.index(s), ((jc // STAGES) & 1) ^ 1)
-            mbarrier.expect(
-                q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
-                + desc_lse.block_type.nbytes + desc_d.block_type.nbytes,
-            )  # fmt: skip
-            tma.async_copy_global_to_shared(
-                desc_q, [row0 + i * BM, col0], q_ready.index(s), q_bufs.index(s)
-            )
-            tma.async_copy_global_to_shared(
-                desc_do, [row0 + i * BM, col0], q_ready.index(s), do_bufs.index(s)
-            )
-            tma.async_copy_global_to_shared(
-                desc_lse, [rowp + i * BM], q_ready.index(s), l_bufs.index(s)
-            )
-            tma.async_copy_global_to_shared(
-                desc_d, [rowp + i * BM], q_ready.index(s), d_bufs.index(s)
-            )
 
     # ----------------------------------------------------------------- epilogue
     @gluon.jit
@@ -232,9 +152,29 @@ if HAVE_GLUON:
     # ----------------------------------------------------------------- consumer
     @gluon.jit
     def _bwd_consumer(
-        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale,
+        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale, n_heads,
         CID: gl.constexpr, cfg,
     ):  # fmt: skip
+        """One tile, or with PERSIST the producer's sequence of tiles (``_bwd_producer``)."""
+        BN: gl.constexpr = KEYS * cfg.NUM_CONSUMERS
+        args = (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale)
+        if cfg.PERSIST:
+            n_kb = gl.cdiv(N, BN)
+            step0 = gl.program_id(0) * 0
+            it = gl.program_id(0) * 0
+            for tile in range(gl.program_id(0), n_kb * n_heads, gl.num_programs(0)):
+                step0 += _bwd_consume(
+                    args, (tile % n_kb) * BN, tile // n_kb, n_heads, step0, it & 1, CID, cfg
+                )  # fmt: skip
+                it += 1
+        else:
+            n0, hz, heads = _bwd_tile(N, BN, cfg.SECTION, cfg.TAIL)
+            _bwd_consume(args, n0, hz, heads, 0, 0, CID, cfg)
+
+    @gluon.jit
+    def _bwd_consume(args, n0, hz, heads, step0, kv_phase, CID: gl.constexpr, cfg):
+        """One tile's steps and epilogue for consumer CID; returns its ring steps."""
+        dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr, qk_scale, sm_scale = args
         BM: gl.constexpr = cfg.BM
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
         NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
@@ -250,7 +190,6 @@ if HAVE_GLUON:
         dtype: gl.constexpr = dk_ptr.dtype.element_ty
         kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)
         BN: gl.constexpr = KEYS * NUM_CONSUMERS
-        n0, hz, heads = _bwd_tile(N, BN, cfg.SECTION, cfg.TAIL)
         k0 = n0 + CID * KEYS  # this warpgroup's keys
         row0 = hz * N
         if DQ_TMA:  # the descriptor, the staging tiles, the head's first row of the padded dQ
@@ -260,13 +199,17 @@ if HAVE_GLUON:
         dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, layout=kv_layout)
         lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
-        mbarrier.wait(kv_ready.index(0), 0)
-        run0, run1, run2 = _bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE)
+        mbarrier.wait(kv_ready.index(0), kv_phase)
+        run0, run1, run2 = _after(
+            _bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE), step0
+        )  # fmt: skip
         args = (dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale)  # runtime values only
         dk, dv = _bwd_steps(bufs, run0, dk, dv, args, not MASKED_LAST, ROTATE, dtype, CID, cfg)
         dk, dv = _bwd_steps(bufs, run1, dk, dv, args, MASKED_LAST, False, dtype, CID, cfg)
         if WINDOW or DOCS:  # the far edge (past some key's window or document), masked
             dk, dv = _bwd_steps(bufs, run2, dk, dv, args, True, False, dtype, CID, cfg)
+        if cfg.PERSIST:  # every wgmma of this warpgroup reading K, V has been waited for
+            mbarrier.arrive(kv_ready.index(1), count=1)
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
             tma.store_wait(pendings=0)
         _bwd_epilogue(
@@ -274,6 +217,7 @@ if HAVE_GLUON:
         )  # fmt: skip
         if cfg.DQ_CONVERT:  # its reduce-adds complete before the CTA counts itself in (below)
             _bulk_writes_done()
+        return hi - lo
 
     @gluon.jit
     def _bwd_steps(
@@ -295,7 +239,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _attn_bwd_kernel(
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_ptr, dk_ptr, dv_ptr, N, N_PAD,
-        qk_scale, sm_scale, win_left, kend_ptr, dq_acc_ptr, dq_final_ptr, count_ptr,
+        qk_scale, sm_scale, win_left, kend_ptr, dq_acc_ptr, dq_final_ptr, count_ptr, n_heads,
         BM: gl.constexpr, HEAD_DIM: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
         DQ_SPLIT: gl.constexpr, DQ_VEC: gl.constexpr = 2, DQ_SHARED: gl.constexpr = False,
@@ -303,7 +247,7 @@ if HAVE_GLUON:
         MASKED_LAST: gl.constexpr = False, DV_EARLY: gl.constexpr = False,
         ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
         PACKED: gl.constexpr = False, SECTION: gl.constexpr = 0, TAIL: gl.constexpr = 0,
-        DQ_CONVERT: gl.constexpr = False, GROUP: gl.constexpr = 1,
+        DQ_CONVERT: gl.constexpr = False, GROUP: gl.constexpr = 1, PERSIST: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
@@ -314,7 +258,8 @@ if HAVE_GLUON:
         (with DQ_TMA): dq_acc_ptr (dQ_acc as a pointer), dq_final_ptr (dq) and count_ptr (an
         int32 a head, zero at launch, zero again after it) for the in-kernel conversion; other
         calls pass any tensors there (unused). GROUP (session 19): query heads a K/V head serves
-        (GQA): K, V read from head hz // GROUP, dK, dV written per query head (the host sums)."""
+        (GQA): K, V read from head hz // GROUP, dK, dV written per query head (the host sums).
+        PERSIST (session 21): a grid of at most one CTA an SM, n_heads (B x H) x key blocks tiles."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
@@ -331,11 +276,16 @@ if HAVE_GLUON:
         )  # fmt: skip
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        # [0]: K, V loaded; PERSIST's [1]: every consumer done with them
+        kv_ready = gl.allocate_shared_memory(
+            gl.int64, [2 if PERSIST else 1, 1], mbarrier.MBarrierLayout()
+        )  # fmt: skip
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=NUM_CONSUMERS)
         mbarrier.init(kv_ready.index(0), count=1)
+        if PERSIST:
+            mbarrier.init(kv_ready.index(1), count=NUM_CONSUMERS)
         if DQ_SHARED:  # [0]: every consumer's dS^T stored, [1]: every consumer's dQ wgmma done
             ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
             mbarrier.init(ds_bars.index(0), count=NUM_CONSUMERS)
@@ -354,16 +304,16 @@ if HAVE_GLUON:
         cfg = BwdSchedule(
             BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
             DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED, SECTION,
-            TAIL, DQ_CONVERT, GROUP,
+            TAIL, DQ_CONVERT, GROUP, PERSIST,
         )  # fmt: skip
         # (Gluon 3.6 takes each role's arguments written out: no *args, no shared tuple)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N,
-                                     N_PAD, win_left, kend_ptr, cfg)),
+                                     N_PAD, win_left, kend_ptr, n_heads, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, 0, cfg)),
+                                     qk_scale, sm_scale, n_heads, 0, cfg)),
                 ],
                 [4],
                 [CONSUMER_REGS],
@@ -372,11 +322,11 @@ if HAVE_GLUON:
             gl.warp_specialize(
                 [
                     (_bwd_producer, (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N,
-                                     N_PAD, win_left, kend_ptr, cfg)),
+                                     N_PAD, win_left, kend_ptr, n_heads, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, 0, cfg)),
+                                     qk_scale, sm_scale, n_heads, 0, cfg)),
                     (_bwd_consumer, (dq_ptr, dk_ptr, dv_ptr, ring, N, win_left, kend_ptr,
-                                     qk_scale, sm_scale, 1, cfg)),
+                                     qk_scale, sm_scale, n_heads, 1, cfg)),
                 ],
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],

@@ -17,7 +17,7 @@ import math
 
 from ..numpy.reference import LOG2E
 from ._lang import HAVE_GLUON
-from .launch import _check_inputs, _check_window, _doc_bounds, _smem_layout
+from .launch import _check_inputs, _check_window, _doc_bounds, _sm_count, _smem_layout
 from .launch import gluon_available, why_unavailable
 
 if HAVE_GLUON:
@@ -60,6 +60,7 @@ _ACCEPTED = {
     "SECTION": (0, 2, 4, 8, 16, 32),
     "TAIL": (0, 2, 4, 8, 16, 32),
     "DQ_CONVERT": (False, True),
+    "PERSIST": (False, True),
 }
 # OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
 # S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
@@ -74,7 +75,7 @@ _ACCEPTED = {
 # wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
-    DQ_CONVERT=False,
+    DQ_CONVERT=False, PERSIST=False,
 )  # fmt: skip
 # DQ_CONVERT (session 18, off: its GPU tests pass (session 20), not timed yet): dq converted
 # inside the main kernel by each head's last CTA (scheduler._dq_convert_last)
@@ -240,7 +241,7 @@ def gluon_attention_backward(
     query seeing only the keys of its own document (session 14, as window_left).
     Keyword overrides of the schedule (for
     experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
-    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION, TAIL, DQ_CONVERT (see
+    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION, TAIL, DQ_CONVERT, PERSIST (see
     BACKWARD_CONFIG).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
@@ -261,12 +262,14 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
     kend = _doc_bounds(cu_seqlens, causal, window_left, q, offsets_checked, "end") if docs else lse
     cfg = _check_config(q.shape[-1], config)
     kind = "documents" if docs else "dense"
-    if "SECTION" not in config and "TAIL" not in config:
+    if "SECTION" not in config and "TAIL" not in config and not cfg["PERSIST"]:
         cfg.update(SECTION=BACKWARD_SECTION[kind], TAIL=BACKWARD_TAIL[kind])
     cfg.setdefault("SECTION", 0)
     cfg.setdefault("TAIL", 0)
-    if cfg["SECTION"] and cfg["TAIL"]:
-        raise ValueError("SECTION and TAIL are two CTA orders: pass one of them, not both")
+    if (cfg["SECTION"] and cfg["TAIL"]) or (cfg["PERSIST"] and (cfg["SECTION"] or cfg["TAIL"])):
+        raise ValueError("SECTION, TAIL and PERSIST are three CTA orders: pass one of them at most")
+    if cfg["PERSIST"] and cfg["DQ_CONVERT"]:  # DQ_CONVERT's count is one a tile and CTA
+        raise ValueError("DQ_CONVERT needs a CTA per tile: not with PERSIST (tiles share CTAs)")
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
     if not all(x.is_cuda and x.device == q.device for x in tensors):
@@ -320,26 +323,15 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         chunk = d // NC // cfg["DQ_SPLIT"]
         lay = gl.NVMMASharedLayout.get_default_for([BM, chunk], gl.float32)
         dq_out = TensorDescriptor.from_tensor(dq_acc.view(-1, d), [BM, chunk], lay)
-    n_kb, section, tail = triton.cdiv(N, BN), cfg["SECTION"], cfg["TAIL"]
-    _attn_bwd_kernel[(n_kb * B * H,) if section or tail else (n_kb, B * H)](
-        desc_q,
-        desc_k,
-        desc_v,
-        desc_do,
-        desc_lse,
-        desc_d,
-        dq_out,
-        dk,
-        dv,
-        N,
-        n_pad,
-        scale * LOG2E,  # c = scale log2(e): P = exp2(S c - L log2 e)
-        scale,
-        win,
-        kend,
-        dq_acc,
-        dq,
-        flat[B * H * rows * d :].view(torch.int32),  # DQ_CONVERT's counters, zeroed with dQ_acc
+    n_kb, section, tail, heads = triton.cdiv(N, BN), cfg["SECTION"], cfg["TAIL"], B * H
+    grid = (n_kb * heads,) if section or tail else (n_kb, heads)
+    if cfg["PERSIST"]:  # one CTA an SM at most, each taking tiles pid, pid + grid, ...
+        grid = (min(n_kb * heads, _sm_count(q.device)),)
+    _attn_bwd_kernel[grid](
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_out, dk, dv, N, n_pad,
+        scale * LOG2E, scale, win, kend,  # c = scale log2(e): P = exp2(S c - L log2 e)
+        dq_acc, dq, flat[B * H * rows * d :].view(torch.int32),  # DQ_CONVERT's counters
+        heads,
         BM=BM,
         HEAD_DIM=d,
         NUM_CONSUMERS=NC,
@@ -361,8 +353,9 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         TAIL=tail,
         DQ_CONVERT=bool(cfg["DQ_CONVERT"]),
         GROUP=H // H_kv,
+        PERSIST=bool(cfg["PERSIST"]),
         num_warps=4,
-    )
+    )  # fmt: skip
     if H_kv < H:
         dk, dv = _sum_over_groups(dk, H_kv), _sum_over_groups(dv, H_kv)
     if cfg["DQ_CONVERT"]:  # dq converted by the main kernel

@@ -1,6 +1,5 @@
-"""The Gluon backward's walk over query blocks (:mod:`.backward`): which blocks a key block visits
-and in what order (``_q_range``, ``_edge_range``, ``_bwd_runs``, ``_bwd_block``, read by the
-producer and the consumers alike), and the consumer's per-query-block work: ``_bwd_step``
+"""The Gluon backward's consumer work per query block (:mod:`.backward`; which blocks a key block
+visits and in what order is :mod:`.scheduler`'s): ``_bwd_step``
 (S^T, P^T, dP^T, dS^T, dV, dK of one query block), ``_bwd_dq`` (its dQ wgmma(s) and atomics),
 and session 9's lever (b), ``OVERLAP_DQ``: the last dQ chunk of block i left in flight, waited
 and added by ``_bwd_dq_flush`` after block i+1's S^T / dP^T wgmmas are issued (design in
@@ -39,93 +38,11 @@ if HAVE_GLUON:
     from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, tma_reduce_add
     from ._lang import warpgroup_mma
     from ._lang import warpgroup_mma_wait
-    from .producer import _a_operand_layout, _mma_layout
-
-    KEYS = gl.constexpr(64)  # keys per consumer warpgroup: the wgmma's M
+    from .producer import KEYS, _a_operand_layout, _mma_layout
 
     @gluon.constexpr_function
     def _dq_vec_layout(BM, cols):
         return gl.DistributedLinearLayout(**DqVecBases(BM, cols))
-
-    # ------------------------------------------------------------- the ranges
-    @gluon.jit
-    def _q_range(
-        n0, N, win_left, kend_ptr, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
-        WINDOW: gl.constexpr, DOCS: gl.constexpr,
-    ):  # fmt: skip
-        """Query blocks of key block [n0, n0 + BN): [lo, hi), the masked ones [lo, mid) and
-        [far, hi). Masked: the causal diagonal blocks, every block of the key-tail CTA, and with
-        a causal sliding WINDOW (query q sees keys [q - win_left, q]) or packed causal DOCS
-        (query q sees the keys of its own document; kend_ptr[k]: the end of key k's) the blocks
-        past some key's reach (``_edge_range``); otherwise far = hi = the number of blocks."""
-        n_blocks = gl.cdiv(N, BM)
-        if CAUSAL:
-            lo = n0 // BM
-            mid = gl.minimum(n_blocks, gl.cdiv(n0 + BN, BM))
-        else:
-            lo = n0 * 0
-            mid = lo
-        if n0 + BN > N:  # keys past N: the next head's K rows (or TMA's zeros) must give P = 0
-            mid = n_blocks
-        if WINDOW:  # key n0 is unseen from query n0 + win_left + 1 on
-            mid, far, hi = _edge_range(mid, n_blocks, n0 + win_left + 1, n0 + BN + win_left, BM)
-            return lo, mid, far, hi
-        elif DOCS:  # key n0 is unseen past its document's end; the last key, past its own
-            last = gl.minimum(n0 + BN, N) - 1
-            ends = (gl.load(kend_ptr + n0), gl.load(kend_ptr + last))
-            mid, far, hi = _edge_range(mid, n_blocks, ends[0], ends[1], BM)
-            return lo, mid, far, hi
-        else:
-            return lo, mid, n_blocks, n_blocks
-
-    @gluon.jit
-    def _edge_range(mid, hi, unseen, reach, BM: gl.constexpr):
-        """A causal range (masked diagonal [lo, mid), then [mid, hi)) cut at the far edge of what
-        the key block sees: ``unseen``, the first query that the block's first key does not see;
-        ``reach``, one past the last query that its last key sees. Returns (mid, far, hi): blocks
-        from hi on are not visited, [far, hi) are masked, [mid, far) need no mask. For a sliding
-        window (session 12's formulas, commit 3ba6f67) and for documents (session 14). Plain
-        integer code: the CPU tests run it on Python ints."""
-        reach = (reach + BM - 1) // BM
-        if reach < hi:
-            hi = reach
-        if mid > hi:
-            mid = hi
-        far = unseen // BM  # the first block holding a query that key n0 does not see
-        if far > hi:
-            far = hi
-        if far < mid:
-            far = mid
-        return mid, far, hi
-
-    @gluon.jit
-    def _bwd_runs(lo, mid, far, hi, rot, MASKED_LAST: gl.constexpr, ROTATE: gl.constexpr):
-        """The CTA's query blocks in ring order, as three runs (start, stop, base, shift): the
-        loop ``for t in range(start, stop)`` visits block i = start + (t - start + shift) %
-        (stop - start), in ring slot jc = t - base; [lo, mid) and [far, hi) are masked (the
-        last is empty without a window). Default: in block order, shift 0. MASKED_LAST (session
-        13): the unmasked run [mid, far) first, which ptxas then compiles without spills (it
-        spills in whichever loop comes later). ROTATE (with MASKED_LAST): the unmasked run
-        starts at block ``rot`` (mod its length) and wraps, so that the CTAs of one head do not
-        all read the same Q block and add to the same dQ rows at once."""
-        if MASKED_LAST:
-            shift = rot * 0
-            if ROTATE:  # noqa: SIM102 (a constexpr test, then a runtime one)
-                if far > mid:
-                    shift = rot % (far - mid)
-            return (
-                (mid, far, mid, shift), (lo, mid, lo - (far - mid), rot * 0), (far, hi, lo, rot * 0)
-            )  # fmt: skip
-        else:
-            return (lo, mid, lo, rot * 0), (mid, far, lo, rot * 0), (far, hi, lo, rot * 0)
-
-    @gluon.jit
-    def _bwd_block(t, start, stop, shift, ROT: gl.constexpr):
-        """Query block of step t of a run (``_bwd_runs``): t itself, or rotated by ``shift``."""
-        if ROT:
-            return start + (t - start + shift) % (stop - start)
-        else:
-            return t
 
     # ------------------------------------------------------------ consumer step
     @gluon.jit

@@ -125,6 +125,16 @@ _SCHED: dict = {}
 _LAYOUTS: dict = {}
 
 
+def _sm_count(device) -> int:
+    """SMs of a CUDA device, cached (the property query costs host time at every call)."""
+    import torch
+
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    if dev not in _NUM_SMS:
+        _NUM_SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _NUM_SMS[dev]
+
+
 def _smem_layout(rows: int, d: int, gdt):
     key = (rows, d, str(gdt))
     if key not in _LAYOUTS:
@@ -335,8 +345,6 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
     num_pid_m = triton.cdiv(N, BM_TILE)
     num_tiles = num_pid_m * B * H
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if dev not in _NUM_SMS:
-        _NUM_SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
     dynamic = bool(cfg.get("DYNAMIC", False))
     sched_key = (dev, torch.cuda.current_stream(dev).cuda_stream)
     if sched_key not in _SCHED:
@@ -346,7 +354,7 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
     section = 0
     if lpt and cfg.get("LPT_SECTION_MB"):
         section = lpt_section(N, d, H // H_kv, B * H, q.element_size(), cfg["LPT_SECTION_MB"])
-    grid = (min(num_tiles, _NUM_SMS[dev]) if persistent else num_tiles,)
+    grid = (min(num_tiles, _sm_count(q.device)) if persistent else num_tiles,)
     _attn_fwd_kernel[grid](
         desc_q,
         desc_k,

@@ -1,6 +1,7 @@
-"""The producer's side of FA3's forward schedule: layouts, and the producer warpgroup that only
-issues TMA loads (Q per tile, K/V into the ring). The tile order and the dynamic scheduler are in
-:mod:`.scheduler`. See :mod:`.forward`."""
+"""The producer's side of FA3's schedule: layouts, and the producer warpgroups that only issue TMA
+loads: the forward's (Q per tile, K/V into the ring; :mod:`.forward`) and the backward's (K/V
+per key block, then Q, dO, L, D into the ring; :mod:`.backward`). The tile order, the dynamic
+scheduler and the backward's query-block ranges are in :mod:`.scheduler`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ if HAVE_GLUON:
         _tile_start,
         _left_first,
     )
+    from .scheduler import _after, _bwd_block, _bwd_runs, _bwd_tile, _q_range
+
+    KEYS = gl.constexpr(64)  # the backward: keys per consumer warpgroup (the wgmma's M)
 
     # ------------------------------------------------------------------ layouts
     @gluon.constexpr_function
@@ -125,3 +129,109 @@ if HAVE_GLUON:
                     left, cfg,
                 )  # fmt: skip
                 qc += 1  # noqa: SIM113  (a counter carried across tiles; no enumerate in a kernel)
+
+    # ------------------------------------------------------------ the backward's producer
+    @gluon.jit
+    def _bwd_producer(
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left, kend_ptr,
+        n_heads, cfg,
+    ):  # fmt: skip
+        """One tile (key block, head), or with PERSIST (session 21) the tiles pid, pid + grid,
+        ... (key blocks fastest, the plain grid's order): K/V of the next tile are loaded once the
+        consumers are done with the last one's (kv_bars[1]), so the load overlaps their epilogue;
+        the ring's step count runs on across tiles (each run's base lowered by step0)."""
+        BN: gl.constexpr = KEYS * cfg.NUM_CONSUMERS
+        args = (desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left)
+        if cfg.PERSIST:
+            n_kb = gl.cdiv(N, BN)
+            step0 = gl.program_id(0) * 0
+            it = gl.program_id(0) * 0
+            for tile in range(gl.program_id(0), n_kb * n_heads, gl.num_programs(0)):
+                mbarrier.wait(ring[9].index(1), (it & 1) ^ 1)  # K, V of the last tile released
+                step0 += _bwd_produce(args, kend_ptr, (tile % n_kb) * BN, tile // n_kb, step0, cfg)
+                it += 1
+        else:
+            n0, hz, _heads = _bwd_tile(N, BN, cfg.SECTION, cfg.TAIL)
+            _bwd_produce(args, kend_ptr, n0, hz, 0, cfg)
+
+    @gluon.jit
+    def _bwd_produce(args, kend_ptr, n0, hz, step0, cfg):
+        """The producer's loads of one tile: K and V, then (Q, dO, L, D) of its query blocks;
+        returns how many ring steps it took."""
+        desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, ring, N, N_PAD, win_left = args
+        BM: gl.constexpr = cfg.BM
+        NUM_CONSUMERS: gl.constexpr = cfg.NUM_CONSUMERS
+        STAGES: gl.constexpr = cfg.STAGES
+        CAUSAL: gl.constexpr = cfg.CAUSAL
+        MASKED_LAST: gl.constexpr = cfg.MASKED_LAST
+        ROTATE: gl.constexpr = cfg.ROTATE
+        WINDOW: gl.constexpr = cfg.WINDOW
+        DOCS: gl.constexpr = cfg.DOCS
+        PACKED: gl.constexpr = cfg.PACKED
+        _q, _do, _l, _d, k_bufs, v_bufs, _ds, _qr, _qe, kv_ready, _dsb = ring
+        BN: gl.constexpr = KEYS * NUM_CONSUMERS
+        rowp = hz * N_PAD  # the same head's first row in the padded L, D
+        kvz = hz // cfg.GROUP  # its K/V head (GQA: GROUP query heads share one; 1: kvz = hz)
+        if PACKED:  # (total, H x d) views: token rows, the head's d columns
+            row0, kv_row0 = hz * 0, hz * 0
+            col0, kv_col0 = hz * desc_k.block_type.shape[1], kvz * desc_k.block_type.shape[1]
+        else:  # first row of this (batch, head) in the flat tensors
+            row0, kv_row0 = hz * N, kvz * N
+            col0, kv_col0 = 0, 0
+        # K and V of the key block, once: one [64, d] slice per consumer warpgroup
+        mbarrier.expect(
+            kv_ready.index(0), NUM_CONSUMERS * 2 * desc_k.block_type.nbytes
+        )  # fmt: skip
+        for c in gl.static_range(NUM_CONSUMERS):
+            tma.async_copy_global_to_shared(
+                desc_k, [kv_row0 + n0 + c * KEYS, kv_col0], kv_ready.index(0), k_bufs.index(c)
+            )
+            tma.async_copy_global_to_shared(
+                desc_v, [kv_row0 + n0 + c * KEYS, kv_col0], kv_ready.index(0), v_bufs.index(c)
+            )
+        lo, mid, far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
+        if MASKED_LAST:  # the consumers' order (``_bwd_runs``): unmasked blocks first
+            run0, run1, run2 = _after(_bwd_runs(lo, mid, far, hi, n0 // BM, MASKED_LAST, ROTATE),
+                                      step0)  # fmt: skip
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run0, row0, col0, rowp, BM,
+                       STAGES, ROTATE)  # fmt: skip
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run1, row0, col0, rowp, BM,
+                       STAGES, False)  # fmt: skip
+            if WINDOW or DOCS:  # the far edge (window, document end), masked
+                _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, run2, row0, col0, rowp, BM,
+                           STAGES, False)  # fmt: skip
+        else:  # the same order as the consumers' runs, in one loop
+            _bwd_loads(desc_q, desc_do, desc_lse, desc_d, ring, (lo, hi, lo - step0, 0), row0,
+                       col0, rowp, BM, STAGES, False)  # fmt: skip
+        return hi - lo
+
+    @gluon.jit
+    def _bwd_loads(
+        desc_q, desc_do, desc_lse, desc_d, ring, run, row0, col0, rowp, BM: gl.constexpr,
+        STAGES: gl.constexpr, ROT: gl.constexpr,
+    ):  # fmt: skip
+        """(Q_i, dO_i, L_i log2 e, D_i) of the query blocks of one run (``_bwd_runs``) into
+        their ring slots (the consumers take them in the same order)."""
+        q_bufs, do_bufs, l_bufs, d_bufs, _k, _v, _ds, q_ready, q_empty, _kv, _dsb = ring
+        start, stop, base, shift = run
+        for t in range(start, stop):
+            jc = t - base
+            i = _bwd_block(t, start, stop, shift, ROT)
+            s = jc % STAGES
+            mbarrier.wait(q_empty.index(s), ((jc // STAGES) & 1) ^ 1)
+            mbarrier.expect(
+                q_ready.index(s), desc_q.block_type.nbytes + desc_do.block_type.nbytes
+                + desc_lse.block_type.nbytes + desc_d.block_type.nbytes,
+            )  # fmt: skip
+            tma.async_copy_global_to_shared(
+                desc_q, [row0 + i * BM, col0], q_ready.index(s), q_bufs.index(s)
+            )
+            tma.async_copy_global_to_shared(
+                desc_do, [row0 + i * BM, col0], q_ready.index(s), do_bufs.index(s)
+            )
+            tma.async_copy_global_to_shared(
+                desc_lse, [rowp + i * BM], q_ready.index(s), l_bufs.index(s)
+            )
+            tma.async_copy_global_to_shared(
+                desc_d, [rowp + i * BM], q_ready.index(s), d_bufs.index(s)
+            )

@@ -102,6 +102,7 @@ def build(d=128, dt="fp16", CAUSAL=False, **overrides):
         "dq_acc_ptr": "*fp32",  # session 18: DQ_CONVERT's dQ_acc, dq and per-head counters
         "dq_final_ptr": f"*{dt}",
         "count_ptr": "*i32",
+        "n_heads": "i32",  # session 21: B x H (PERSIST's tile count is n_heads x key blocks)
     }
     if cfg.get("DQ_TMA"):  # session 12: dQ_acc through a TMA descriptor of fp32 chunk blocks
         cols = d // cfg["NUM_CONSUMERS"] // cfg["DQ_SPLIT"]
@@ -241,6 +242,10 @@ CONFIGS = (
     ]
     + [_masked_last(128, None, True, WINDOW=True, GROUP=4)]
     + [_masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8, GROUP=4) for d in (64, 128)]
+    + [  # session 21: persistent CTAs (PERSIST), dense plain and causal, and GQA
+        _masked_last(d, None, c, PERSIST=True) for d in (64, 128) for c in (False, True)
+    ]
+    + [_masked_last(128, None, False, PERSIST=True, GROUP=4)]
 )
 
 

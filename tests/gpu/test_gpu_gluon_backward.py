@@ -81,6 +81,7 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(TAIL=4),  # two heads one after the other, then four together
         dict(DQ_CONVERT=True),  # session 18: dq converted by each head's last CTA
         dict(DQ_CONVERT=True, SECTION=2),
+        dict(PERSIST=True),  # session 21: persistent CTAs (here fewer tiles than SMs)
     ],  # fmt: skip
     ids=str,
 )
@@ -89,6 +90,34 @@ def test_backward_batch_and_heads_are_separate(cfg):
     through a ragged tail: the TMA descriptors span all heads) shows up here."""
     _check(2, 3, 333, 64, torch.float16, True, seed=5, **cfg)
     _check(2, 3, 333, 128, torch.bfloat16, False, seed=6, **cfg)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_persist_over_many_tiles_matches_float64(d, causal):
+    """PERSIST with several tiles a CTA (B x H x key blocks > the SMs): flash-attn's rule
+    against float64, at a ragged N (the last key block of each head partial)."""
+    _check(2, 8, 2000, d, torch.float16, causal, seed=21 + d, PERSIST=True)
+
+
+@pytest.mark.parametrize(
+    "shape", [(4, 32, 4096, 64, 1), (4, 16, 3000, 128, 1), (2, 16, 4096, 128, 4)]
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_persist_gives_the_one_cta_a_tile_gradients(shape, causal):
+    """At issue 23's sizes (thousands of tiles, a dozen or more a CTA) PERSIST computes each
+    tile as the plain grid does: dk and dv bit for bit, dq (fp32 sums in another order) within
+    4 ulps of its largest entry; with GQA (the last shape: 4 query heads a K/V head) as well."""
+    B, H, N, d, group = shape
+    q, k, v, do = _inputs(B, H, N, d, torch.bfloat16, seed=N + d)
+    k, v = k[:, : H // group].contiguous(), v[:, : H // group].contiguous()
+    o, lse = G.gluon_attention_forward(q, k, v, causal=causal)
+    want = GB.gluon_attention_backward(do, q, k, v, o, lse, causal=causal)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_attention_backward(do, q, k, v, o, lse, causal=causal, PERSIST=True)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+    ulp = torch.finfo(torch.bfloat16).eps * want[0].abs().max().item()
+    assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp
 
 
 def test_dq_tma_with_128_query_rows():
@@ -141,6 +170,9 @@ def test_dq_tma_with_128_query_rows():
         # session 18: dq converted inside the kernel (DQ_CONVERT), not yet run on a GPU
         dict(DQ_CONVERT=True),
         dict(DQ_CONVERT=True, STAGES=1),
+        # session 21: persistent CTAs (PERSIST), not yet run on a GPU
+        dict(PERSIST=True),
+        dict(PERSIST=True, STAGES=1),
     ],
     ids=str,
 )
@@ -327,7 +359,9 @@ def _doc_mask(cu, n, device):
         dict(packed=False, SECTION=4),  # a section wider than the two heads
         dict(packed=True, TAIL=2),
         dict(packed=True, DQ_CONVERT=True),  # session 18: PACKED dq rows from the converter
+        dict(packed=True, PERSIST=True),  # session 21: persistent CTAs, packed rows
     ],
+    ids=str,
 )
 @pytest.mark.parametrize(
     "lengths", [[17], [1, 1, 1], [64, 64], [100, 1, 300, 77], [1000, 24, 1029], [5, 2048]]
