@@ -303,7 +303,27 @@ class _Bar:
         return self.done % 2 != parity
 
 
-class _OverlapModel:
+class _RingModel:
+    """The (Q, dO) ring of the backward's models: ``fill`` is the producer's load of ring step
+    jc (wait for the slot's q_empty phase, then fill it; a slot still read is a hazard)."""
+
+    def fill(self, jc):
+        s = jc % self.stages
+        while not self.q_empty[s].passes(((jc // self.stages) & 1) ^ 1):
+            yield
+        if any(r == ("slot", s) for r, _ in self.readers):
+            self.bad.append(("slot overwritten while read", jc))
+        self.slot[s] = jc
+        self.q_ready[s].arrive()
+
+    def hazards(self, seed):
+        """Producer and two consumers in a random interleaving (seeded); the hazards seen."""
+        runs = {"p": self.producer(), 0: self.consumer(0), 1: self.consumer(1)}
+        _interleave(runs, np.random.default_rng(seed))
+        return self.bad
+
+
+class _OverlapModel(_RingModel):
     """_bwd_producer and the OVERLAP_DQ end of _bwd_step (_bwd_dkdv_dq, DQ_SPLIT = 1)
     transcribed: the producer's ring, two consumers, the wgmmas in flight between their issue
     and their wait (readers of a Q/dO slot, of dS^T tiles). ``early``: 'ds_free' or 'q_empty'
@@ -319,13 +339,7 @@ class _OverlapModel:
 
     def producer(self):
         for jc in range(self.steps):
-            s = jc % self.stages
-            while not self.q_empty[s].passes(((jc // self.stages) & 1) ^ 1):
-                yield
-            if any(r == ("slot", s) for r, _ in self.readers):
-                self.bad.append(("slot overwritten while read", jc))
-            self.slot[s] = jc
-            self.q_ready[s].arrive()
+            yield from self.fill(jc)
 
     def consumer(self, cid):
         for jc in range(self.steps):
@@ -366,10 +380,7 @@ class _OverlapModel:
 
 def _simulate_overlap_dq(seed, steps=7, stages=2, early=None):
     """Runs :class:`_OverlapModel` in a random interleaving; returns its hazards."""
-    rng = np.random.default_rng(seed)
-    m = _OverlapModel(steps, stages, early)
-    _interleave({"p": m.producer(), 0: m.consumer(0), 1: m.consumer(1)}, rng)
-    return m.bad
+    return _OverlapModel(steps, stages, early).hazards(seed)
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
@@ -385,7 +396,7 @@ def test_overlap_dq_schedule_releases_nothing_early_and_never_deadlocks(stages):
         assert bad, early
 
 
-class _PersistModel:
+class _PersistModel(_RingModel):
     """PERSIST's K/V hand-over transcribed (producer.py ``_bwd_producer``, backward.py
     ``_bwd_consume``): per tile the producer waits kv_bars[1] (phase parity (it & 1) ^ 1), loads
     K/V (arrives kv_bars[0]), then fills the ring at steps step0, step0 + 1, ...; each consumer
@@ -411,13 +422,7 @@ class _PersistModel:
             self.kv = it
             self.kv_ready.arrive()
             for _ in range(steps):
-                s = jc % self.stages
-                while not self.q_empty[s].passes(((jc // self.stages) & 1) ^ 1):
-                    yield
-                if any(r == ("slot", s) for r, _ in self.readers):
-                    self.bad.append(("slot overwritten while read", jc))
-                self.slot[s] = jc
-                self.q_ready[s].arrive()
+                yield from self.fill(jc)
                 jc += 1
 
     def consumer(self, cid):
@@ -446,10 +451,7 @@ class _PersistModel:
 
 
 def _simulate_persist(seed, tiles, stages, early=False):
-    rng = np.random.default_rng(seed)
-    m = _PersistModel(tiles, stages, early)
-    _interleave({"p": m.producer(), 0: m.consumer(0), 1: m.consumer(1)}, rng)
-    return m.bad
+    return _PersistModel(tiles, stages, early).hazards(seed)
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3])
