@@ -300,16 +300,20 @@ def test_window_backward_matches_float64(left, N, d, masked_last):
     assert all(e <= lim for e, lim in errs.values()), errs
 
 
-def test_window_backward_batch_heads_and_wide_windows():
+@pytest.mark.parametrize("persist", [False, True], ids=["grid", "persist"])
+def test_window_backward_batch_heads_and_wide_windows(persist):
     """B = 2, H = 3 (head offsets), a ragged N, and windows that reach past the start (left >=
-    N - 1: plain causal) or only just: each passes the 2x rule on every head."""
+    N - 1: plain causal) or only just: each passes the 2x rule on every head; also with the
+    CTAs persistent (PERSIST, session 21)."""
     for left in (200, 1332, 5000):
         q, k, v, do = _inputs(2, 3, 1333, 64, torch.bfloat16, seed=left)
         scale = 0.125
         ref = _window_grads(q, k, v, do, scale, left, True)
         sdpa = _window_grads(q, k, v, do, scale, left, False)
         o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, window_left=left)
-        got = GB.gluon_attention_backward(do, q, k, v, o, lse, True, scale, window_left=left)
+        got = GB.gluon_attention_backward(
+            do, q, k, v, o, lse, True, scale, window_left=left, PERSIST=persist
+        )  # fmt: skip
         for g, r, s in zip(got, ref, sdpa, strict=True):
             err, lim = (g.double() - r).abs().max().item(), fa_rule.budget(s, r, torch.bfloat16)
             assert err <= lim, (left, err, lim)
