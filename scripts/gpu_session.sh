@@ -6,6 +6,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh dq_convert d256   (Hopper, session 19's two unrun changes)
 #   OUT=/some/dir scripts/gpu_session.sh gqa               (Hopper, the GQA backward against tl)
 #   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
+#   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -42,15 +43,18 @@ if has tests; then
   echo "== GPU test suite (one config per kernel)"
   t0=$(date +%s)
   # xdist: compiling is CPU-bound and the suite compiles ~100 kernel variants.
+  # TEST_K: a pytest -k expression (e.g. "PERSIST or persist"), to run part of the suite
   COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-240}" "$PY" -m pytest tests/gpu -q -p no:cacheprovider \
-    -n "${TEST_WORKERS:-8}" --junitxml=/tmp/junit_gpu.xml --maxfail=20 2>&1 | tail -60
+    -n "${TEST_WORKERS:-8}" --junitxml=/tmp/junit_gpu.xml --maxfail=20 ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -60
   echo "pytest rc=$? in $(( $(date +%s) - t0 )) s"
   "$PY" - "$OUT/h200_test_record.json" <<'EOF'
 import json, os, sys, xml.etree.ElementTree as ET
 from course_kernels.bench import environment
 env = environment()
 env["command"] = ("COURSE_KERNELS_AUTOTUNE=0 python3 -m pytest tests/gpu -q -n "
-                  + os.environ.get("TEST_WORKERS", "8") + " (scripts/gpu_session.sh tests)")
+                  + os.environ.get("TEST_WORKERS", "8")
+                  + (f" -k '{os.environ['TEST_K']}'" if os.environ.get("TEST_K") else "")
+                  + " (scripts/gpu_session.sh tests)")
 env["autotune"] = False
 try:
     root = ET.parse("/tmp/junit_gpu.xml").getroot()
