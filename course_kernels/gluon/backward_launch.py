@@ -77,9 +77,11 @@ BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
     DQ_CONVERT=False, PERSIST=False,
 )  # fmt: skip
-# DQ_CONVERT (session 18, off: its GPU tests pass (session 20), not timed yet): dq converted
-# inside the main kernel by each head's last CTA (scheduler._dq_convert_last)
-# instead of by a kernel of its own (7% of a window-1K call at d = 128, N = 4K on an H100).
+# DQ_CONVERT (session 18): dq converted inside the main kernel by each head's last CTA
+# (scheduler._dq_convert_last) instead of by a kernel of its own (7% of a window-1K call at d =
+# 128, N = 4K). Timed in session 21 (data/gluon/h100_dq_convert_session21.json): no gain on
+# masked rows, +1.7 to +6% without a mask in one noisy process; off. PERSIST (session 21, off,
+# not yet run on a GPU): at most one CTA an SM looping over the tiles (producer._bwd_producer).
 # MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
 # key tail) after. Same work, another order: ptxas then spills the hoisted wgmma descriptors in
 # the masked loop (a few blocks a CTA) and not in the unmasked one (offline sm_90a compile,

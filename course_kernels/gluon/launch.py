@@ -78,7 +78,7 @@ DEFAULT_CONFIG = {
     # d = 256 (session 19, CPU only; issue 23's "then 256"): FA3's two consumers of 64 rows, K/V
     # blocks of 64 keys, one Q stage, so Q (64 KiB) and the 2-stage K/V ring (128 KiB) fit: offline
     # sm_90a 196,932 B of shared memory, no spills (experiments/gluon/compile_sm90.py, 55-59).
-    # Timed on an H100 in session 21 (data/gluon/h100_d256_session21.json, _tl.json: 1.66-1.87x
+    # Timed on an H100 in session 21 (data/gluon/h100_d256_session21.json, _tl.json: 1.67-1.83x
     # the tl forward, 0.89-1.07x cuDNN): `auto` takes it (triton/launch.GLUON_FORWARD_AUTO).
     256: dict(_SCHEDULE, BN=64, NUM_CONSUMERS=2, STAGES=2, QSTAGES=1),
 }

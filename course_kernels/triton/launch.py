@@ -48,8 +48,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 # Which forward kernel runs: "auto" (the Gluon FA3-schedule forward where it applies: Hopper with
-# the pinned Triton, fp16/bf16, d = 64 or 128, Nq = Nk, at least GLUON_MIN_WORK; else tl),
-# "gluon" (always, d = 256 too; an error where it cannot) or "triton". The backward has its own
+# the pinned Triton, fp16/bf16, d = 64, 128 or 256, Nq = Nk, at least GLUON_MIN_WORK; else tl),
+# "gluon" (always; an error where it cannot) or "triton". The backward has its own
 # variable ("auto": GLUON_BACKWARD_AUTO's dims; GQA only if GLUON_BACKWARD_GQA, else forced).
 FORWARD_ENV, BACKWARD_ENV = "COURSE_KERNELS_FORWARD", "COURSE_KERNELS_BACKWARD"
 FORWARD_CHOICES = ("auto", "gluon", "triton")
