@@ -102,8 +102,10 @@ def test_apps_host_us_is_microseconds_per_call(monkeypatch):
     torch = pytest.importorskip("torch")
     import types
 
+    from course_kernels.apps import measure
+
     clock = iter([10.0, 10.5])
-    monkeypatch.setattr(apps, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     calls = []
     assert apps._host_us(lambda: calls.append(1), calls=50) == pytest.approx(0.5 / 50 * 1e6)

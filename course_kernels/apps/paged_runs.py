@@ -42,7 +42,7 @@ def paged_decode_benchmark(
     log=print,
 ):
     """Rows of ``{context, batch, page_size, impl, us, gb_per_s, host_us, max_abs_err}``."""
-    from .runs import _graphed, _host_us, _require_cuda, decode_bytes
+    from .measure import _graphed, _host_us, _require_cuda, decode_bytes
 
     _require_cuda("paged_decode_benchmark")
     import torch
