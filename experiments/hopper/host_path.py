@@ -90,7 +90,10 @@ def _times(call, n=100, repeats=5):
 
 
 def _graph_us(call, n=100, repeats=5):
-    """Microseconds per replay of ``call`` captured in a CUDA graph; None if it cannot be."""
+    """Microseconds per replay of ``call`` captured in a CUDA graph; None if it cannot be. The
+    capture is written out here, not imported from ``course_kernels.apps.measure._graphed``:
+    the ``--baseline`` child runs this file against another checkout's package, which may
+    predate that module (it appeared in session 21)."""
     import torch
 
     try:
