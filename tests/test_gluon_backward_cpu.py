@@ -872,8 +872,8 @@ def test_session18_levers_that_lost_stay_off():
 
 def test_dq_convert_is_off_and_needs_dq_tma():
     """Session 18's DQ_CONVERT (dq converted inside the main kernel by each head's last
-    CTA) is off by default (written and compiled offline, never run on a GPU) and refused
-    without DQ_TMA's padded dQ_acc, with a message that says so."""
+    CTA) is off in the base schedule (``_check_config``; session 22 turns it on by kind of call,
+    ``_schedule``) and refused without DQ_TMA's padded dQ_acc, with a message that says so."""
     for d in (64, 128):
         assert GB._check_config(d, {})["DQ_CONVERT"] is False
         assert GB._check_config(d, dict(DQ_CONVERT=True))["DQ_CONVERT"] is True  # DQ_TMA default
@@ -974,3 +974,78 @@ class _NoValues(torch.Tensor):
 
     def tolist(self):
         raise AssertionError("cu_seqlens read again")
+
+
+def test_session22_schedule_by_kind_of_call(monkeypatch):
+    """Session 22's measured defaults: dense calls at d = 64 take BM = 128 (a window or packed
+    documents keep BM = 64: not measured with 128); non-causal calls at d = 128 convert dq inside
+    the kernel (DQ_CONVERT), causal calls and d = 64 do not. A call's own BM or DQ_CONVERT wins,
+    PERSIST turns DQ_CONVERT's default off rather than clashing with it, and the features
+    script's --gluon-dq-convert (BACKWARD_DQ_DEFAULTS) still turns it on everywhere."""
+    sched = GB._schedule  # (d, causal, windowed, docs, config)
+    assert [sched(64, c, False, False, {})["BM"] for c in (False, True)] == [128, 128]
+    assert sched(64, True, True, False, {})["BM"] == 64  # window
+    assert sched(64, True, False, True, {})["BM"] == 64  # documents
+    assert sched(64, False, False, False, dict(BM=64))["BM"] == 64
+    assert sched(128, False, False, False, {})["BM"] == GB.BACKWARD_CONFIG[128]["BM"] == 64
+    assert sched(128, False, False, False, {})["DQ_CONVERT"] is True
+    assert sched(128, True, False, False, {})["DQ_CONVERT"] is False
+    assert sched(64, False, False, False, {})["DQ_CONVERT"] is False
+    assert sched(128, False, False, False, dict(DQ_CONVERT=False))["DQ_CONVERT"] is False
+    assert sched(128, False, False, False, dict(DQ_TMA=False))["DQ_CONVERT"] is False
+    cfg = sched(128, False, False, False, dict(PERSIST=True))
+    assert cfg["PERSIST"] is True and cfg["DQ_CONVERT"] is False
+    monkeypatch.setitem(GB.BACKWARD_DQ_DEFAULTS, "DQ_CONVERT", True)
+    assert sched(64, False, False, False, {})["DQ_CONVERT"] is True
+    assert sched(64, True, False, False, {})["DQ_CONVERT"] is True
+    monkeypatch.setitem(GB.BACKWARD_DQ_DEFAULTS, "DQ_CONVERT", False)
+    seen = []  # the public call runs the same schedule
+    real = GB._check_config
+    monkeypatch.setattr(
+        GB, "_check_config", lambda d, config: seen.append(real(d, config)) or seen[-1]
+    )
+    for d, causal, want in ((64, True, (128, False)), (128, False, (64, True))):
+        with pytest.raises(RuntimeError, match="unavailable"):
+            GB.gluon_attention_backward(**_args(d=d), causal=causal)
+        assert (seen[-1]["BM"], seen[-1]["DQ_CONVERT"]) == want
+    with pytest.raises(RuntimeError, match="unavailable"):
+        GB.gluon_attention_backward(**_args(d=64), causal=True, window_left=4)
+    assert seen[-1]["BM"] == 64
+
+
+def test_session22_measurements_back_the_schedule():
+    """The data behind ``_schedule`` (an H100, experiments/gluon/bench_section.py, median of 5
+    interleaved rounds a process, every variant checked against the default on the same inputs).
+    PERSIST and DQ_CONVERT beside the default in three processes: DQ_CONVERT gains in every
+    no-mask row at d = 128 (on there) and loses more than 1% in some no-mask row at d = 64 (off);
+    PERSIST loses in every causal row (off). BM = 128 at d = 64 beside the default and cuDNN in
+    three processes a dtype: faster than BM = 64 in every row, the best of the one-process sweep
+    of eleven switches at N = 4K. A default changed without new data fails."""
+    from course_kernels.datafiles import data_path
+
+    SKIP = ("cudnn", "ROTATE=1")  # other sums: not bit-equal to the default's dK, dV
+
+    def rows(name):
+        rec = json.loads(data_path(f"gluon/{name}.json").read_text())
+        assert rec["gpu"].startswith("NVIDIA H100") and not rec["compile_failures"]
+        assert rec["rows"] and all(r["status"] == "ok" for r in rec["rows"])
+        assert all(c["ok"] for r in rec["rows"] for o, c in r["checks"].items() if o not in SKIP)
+        return rec["rows"]
+
+    persist = [r for i in (1, 2, 3) for r in rows(f"h100_persist_session22_run{i}")]
+    full = {d: [r["speedup"]["DQ_CONVERT=1"] for r in persist if r["mask"] == "full" and r["d"] == d]
+            for d in (64, 128)}  # fmt: skip
+    assert len(full[128]) == 9 and min(full[128]) > 1.0 and min(full[64]) < 0.99
+    assert GB.BACKWARD_DQ_CONVERT == {64: False, 128: True}
+    assert max(r["speedup"]["PERSIST=1"] for r in persist if r["mask"] == "causal") < 1.0
+    assert GB.BACKWARD_DQ_DEFAULTS["PERSIST"] is False
+    bm = [r for dt in ("float16", "bfloat16") for i in (1, 2, 3)
+          for r in rows(f"h100_bwd_bm128_session22_{dt}_run{i}")]  # fmt: skip
+    assert len(bm) == 36 and {r["d"] for r in bm} == {64}
+    assert min(r["speedup"]["BM=128"] for r in bm) > 1.0
+    for dt in ("float16", "bfloat16"):
+        for r in rows(f"h100_bwd_sweep_session22_{dt}"):
+            if r["n"] == 4096:
+                levers = {o: s for o, s in r["speedup"].items() if o not in ("0", "cudnn")}
+                assert max(levers, key=levers.get) == "BM=128", (dt, levers)
+    assert GB.BACKWARD_DENSE_BM == {64: 128}

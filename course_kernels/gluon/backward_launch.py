@@ -31,8 +31,8 @@ if HAVE_GLUON:
 # head_dim -> schedule. BM: query rows per block; NUM_CONSUMERS: consumer warpgroups of 64 keys
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
 # DQ_SPLIT: the dQ partial computed and added in DQ_SPLIT column chunks (fewer live registers).
-# Chosen from the offline compile only (registers / spills / shared memory; notes/
-# gluon_backward.md), NOT from any measurement. Session 9's dQ switches: DQ_VEC = 4 (the dQ
+# Chosen from the offline compile (registers / spills / shared memory; notes/gluon_backward.md);
+# dense calls at d = 64 take BM = 128 since session 22's measurement (BACKWARD_DENSE_BM). Session 9's dQ switches: DQ_VEC = 4 (the dQ
 # partial shuffled into 4 contiguous columns per thread: red.global.add.v4.f32 instead of the
 # accumulator layout's .v2; measured +0 to +5%, not the default), DQ_SHARED (one [BM, d] dQ
 # partial per CTA step, split by columns across the consumers: half the atomic bytes; measured
@@ -79,36 +79,30 @@ BACKWARD_DQ_DEFAULTS = dict(
 )  # fmt: skip
 # DQ_CONVERT (session 18): dq converted inside the main kernel by each head's last CTA
 # (scheduler._dq_convert_last) instead of by a kernel of its own (7% of a window-1K call at d =
-# 128, N = 4K). Timed in session 21 (data/gluon/h100_dq_convert_session21.json): no gain on
-# masked rows, +1.7 to +6% without a mask in one noisy process; off. PERSIST (session 21, off,
-# not yet run on a GPU): at most one CTA an SM looping over the tiles (producer._bwd_producer).
+# 128, N = 4K). Session 21 (data/gluon/h100_dq_convert_session21.json): no gain on masked rows.
+# Session 22 (data/gluon/h100_persist_session22_run{1,2,3}.json, 3 processes, fp16), no mask:
+# d = 128 +1.9 to +7.1% in 9/9 rows, d = 64 -1.9 to +2.3%: on for non-causal d = 128. PERSIST
+# (21): one CTA an SM looping over the tiles (producer._bwd_producer); session 22: -2.4 to +2.6%
+# without a mask, -3 to -33% causal (a static tile order on unequal tiles); off.
+BACKWARD_DQ_CONVERT = {64: False, 128: True}  # non-causal calls, unless the call passes its own
+# BM = 128 at d = 64, no window or documents (session 22, data/gluon/h100_bwd_bm128_session22_*):
+# +7 to +15% in 36/36 rows; windows and documents keep BACKWARD_CONFIG's BM (not measured).
+BACKWARD_DENSE_BM = {64: 128}
 # MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
-# key tail) after. Same work, another order: ptxas then spills the hoisted wgmma descriptors in
-# the masked loop (a few blocks a CTA) and not in the unmasked one (offline sm_90a compile,
-# d = 128: 19 local loads and 4 stores a step leave the hot loop). Measured in session 13
-# (course_kernels/data/gluon/h200_gluon_backward_session13.json and ..._session13_repeat.json, two
-# processes, fp16, N = 4K-16K): d = 128 +9.3 to +16.2% in 8 of 8 rows, d = 64 +0.9 to +3.1% in 8
-# of 8; the default at both d since.
-# DV_EARLY (session 13, FA3's order): dV += P^T dO issued before the wait for dP^T, so it runs
-# while dS^T is computed (not with OVERLAP_DQ). Measured in session 13 on top of MASKED_LAST: -5.5 to
-# +3.0% at d = 128 (signs split), -5.1 to -2.4% at d = 64 (it loses OVERLAP_DQ); off.
-# ROTATE (session 13, with MASKED_LAST): each key block's CTA starts its unmasked run at the query
-# block of its own keys and wraps round, so that without the causal mask the CTAs of one head do
-# not read the same Q / dO block and add to the same dQ rows in step. Measured in session 14
-# (data/gluon/h200_gluon_backward_session14_rotate.json): -3.6 to +3.0% without the mask; off.
-# SECTION (session 17): the CTAs in the forward's sectioned order (``scheduler._bwd_tile``):
-# heads innermost in sections of SECTION heads, key block 0 (the heaviest under causal masking)
-# of every head of a section before key block 1. With the plain grid (SECTION = 0) the last
-# head's heaviest CTA starts last: a list-scheduling model of 132 SMs puts that tail at 6.5%
-# (d = 128 causal, N = 4K) and 7.4% (documents) of the kernel (notes/gluon_backward.md).
-# SECTION / TAIL unless a call passes its own. Measured on an H100 in session 17 (notes/
-# gluon_backward.md; course_kernels/data/gluon/h100_bwd_order_session17_docs.json and the
-# features runs h100_features_docs_bwd_d128_section{0,8}_run*.json): packed documents, 16
-# heads at d = 128 and 32 at d = 64, gain 2-4% and 1-1.5% with SECTION = 8 (the idle tail of
-# the plain grid, 8% of the SMs' cycles by ncu, traded against L2 hits); plain causal rows
-# moved -1 to +2.5% with sections of 4-8 heads (down to -11.5% with 16 at N = 16K), so the dense
-# backward keeps the plain grid. TAIL (head after head but the last TAIL heads, taken together)
-# stays off: no better than SECTION where measured.
+# key tail) after, so ptxas spills in the short masked loop and not in the hot one. Measured in
+# session 13 (data/gluon/h200_gluon_backward_session13*.json, two processes, N = 4K-16K): d = 128
+# +9.3 to +16.2%, d = 64 +0.9 to +3.1%, every row; the default since.
+# DV_EARLY (session 13, FA3's order): dV += P^T dO issued before the wait for dP^T; -5.5 to +3.0%
+# at d = 128, -5.1 to -2.4% at d = 64; off. ROTATE (session 13): each key block's CTA starts its
+# unmasked run at its own keys' query block and wraps round (CTAs of a head out of step); session
+# 14 (data/gluon/h200_gluon_backward_session14_rotate.json): -3.6 to +3.0% without a mask; off.
+# SECTION (session 17): CTAs in the forward's sectioned order (``scheduler._bwd_tile``): heads
+# innermost in sections of SECTION heads, every head's key block 0 (the heaviest under causal
+# masking) first, against the plain grid's tail (a list-scheduling model of 132 SMs: 6.5-7.4%).
+# Measured on an H100 (data/gluon/h100_bwd_order_session17_docs.json, notes/gluon_backward.md):
+# packed documents +2-4% (d = 128) and +1-1.5% (d = 64) with SECTION = 8; plain causal rows -1 to
+# +2.5% (-11.5% with 16 heads at 16K): dense calls keep the plain grid. TAIL (the last TAIL heads
+# taken together) stays off: no better than SECTION. A call's own SECTION / TAIL wins.
 BACKWARD_SECTION = {"dense": 0, "documents": 8}
 BACKWARD_TAIL = {"dense": 0, "documents": 0}
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
@@ -262,16 +256,7 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
     win = _check_window(window_left, causal, q.shape[2])
     docs = cu_seqlens is not None
     kend = _doc_bounds(cu_seqlens, causal, window_left, q, offsets_checked, "end") if docs else lse
-    cfg = _check_config(q.shape[-1], config)
-    kind = "documents" if docs else "dense"
-    if "SECTION" not in config and "TAIL" not in config and not cfg["PERSIST"]:
-        cfg.update(SECTION=BACKWARD_SECTION[kind], TAIL=BACKWARD_TAIL[kind])
-    cfg.setdefault("SECTION", 0)
-    cfg.setdefault("TAIL", 0)
-    if (cfg["SECTION"] and cfg["TAIL"]) or (cfg["PERSIST"] and (cfg["SECTION"] or cfg["TAIL"])):
-        raise ValueError("SECTION, TAIL and PERSIST are three CTA orders: pass one of them at most")
-    if cfg["PERSIST"] and cfg["DQ_CONVERT"]:  # DQ_CONVERT's count is one a tile and CTA
-        raise ValueError("DQ_CONVERT needs a CTA per tile: not with PERSIST (tiles share CTAs)")
+    cfg = _schedule(q.shape[-1], causal, window_left is not None, docs, config)
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
     if not all(x.is_cuda and x.device == q.device for x in tensors):
@@ -280,6 +265,26 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
             + ", ".join(str(x.device) for x in tensors)
         )
     return win, kend, cfg
+
+
+def _schedule(d, causal, windowed, docs, config):
+    """The schedule a call runs: BACKWARD_CONFIG[d], the call's overrides (``config``), and the
+    measured defaults by kind of call (BM, SECTION / TAIL, DQ_CONVERT); ValueError for a clash."""
+    if "BM" not in config and not docs and not windowed:  # session 22: BM = 128 at dense d = 64
+        config = dict(config, BM=BACKWARD_DENSE_BM.get(d, BACKWARD_CONFIG[d]["BM"]))
+    cfg = _check_config(d, config)
+    kind = "documents" if docs else "dense"
+    if "SECTION" not in config and "TAIL" not in config and not cfg["PERSIST"]:
+        cfg.update(SECTION=BACKWARD_SECTION[kind], TAIL=BACKWARD_TAIL[kind])
+    cfg.setdefault("SECTION", 0)
+    cfg.setdefault("TAIL", 0)
+    if "DQ_CONVERT" not in config and not cfg["PERSIST"] and not causal:  # session 22
+        cfg["DQ_CONVERT"] = cfg["DQ_CONVERT"] or (BACKWARD_DQ_CONVERT[d] and cfg["DQ_TMA"])
+    if (cfg["SECTION"] and cfg["TAIL"]) or (cfg["PERSIST"] and (cfg["SECTION"] or cfg["TAIL"])):
+        raise ValueError("SECTION, TAIL and PERSIST are three CTA orders: pass one of them at most")
+    if cfg["PERSIST"] and cfg["DQ_CONVERT"]:  # DQ_CONVERT's count is one a tile and CTA
+        raise ValueError("DQ_CONVERT needs a CTA per tile: not with PERSIST (tiles share CTAs)")
+    return cfg
 
 
 def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):

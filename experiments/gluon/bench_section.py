@@ -114,14 +114,14 @@ def prewarm(args):
         for m, d, s, dt in sorted(jobs)
     ]
     bad = []
-    for p in procs:
+    for p, job in zip(procs, sorted(jobs), strict=True):
         try:
             _, err = p.communicate(timeout=args.compile_timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             err = "timed out"
         if p.returncode:
-            bad.append(err[-1500:])
+            bad.append(dict(job=",".join(map(str, job)), error=err[-1500:]))
     return bad
 
 
@@ -165,6 +165,8 @@ def main(argv=None):
     record["compile_failures"] = prewarm(args)
     record["compile_s"] = round(time.time() - t0, 1)
     print(f"compiled in {record['compile_s']} s; failures: {len(record['compile_failures'])}")
+    failed = {b["job"].split(",")[2] for b in record["compile_failures"]} - {args.sections[0]}
+    args.sections = [s for s in args.sections if s not in failed]  # a section that did not compile
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{args.tag}.json")
     for row in rows(args):

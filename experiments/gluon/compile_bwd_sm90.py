@@ -246,6 +246,11 @@ CONFIGS = (
         _masked_last(d, None, c, PERSIST=True) for d in (64, 128) for c in (False, True)
     ]
     + [_masked_last(128, None, False, PERSIST=True, GROUP=4)]
+    + [  # session 22: 128 query rows a block (BM = 128), dense d = 64's default since; masked
+        _masked_last(d, None, c, BM=128, **m)  # forms and d = 128 for the next measurement
+        for d in (64, 128)
+        for c, m in ((False, {}), (True, {}), (True, dict(WINDOW=True)), (True, dict(DOCS=True)))
+    ]
 )
 
 

@@ -315,10 +315,10 @@ def test_flash_attention_takes_the_gluon_backward_when_asked(monkeypatch, d, cau
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dim_256_forward_when_asked_with_the_tl_backward(monkeypatch, causal):
-    """d = 256 (session 19): ``flash_attention`` runs the Gluon forward under
-    ``$COURSE_KERNELS_FORWARD=gluon`` and not under ``auto`` (not yet measured; the work
-    threshold waived so that only the head dim decides), the tl backward either way; gradients
-    within flash-attn's rule of float64."""
+    """d = 256 (session 19): ``flash_attention`` runs the Gluon forward under ``auto`` (since
+    session 21's timing: GLUON_FORWARD_AUTO) and ``$COURSE_KERNELS_FORWARD=gluon``, the tl
+    forward under ``triton`` (the work threshold waived so that only the head dim decides), the
+    tl backward each time; gradients within flash-attn's rule of float64."""
     from course_kernels import flash_attention
     from course_kernels.testing import attention_grads
     from course_kernels.triton import launch
@@ -338,7 +338,7 @@ def test_head_dim_256_forward_when_asked_with_the_tl_backward(monkeypatch, causa
     ref = attention_grads(q, k, v, do, causal, scale, True)
     sdpa = attention_grads(q, k, v, do, causal, scale, False)
     monkeypatch.delenv(launch.BACKWARD_ENV, raising=False)
-    for choice, gluon_calls in (("auto", 0), ("gluon", 1)):
+    for choice, gluon_calls in (("auto", 1), ("gluon", 1), ("triton", 0)):
         monkeypatch.setenv(launch.FORWARD_ENV, choice)
         calls.clear()
         x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
