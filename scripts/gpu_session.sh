@@ -22,6 +22,10 @@
 #   gluon_d256_tl.json       the same rows in a second process, with the tl kernel as well
 #   gqa_backward.json        step gqa: the Gluon GQA backward beside tl and beside repeated K/V
 #   persist_run{1,2,3}.json  step persist: PERSIST and DQ_CONVERT beside the default, three processes
+#   fwd_sweep_{float16,bfloat16}.json   step fwd_sweep: the forward's schedule switches beside its
+#                            default and cuDNN at N = 4K and 16K (experiments/gluon/sweep_forward.py)
+#   bwd_masked_{dt}.json, bwd_bm128_on_top_{dt}.json   step bwd_masked: the backward's BM = 128 on window and
+#                            documents rows at d = 64, and switches on top of dense d = 64's BM = 128
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -135,6 +139,28 @@ if has persist; then
     timeout "${PERSIST_BENCH_LIMIT:-150}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
       --tag "persist_run$run" --masks full causal --dims 64 128 --ns 4096 8192 16384 \
       --sections 0 PERSIST=1 DQ_CONVERT=1 --rounds 5 --budget-s 130 | grep -v '^{'
+  done
+fi
+# fwd_sweep, bwd_masked (session 22): one process a dtype each; predictions in notes/ first.
+if has fwd_sweep; then
+  echo "== Gluon forward: schedule switches beside the default and cuDNN (sweep_forward.py)"
+  for dt in float16 bfloat16; do
+    timeout "${FWD_SWEEP_LIMIT:-200}" "$PY" experiments/gluon/sweep_forward.py --out "$OUT" \
+      --tag "fwd_sweep_$dt" --dtype "$dt" --masks causal full --dims 64 128 --ns 4096 16384 \
+      --variants 0 cudnn NUM_CONSUMERS=2 NUM_CONSUMERS=3 STAGES=2 STAGES=3 QSTAGES=1 \
+      STAGES=3+QSTAGES=1 BN=64 DYNAMIC=0 CONSUMER_REGS=216 --rounds 5 --budget-s 170 | grep -v '^{'
+  done
+fi
+if has bwd_masked; then
+  echo "== Gluon backward: BM = 128 on window and documents at d = 64; switches on dense BM = 128"
+  for dt in float16 bfloat16; do
+    timeout "${BWD_MASKED_LIMIT:-120}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+      --tag "bwd_masked_$dt" --dtype "$dt" --masks window documents --dims 64 \
+      --sections 0 BM=128 --rounds 5 --budget-s 90 | grep -v '^{'
+    timeout "${BWD_MASKED_LIMIT:-120}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+      --tag "bwd_bm128_on_top_$dt" --dtype "$dt" --masks full causal --dims 64 --ns 4096 16384 \
+      --sections 0 OVERLAP_DQ=0 DQ_VEC=4 STAGES=3 DQ_CONVERT=1 cudnn --rounds 5 --budget-s 90 \
+      | grep -v '^{'
   done
 fi
 echo "== done $(date -u +%FT%TZ)"

@@ -2,6 +2,7 @@
 and rejects unsupported inputs with a message that says what was given."""
 
 import json
+import types
 
 import numpy as np
 
@@ -419,6 +420,44 @@ def test_session9_levers_are_the_d128_causal_default_and_overrides_replace_them(
         assert not off["ROW_MASK"] and not off.get("LPT_SECTION_MB") and not off["LPT"]
         cfg = launch.schedule_config(d, True, 4096, LPT=True, LPT_SECTION_MB=16, ROW_MASK=True)
         assert cfg["LPT"] and cfg["LPT_SECTION_MB"] == 16 and cfg["ROW_MASK"]
+
+
+def test_sweep_forward_script_adds_a_variant_to_the_rows_default_and_checks_it():
+    """experiments/gluon/sweep_forward.py (session 22): a variant's overrides keep the row's
+    default switches (``gluon_attention_forward`` replaces them when given any), '0' is the
+    default itself and must come first, and the check against the default refuses an output
+    more than 4 ulps of its largest entry away or a logsumexp more than 1e-3 away."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gluon" / "sweep_forward.py"
+    spec = importlib.util.spec_from_file_location("sweep_forward", path)
+    sw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sw)
+    from course_kernels.gluon import launch
+
+    assert sw.parse("0") == {} and sw.parse("STAGES=2+QSTAGES=1") == {"STAGES": 2, "QSTAGES": 1}
+    causal64 = dict(mask="causal", d=64, n=4096, dtype="float16")
+    assert sw.overrides(causal64, "0") == launch.CAUSAL_CONFIG[64]
+    cfg = sw.overrides(dict(causal64, mask="full"), "NUM_CONSUMERS=2")
+    assert cfg == {**launch.NONCAUSAL_CONFIG[64], "NUM_CONSUMERS": 2}
+    cfg = sw.overrides(dict(causal64, d=128), "ROW_MASK=0")
+    assert cfg["ROW_MASK"] == 0 and cfg["SKIP_DEAD"] and cfg["LPT"]
+    with pytest.raises(ValueError):
+        sw.parse("STAGES")
+    with pytest.raises(SystemExit):
+        sw.main(["--variants", "cudnn", "0"])
+    o = torch.randn(2, 8, dtype=torch.float16)
+    lse = torch.randn(2, dtype=torch.float32)
+    tol = 4 * 2**-10 * o.abs().max().item()
+    assert sw.check((o, lse), (o, lse), "float16")["ok"]
+    assert sw.check((o, lse), (o + 0.9 * tol, lse), "float16")["ok"]
+    assert not sw.check((o, lse), (o + 2 * tol, lse), "float16")["ok"]
+    assert not sw.check((o, lse), (o, lse + 0.01), "float16")["ok"]
+    assert sw.check((o, lse), (o, None), "float16")["ok"]  # cuDNN: O only
+    rows = sw.rows(types.SimpleNamespace(masks=["causal", "full"], dims=[64], ns=[4096, 8192],
+                                         dtype="bfloat16"))  # fmt: skip
+    assert len(rows) == 4 and {r["dtype"] for r in rows} == {"bfloat16"}
 
 
 def test_session9_script_keeps_the_causal_switches_and_takes_the_worst_of_three():

@@ -251,6 +251,7 @@ CONFIGS = (
         for d in (64, 128)
         for c, m in ((False, {}), (True, {}), (True, dict(WINDOW=True)), (True, dict(DOCS=True)))
     ]
+    + [_masked_last(64, None, c, overlap=False, BM=128) for c in (False, True)]
 )
 
 
