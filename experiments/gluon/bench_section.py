@@ -101,28 +101,66 @@ def make_call(row, section, small=False):
     )  # fmt: skip
 
 
-def prewarm(args):
-    """One child per (row kind, d, SECTION): compiles the kernels into Triton's cache."""
-    jobs = {(r["mask"], r["d"], s, r["dtype"]) for r in rows(args) for s in args.sections}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--child", f"{m},{d},{s},{dt}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for m, d, s, dt in sorted(jobs)
-    ]
-    bad = []
-    for p, job in zip(procs, sorted(jobs), strict=True):
+def compile_in_children(script, jobs, timeout):
+    """One child process per job (``script --child a,b,...``), all at once: they compile the
+    kernels into Triton's cache, so the timing process only loads them. {job: the end of its
+    stderr} for each child that failed or ran past ``timeout`` seconds."""
+    procs = [subprocess.Popen([sys.executable, script, "--child", ",".join(map(str, job))],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for job in jobs]  # fmt: skip
+    bad = {}
+    for p, job in zip(procs, jobs, strict=True):
         try:
-            _, err = p.communicate(timeout=args.compile_timeout)
+            _, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
             err = "timed out"
         if p.returncode:
-            bad.append(dict(job=",".join(map(str, job)), error=err[-1500:]))
+            bad[job] = err[-1500:]
     return bad
+
+
+def prewarm(args):
+    """One child per (row kind, d, SECTION): the compile failures, each with its job."""
+    jobs = sorted({(r["mask"], r["d"], s, r["dtype"]) for r in rows(args) for s in args.sections})
+    bad = compile_in_children(__file__, jobs, args.compile_timeout)
+    return [dict(job=",".join(map(str, j)), error=e) for j, e in bad.items()]
+
+
+def interleaved(calls, names, rounds):
+    """Time each call (triton.testing.do_bench, median) in ``rounds`` rounds, names interleaved:
+    {"ms": every round's time, "speedup": the first name's median round over each one's}."""
+    import triton
+
+    ms = {s: [] for s in names}
+    for _ in range(rounds):
+        for s in names:
+            ms[s].append(triton.testing.do_bench(calls[s], warmup=10, rep=60))
+    mid = {s: sorted(v)[(len(v) - 1) // 2] for s, v in ms.items()}  # the median round
+    return dict(ms={str(s): [round(x, 4) for x in v] for s, v in ms.items()},
+                speedup={str(s): round(mid[names[0]] / mid[s], 4) for s in names})  # fmt: skip
+
+
+def new_record(script, argv):
+    """The JSON record of a run: GPU, versions, date, the command that regenerates it, no rows."""
+    from course_kernels.bench.speed import environment
+
+    args = argv if argv is not None else sys.argv[1:]
+    cmd = " ".join(["python experiments/gluon/" + os.path.basename(script), *args])
+    return dict(environment(), command=cmd, rows=[])
+
+
+def save(record, path):
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+
+
+def keep(record, path, row):
+    """Add a timed row to the record, print it, and write the record so far (a later row that
+    hangs or crashes leaves the earlier ones on disk)."""
+    record["rows"].append(row)
+    print(json.dumps(row), flush=True)
+    save(record, path)
 
 
 def main(argv=None):
@@ -154,14 +192,9 @@ def main(argv=None):
         make_call(dict(mask=mask, d=int(d), n=0, dtype=dt), s, small=True)()
         return
     import torch
-    import triton
-
-    from course_kernels.bench.speed import environment
 
     t0 = time.time()
-    record = dict(environment(), command="python experiments/gluon/" + " ".join(
-        [os.path.basename(__file__)] + (argv if argv is not None else sys.argv[1:])
-    ), rows=[])  # fmt: skip
+    record = new_record(__file__, argv)
     record["compile_failures"] = prewarm(args)
     record["compile_s"] = round(time.time() - t0, 1)
     print(f"compiled in {record['compile_s']} s; failures: {len(record['compile_failures'])}")
@@ -186,23 +219,11 @@ def main(argv=None):
                 dq_tolerance=dq_tol,
             )
             checks[s]["ok"] = checks[s]["dk_dv_bitwise"] and checks[s]["dq_max_diff"] <= dq_tol
-        ms = {s: [] for s in args.sections}
-        for _ in range(args.rounds):
-            for s in args.sections:
-                ms[s].append(triton.testing.do_bench(calls[s], warmup=10, rep=60))
-        best = {s: sorted(v)[(len(v) - 1) // 2] for s, v in ms.items()}  # the median round
-        b0 = best[args.sections[0]]
-        out = dict(row, status="ok", ms={str(s): [round(x, 4) for x in v] for s, v in ms.items()},
-                   speedup={str(s): round(b0 / best[s], 4) for s in args.sections},
-                   checks={str(s): c for s, c in checks.items()})  # fmt: skip
-        record["rows"].append(out)
-        print(json.dumps(out), flush=True)
-        with open(path, "w") as f:
-            json.dump(record, f, indent=1)
+        timed = interleaved(calls, args.sections, args.rounds)
+        keep(record, path, dict(row, status="ok", **timed, checks=checks))
         del calls, base
         torch.cuda.empty_cache()
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
+    save(record, path)
 
 
 if __name__ == "__main__":

@@ -21,16 +21,16 @@ child processes in parallel (they fill Triton's cache).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path[:0] = [ROOT]
+sys.path[:0] = [ROOT, HERE]
+
+from bench_section import compile_in_children, interleaved, keep, new_record, save  # noqa: E402
 
 
 def parse(variant: str) -> dict:
@@ -79,22 +79,10 @@ def rows(args):
 
 
 def prewarm(args):
-    """One child per (mask, d, variant): compiles the kernels; the failures by job."""
-    jobs = sorted({(r["mask"], r["d"], s) for r in rows(args) for s in args.variants[1:]
-                   if s != "cudnn"} | {(r["mask"], r["d"], "0") for r in rows(args)})  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, __file__, "--child", f"{m},{d},{s},{args.dtype}"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for m, d, s in jobs]  # fmt: skip
-    bad = {}
-    for p, job in zip(procs, jobs, strict=True):
-        try:
-            _, err = p.communicate(timeout=args.compile_timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            err = "timed out"
-        if p.returncode:
-            bad[job] = err.strip().splitlines()[-1][-300:] if err.strip() else f"rc {p.returncode}"
-    return bad
+    """One child per (mask, d, variant, dtype) compiles its kernels: {job: error} of failures."""
+    jobs = sorted({(r["mask"], r["d"], s, args.dtype) for r in rows(args)
+                   for s in args.variants if s != "cudnn"})  # fmt: skip
+    return compile_in_children(__file__, jobs, args.compile_timeout)
 
 
 def check(base, got, dtype):
@@ -131,14 +119,9 @@ def main(argv=None):
     if args.variants[0] != "0":
         ap.error("--variants: the first must be 0 (the default, the baseline of every ratio)")
     import torch
-    import triton
-
-    from course_kernels.bench.speed import environment
 
     t0 = time.time()
-    record = dict(environment(), command="python experiments/gluon/" + " ".join(
-        [os.path.basename(__file__)] + (argv if argv is not None else sys.argv[1:])
-    ), rows=[])  # fmt: skip
+    record = new_record(__file__, argv)
     bad = prewarm(args)
     record["compile_failures"] = [dict(job=",".join(map(str, j)), error=e) for j, e in bad.items()]
     record["compile_s"] = round(time.time() - t0, 1)
@@ -149,29 +132,19 @@ def main(argv=None):
         if time.time() - t0 > args.budget_s:
             record["rows"].append(dict(row, status=f"skipped: past --budget-s {args.budget_s}"))
             continue
-        if (row["mask"], row["d"], "0") in bad:
+        if (row["mask"], row["d"], "0", args.dtype) in bad:
             record["rows"].append(dict(row, status="the default did not compile"))
             continue
-        names = [s for s in args.variants if (row["mask"], row["d"], s) not in bad]
+        names = [s for s in args.variants if (row["mask"], row["d"], s, args.dtype) not in bad]
         calls = {s: make_call(row, s) for s in names}
         base = calls["0"]()
         checks = {s: check(base, calls[s](), row["dtype"]) for s in names[1:]}
-        ms = {s: [] for s in names}
-        for _ in range(args.rounds):
-            for s in names:
-                ms[s].append(triton.testing.do_bench(calls[s], warmup=10, rep=60))
-        mid = {s: sorted(v)[(len(v) - 1) // 2] for s, v in ms.items()}
-        out = dict(row, status="ok", ms={s: [round(x, 4) for x in v] for s, v in ms.items()},
-                   speedup={s: round(mid["0"] / mid[s], 4) for s in names}, checks=checks,
-                   left_out=[s for s in args.variants if s not in names])  # fmt: skip
-        record["rows"].append(out)
-        print(json.dumps(out), flush=True)
-        with open(path, "w") as f:
-            json.dump(record, f, indent=1)
+        timed = interleaved(calls, names, args.rounds)
+        left_out = [s for s in args.variants if s not in names]
+        keep(record, path, dict(row, status="ok", **timed, checks=checks, left_out=left_out))
         del calls, base
         torch.cuda.empty_cache()
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
+    save(record, path)
 
 
 if __name__ == "__main__":
