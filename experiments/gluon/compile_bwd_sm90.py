@@ -252,6 +252,7 @@ CONFIGS = (
         for c, m in ((False, {}), (True, {}), (True, dict(WINDOW=True)), (True, dict(DOCS=True)))
     ]
     + [_masked_last(64, None, c, overlap=False, BM=128) for c in (False, True)]
+    + [_masked_last(128, None, True, WINDOW=True, DQ_SPLIT=k) for k in (1, 4)]  # issue 22's row
 )
 
 
