@@ -1049,3 +1049,15 @@ def test_session22_measurements_back_the_schedule():
                 levers = {o: s for o, s in r["speedup"].items() if o not in ("0", "cudnn")}
                 assert max(levers, key=levers.get) == "BM=128", (dt, levers)
     assert GB.BACKWARD_DENSE_BM == {64: 128}
+
+
+def test_zero_acc_is_an_option_off_by_default():
+    """ZERO_ACC (session 22; written, compiled offline, not yet run on a GPU): dQ_acc and the
+    DQ_CONVERT counters zeroed by the preprocessing kernel instead of a fill before it. Off by
+    default, in every kind of call, and it takes only booleans."""
+    assert GB.BACKWARD_DQ_DEFAULTS["ZERO_ACC"] is False
+    for args in ((64, False, False, False), (128, True, True, False), (64, True, False, True)):
+        assert GB._schedule(*args, {})["ZERO_ACC"] is False
+    assert GB._schedule(128, False, False, False, dict(ZERO_ACC=True))["ZERO_ACC"] is True
+    with pytest.raises(ValueError, match=r"ZERO_ACC=2 not supported; accepted: \(False, True\)"):
+        GB.gluon_attention_backward(**_args(), ZERO_ACC=2)

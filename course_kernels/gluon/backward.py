@@ -68,12 +68,15 @@ if HAVE_GLUON:
     # ---------------------------------------------------------- small kernels
     @gluon.jit
     def _bwd_preprocess(
-        o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, HEAD_DIM: gl.constexpr,
-        PACKED: gl.constexpr = False,
+        o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, acc_ptr, cnt_ptr, ACC_ROWS,
+        HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False, ZERO_ACC: gl.constexpr = False,
     ):  # fmt: skip
         """Per (batch, head), 64 rows a program, into buffers padded to N_PAD rows a head (a
         multiple of the backward's BM, so TMA reads whole blocks of one head): D = rowsum(dO * O)
-        in fp32 (0 past N) and L log2 e (+inf past N: P = 0 there, no query-tail mask)."""
+        in fp32 (0 past N) and L log2 e (+inf past N: P = 0 there, no query-tail mask). With
+        ZERO_ACC (session 22) it also zeroes the head's rows of the fp32 dQ_acc (``acc_ptr``,
+        ACC_ROWS a head) and, in its first program, the head's DQ_CONVERT counter (``cnt_ptr``,
+        fp32 0.0 has int32 0's bits): the fill kernel before the backward is then not needed."""
         r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
         hz = gl.program_id(1)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))
@@ -85,6 +88,11 @@ if HAVE_GLUON:
         out = hz * N_PAD + r
         gl.store(delta_ptr + out, gl.sum(o * do, axis=1), mask=r < N_PAD)
         gl.store(lse2_ptr + out, lse * LOG2E_, mask=r < N_PAD)
+        if ZERO_ACC:
+            zero = gl.full([64, HEAD_DIM], 0.0, gl.float32, layout=_ROW_LAYOUT)
+            acc = (hz * ACC_ROWS + r).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+            gl.store(acc_ptr + acc, zero, mask=(r < ACC_ROWS)[:, None])
+            gl.store(cnt_ptr + hz + 0 * r, gl.sum(zero, axis=1), mask=r == 0)
 
     @gluon.jit
     def _bwd_dq_epilogue(dq_acc_ptr, dq_ptr, n_elems, scale):

@@ -4,11 +4,10 @@ Measured on the H200 (notes/gluon_backward.md: sessions 8-12) and the backward t
 ``course_kernels.flash_attention``'s ``auto`` runs on Hopper at d = 64 and 128 (plain or causal,
 ``triton/launch.py``). Compiled offline for sm_90a by ``experiments/gluon/compile_bwd_sm90.py``.
 
-Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O) and L log2 e, padded per head),
-``_attn_bwd_kernel`` (dK, dV, and dQ added in fp32: by TMA reduce-adds of shared-memory tiles,
-DQ_TMA, the default; or by atomics), a dq epilogue (dq in the input dtype). Like the forward, importing this module needs neither a GPU nor Gluon; the
-call raises a RuntimeError saying why where the kernel cannot run, and a ValueError saying
-what is accepted for inputs it does not support (checked first, on any machine).
+Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O), L log2 e; ZERO_ACC: zeroes dQ_acc),
+``_attn_bwd_kernel`` (dK, dV; dQ added in fp32 by TMA reduce-adds or atomics), a dq epilogue.
+Importing this module needs neither a GPU nor Gluon; a call raises a RuntimeError saying why where
+the kernel cannot run, and a ValueError saying what is accepted (checked first, on any machine).
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ if HAVE_GLUON:
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
 # DQ_SPLIT: the dQ partial computed and added in DQ_SPLIT column chunks (fewer live registers).
 # Chosen from the offline compile (registers / spills / shared memory; notes/gluon_backward.md);
-# dense calls at d = 64 take BM = 128 since session 22's measurement (BACKWARD_DENSE_BM). Session 9's dQ switches: DQ_VEC = 4 (the dQ
-# partial shuffled into 4 contiguous columns per thread: red.global.add.v4.f32 instead of the
+# dense calls at d = 64 take BM = 128 since session 22 (BACKWARD_DENSE_BM). Session 9's dQ
+# switches: DQ_VEC = 4 (4 contiguous dQ columns a thread: red.global.add.v4.f32, not the
 # accumulator layout's .v2; measured +0 to +5%, not the default), DQ_SHARED (one [BM, d] dQ
 # partial per CTA step, split by columns across the consumers: half the atomic bytes; measured
 # 1.19-1.26x the first version on the H200, every check passed: the default since session 9,
@@ -61,29 +60,28 @@ _ACCEPTED = {
     "TAIL": (0, 2, 4, 8, 16, 32),
     "DQ_CONVERT": (False, True),
     "PERSIST": (False, True),
+    "ZERO_ACC": (False, True),
 }
-# OVERLAP_DQ (session 9, lever (b)): block i's last dQ chunk left in flight while block i+1's
-# S^T / dP^T wgmmas run, its atomics issued meanwhile (needs DQ_SHARED). Measured in session 10
-# (course_kernels/data/gluon/h200_gluon_backward_session10.json, N = 8K, fp16): d = 64 0.833 ->
-# 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680, 0.742 -> 0.675. On at
-# d = 64 only (BACKWARD_OVERLAP_DQ), and only with DQ_SHARED.
+# OVERLAP_DQ (session 9): block i's last dQ chunk left in flight while block i+1's S^T / dP^T
+# wgmmas run (needs DQ_SHARED). Session 10 (data/gluon/h200_gluon_backward_session10.json, 8K,
+# fp16): d = 64 0.833 -> 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680,
+# 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (session 22, off, not run on
+# a GPU): dQ_acc zeroed by the preprocessing kernel, one launch fewer (notes/gluon_backward.md).
 # DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
 # reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
 # registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
-# Measured in session 12 (course_kernels/data/gluon/h200_gluon_backward_session12_dqtma.json,
-# N = 8K, fp16, one process): d = 64 +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on
-# wherever it applies (DQ_SHARED with 16- or 32-column chunks, and the tiles fit: _check_config). With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
+# Session 12 (data/gluon/h200_gluon_backward_session12_dqtma.json, 8K, fp16, one process): d = 64
+# +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on wherever it applies (_check_config).
+# With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
-    DQ_CONVERT=False, PERSIST=False,
+    DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False,
 )  # fmt: skip
-# DQ_CONVERT (session 18): dq converted inside the main kernel by each head's last CTA
-# (scheduler._dq_convert_last) instead of by a kernel of its own (7% of a window-1K call at d =
-# 128, N = 4K). Session 21 (data/gluon/h100_dq_convert_session21.json): no gain on masked rows.
-# Session 22 (data/gluon/h100_persist_session22_run{1,2,3}.json, 3 processes, fp16), no mask:
-# d = 128 +1.9 to +7.1% in 9/9 rows, d = 64 -1.9 to +2.3%: on for non-causal d = 128. PERSIST
-# (21): one CTA an SM looping over the tiles (producer._bwd_producer); session 22: -2.4 to +2.6%
-# without a mask, -3 to -33% causal (a static tile order on unequal tiles); off.
+# DQ_CONVERT (18): dq converted in the main kernel by each head's last CTA (scheduler.
+# _dq_convert_last), not by a kernel of its own; no gain on masked rows (21); without a mask
+# (22, data/gluon/h100_persist_session22_run{1,2,3}.json) d = 128 +1.9 to +7.1% in 9/9, d = 64
+# -1.9 to +2.3%: on for non-causal d = 128. PERSIST (21, producer._bwd_producer): one CTA an SM
+# looping over tiles; 22: -2.4 to +2.6% without a mask, -3 to -33% causal (static order): off.
 BACKWARD_DQ_CONVERT = {64: False, 128: True}  # non-causal calls, unless the call passes its own
 # BM = 128 at d = 64, no window or documents (session 22, data/gluon/h100_bwd_bm128_session22_*):
 # +7 to +15% in 36/36 rows; windows and documents keep BACKWARD_CONFIG's BM (not measured).
@@ -235,10 +233,9 @@ def gluon_attention_backward(
     tests passed on an H100 in session 15); cu_seqlens (with causal, B = 1): documents packed
     into one sequence, [0, n_1, n_1 + n_2, ..., N] as flash-attn's varlen calls take it, each
     query seeing only the keys of its own document (session 14, as window_left).
-    Keyword overrides of the schedule (for
-    experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT, CONSUMER_REGS, DQ_VEC, DQ_SHARED,
-    OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION, TAIL, DQ_CONVERT, PERSIST (see
-    BACKWARD_CONFIG).
+    Keyword overrides of the schedule (for experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT,
+    CONSUMER_REGS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION,
+    TAIL, DQ_CONVERT, PERSIST, ZERO_ACC (see BACKWARD_CONFIG and _schedule).
     dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
     bit-reproducible.
     """
@@ -304,14 +301,16 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     n_pad = triton.cdiv(N, BM) * BM  # L and D padded per head to whole query blocks
     delta = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
     lse2 = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
-    _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
-        o, do, lse, delta, lse2, N, n_pad, HEAD_DIM=d, PACKED=packed, num_warps=8
-    )
     dq_tma = bool(cfg["DQ_TMA"])  # dQ_acc then padded to n_pad rows a head, like L and D
     rows = n_pad if dq_tma else N
-    # dQ_acc, then one int32 a head (DQ_CONVERT's counters): zeroed together, by one fill
-    flat = torch.zeros(B * H * rows * d + B * H, device=q.device, dtype=torch.float32)
-    dq_acc = flat[: B * H * rows * d].view(B, H, rows, d)
+    # dQ_acc, then one int32 a head (DQ_CONVERT's counters): zeroed by a fill or (ZERO_ACC) below
+    n_acc, new = B * H * rows * d, torch.empty if cfg["ZERO_ACC"] else torch.zeros
+    flat = new(n_acc + B * H, device=q.device, dtype=torch.float32)
+    _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
+        o, do, lse, delta, lse2, N, n_pad, flat, flat[n_acc:], rows, HEAD_DIM=d, PACKED=packed,
+        ZERO_ACC=bool(cfg["ZERO_ACC"]), num_warps=8,
+    )  # fmt: skip
+    dq_acc = flat[:n_acc].view(B, H, rows, d)
     dq = torch.empty_like(q)
     # GQA: dK, dV per query head (each reads its K/V head, GROUP = H // H_kv), summed below
     dk, dv = (torch.empty_like(q if H_kv < H else x) for x in (k, v))
@@ -337,7 +336,7 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     _attn_bwd_kernel[grid](
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_out, dk, dv, N, n_pad,
         scale * LOG2E, scale, win, kend,  # c = scale log2(e): P = exp2(S c - L log2 e)
-        dq_acc, dq, flat[B * H * rows * d :].view(torch.int32),  # DQ_CONVERT's counters
+        dq_acc, dq, flat[n_acc:].view(torch.int32),  # DQ_CONVERT's counters
         heads,
         BM=BM,
         HEAD_DIM=d,

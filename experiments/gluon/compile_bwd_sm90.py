@@ -17,6 +17,7 @@ course_kernels/gluon/backward.py, its design in notes/gluon_backward.md.
 import argparse
 import collections
 import hashlib
+import itertools
 import os
 import re
 import subprocess
@@ -256,6 +257,9 @@ CONFIGS = (
 )
 
 
+PRE_SHAPES = ((64, False), (128, False), (64, True), (128, True))  # (HEAD_DIM, PACKED)
+
+
 def loops(ptx):
     """The consumer loops of the compiled kernel, in code order: for each backward branch that
     closes a loop holding wgmmas (one such loop per run of ``_bwd_step`` and consumer), its
@@ -332,7 +336,7 @@ def main():
             json.dump(dict(meta=meta, configs=table), f, indent=1)
         return
     for dt in ("fp16", "bf16"):
-        for d, packed in ((64, False), (128, False), (64, True), (128, True)):
+        for (d, packed), zero in itertools.product(PRE_SHAPES, (False, True)):  # zero: ZERO_ACC
             k = _compile(
                 B._bwd_preprocess,
                 {
@@ -343,18 +347,22 @@ def main():
                     "lse2_ptr": "*fp32",
                     "N": "i32",
                     "N_PAD": "i32",
+                    "acc_ptr": "*fp32",
+                    "cnt_ptr": "*fp32",
+                    "ACC_ROWS": "i32",
                 },
-                dict(HEAD_DIM=d, PACKED=packed),
+                dict(HEAD_DIM=d, PACKED=packed, ZERO_ACC=zero),
                 num_warps=8,
             )
-            print("preprocess", dt, d, "PACKED" * packed, ptxas_info(k.asm["ptx"]))
+            what = "PACKED" * packed + " ZERO_ACC" * zero
+            print("preprocess", dt, d, what, ptxas_info(k.asm["ptx"]))
         k = _compile(
             B._bwd_dq_epilogue,
             {"dq_acc_ptr": "*fp32", "dq_ptr": f"*{dt}", "n_elems": "i32", "scale": "fp32"},
             {},
         )
         print("dq epilogue", dt, ptxas_info(k.asm["ptx"]))
-        for d, packed in ((64, False), (128, False), (64, True), (128, True)):
+        for d, packed in PRE_SHAPES:
             k = _compile(
                 B._bwd_dq_epilogue_rows,
                 {

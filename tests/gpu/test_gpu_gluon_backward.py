@@ -82,6 +82,9 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(DQ_CONVERT=True),  # session 18: dq converted by each head's last CTA
         dict(DQ_CONVERT=True, SECTION=2),
         dict(PERSIST=True),  # session 21: persistent CTAs (here fewer tiles than SMs)
+        dict(ZERO_ACC=True),  # session 22: dQ_acc zeroed by the preprocessing kernel
+        dict(ZERO_ACC=True, DQ_CONVERT=True),  # and the counters too
+        dict(ZERO_ACC=True, DQ_TMA=False),  # dQ_acc of N rows a head, not padded
     ],  # fmt: skip
     ids=str,
 )
@@ -90,6 +93,17 @@ def test_backward_batch_and_heads_are_separate(cfg):
     through a ragged tail: the TMA descriptors span all heads) shows up here."""
     _check(2, 3, 333, 64, torch.float16, True, seed=5, **cfg)
     _check(2, 3, 333, 128, torch.bfloat16, False, seed=6, **cfg)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_zero_acc_needs_no_zeroed_memory(d):
+    """ZERO_ACC (session 22): dQ_acc and DQ_CONVERT's counters come from torch.empty and are
+    zeroed by the preprocessing kernel, so the NaN that ``_check`` leaves in freed memory (which
+    the caching allocator hands out again) must not reach dq, nor stop the last CTA's
+    conversion (a NaN's bits as a counter never reach the count), call after call."""
+    for seed in (40, 41):
+        _check(2, 3, 333, d, torch.float16, False, seed=seed + d, ZERO_ACC=True, DQ_CONVERT=True)
+        _check(1, 2, 1000, d, torch.bfloat16, True, seed=seed, ZERO_ACC=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -173,6 +187,9 @@ def test_dq_tma_with_128_query_rows():
         # session 21: persistent CTAs (PERSIST), not yet run on a GPU
         dict(PERSIST=True),
         dict(PERSIST=True, STAGES=1),
+        # session 22: dQ_acc zeroed by the preprocessing kernel (ZERO_ACC), not yet run on a GPU
+        dict(ZERO_ACC=True),
+        dict(ZERO_ACC=True, DQ_TMA=False),
     ],
     ids=str,
 )
@@ -364,6 +381,7 @@ def _doc_mask(cu, n, device):
         dict(packed=True, TAIL=2),
         dict(packed=True, DQ_CONVERT=True),  # session 18: PACKED dq rows from the converter
         dict(packed=True, PERSIST=True),  # session 21: persistent CTAs, packed rows
+        dict(packed=True, ZERO_ACC=True, DQ_CONVERT=True),  # session 22
     ],
     ids=str,
 )
