@@ -76,7 +76,8 @@ if HAVE_GLUON:
         in fp32 (0 past N) and L log2 e (+inf past N: P = 0 there, no query-tail mask). With
         ZERO_ACC (session 22) it also zeroes the head's rows of the fp32 dQ_acc (``acc_ptr``,
         ACC_ROWS a head) and, in its first program, the head's DQ_CONVERT counter (``cnt_ptr``,
-        fp32 0.0 has int32 0's bits): the fill kernel before the backward is then not needed."""
+        fp32 0.0 has int32 0's bits): no fill kernel before it (FA3's preprocessing clears its
+        dQaccum too: ``Clear_dQaccum``)."""
         r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
         hz = gl.program_id(1)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))
