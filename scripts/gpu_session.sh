@@ -24,6 +24,8 @@
 #   persist_run{1,2,3}.json  step persist: PERSIST and DQ_CONVERT beside the default, three processes
 #   fwd_sweep_{float16,bfloat16}.json   step fwd_sweep: the forward's schedule switches beside its
 #                            default and cuDNN at N = 4K and 16K (experiments/gluon/sweep_forward.py)
+#   ncu_fwd_{d}_{mask}_{n}.csv   step ncu_fwd: Nsight Compute on one launch each of the Gluon forward
+#                            and cuDNN's at the rows that miss (N = 4K) and one that does not (16K)
 #   bwd_masked_{dt}.json, bwd_bm128_on_top_{dt}.json   step bwd_masked: the backward's BM = 128 on window and
 #                            documents rows at d = 64, and switches on top of dense d = 64's BM = 128
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -163,6 +165,19 @@ if has bwd_masked; then
       --sections 0 OVERLAP_DQ=0 DQ_VEC=4 STAGES=3 DQ_CONVERT=1 ZERO_ACC=1 cudnn --rounds 5 \
       --budget-s 90 \
       | grep -v '^{'
+  done
+fi
+if has ncu_fwd; then
+  echo "== Nsight Compute: the Gluon forward and cuDNN's, one launch each (fp16)"
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+  for row in "128 full 4096" "64 causal 4096" "128 full 16384"; do
+    set -- $row
+    flag=""; [ "$2" = causal ] && flag="--causal"
+    timeout "${NCU_FWD_LIMIT:-90}" "$NCU" --clock-control none -k regex:'attn_fwd|fprop' \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section LaunchStats --section Occupancy --csv --page details \
+      "$PY" experiments/gluon/ncu_forward.py --d "$1" --N "$3" $flag > "$OUT/ncu_fwd_$1_$2_$3.csv"
+    echo "ncu d=$1 $2 N=$3 rc=$?"
   done
 fi
 echo "== done $(date -u +%FT%TZ)"
