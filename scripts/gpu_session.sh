@@ -159,7 +159,7 @@ if has bwd_masked; then
   for dt in float16 bfloat16; do
     timeout "${BWD_MASKED_LIMIT:-150}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
       --tag "bwd_masked_$dt" --dtype "$dt" --masks window documents --dims 64 128 \
-      --sections 0 BM=128 ZERO_ACC=1 --rounds 5 --budget-s 120 | grep -v '^{'
+      --sections 0 BM=128 ZERO_ACC=1 ZERO_ACC=1+DQ_CONVERT=1 --rounds 5 --budget-s 120 | grep -v '^{'
     timeout "${BWD_MASKED_LIMIT:-120}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
       --tag "bwd_bm128_on_top_$dt" --dtype "$dt" --masks full causal --dims 64 --ns 4096 16384 \
       --sections 0 OVERLAP_DQ=0 DQ_VEC=4 STAGES=3 DQ_CONVERT=1 ZERO_ACC=1 cudnn --rounds 5 \
