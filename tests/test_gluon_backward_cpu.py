@@ -1011,6 +1011,9 @@ def test_session22_schedule_by_kind_of_call(monkeypatch):
     with pytest.raises(RuntimeError, match="unavailable"):
         GB.gluon_attention_backward(**_args(d=64), causal=True, window_left=4)
     assert seen[-1]["BM"] == 64
+    with pytest.raises(RuntimeError, match="unavailable"):  # a window wider than N: plain causal
+        GB.gluon_attention_backward(**_args(d=64), causal=True, window_left=10**6)
+    assert seen[-1]["BM"] == 128
 
 
 def test_session22_measurements_back_the_schedule():

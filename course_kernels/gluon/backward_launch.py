@@ -253,7 +253,7 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
     win = _check_window(window_left, causal, q.shape[2])
     docs = cu_seqlens is not None
     kend = _doc_bounds(cu_seqlens, causal, window_left, q, offsets_checked, "end") if docs else lse
-    cfg = _schedule(q.shape[-1], causal, window_left is not None, docs, config)
+    cfg = _schedule(q.shape[-1], causal, win >= 0, docs, config)  # a window past N: plain causal
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
     if not all(x.is_cuda and x.device == q.device for x in tensors):
