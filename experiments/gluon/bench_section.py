@@ -207,7 +207,7 @@ def main(argv=None):
             continue
         # a section that did not compile for this row's (mask, d) is left out of the row
         names = [s for s in args.sections if (row["mask"], str(row["d"]), s) not in failed]
-        if names[0] != args.sections[0]:
+        if not names or names[0] != args.sections[0]:
             record["rows"].append(dict(row, status="the baseline did not compile"))
             continue
         calls = {s: make_call(row, s) for s in names}
