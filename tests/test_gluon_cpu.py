@@ -460,6 +460,39 @@ def test_sweep_forward_script_adds_a_variant_to_the_rows_default_and_checks_it()
     assert len(rows) == 4 and {r["dtype"] for r in rows} == {"bfloat16"}
 
 
+def test_sweep_forward_leaves_out_what_did_not_compile_and_records_every_row(tmp_path, monkeypatch):
+    """sweep_forward.main with the GPU parts stood in for: a variant that failed to compile for
+    one head dim is left out of that head dim's rows only (and named in ``left_out``), a row
+    whose default failed is recorded as such, and every row lands in the JSON file."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gluon" / "sweep_forward.py"
+    spec = importlib.util.spec_from_file_location("sweep_forward_main", path)
+    sw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sw)
+    o, lse = torch.ones(2, 4, dtype=torch.float16), torch.zeros(2)
+    bad = {("full", 128, "STAGES=3", "float16"): "out of resources",
+           ("causal", 128, "0", "float16"): "failed"}  # fmt: skip
+    monkeypatch.setattr(sw, "prewarm", lambda args: bad)
+    monkeypatch.setattr(sw, "make_call", lambda row, v: lambda: (o, None if v == "cudnn" else lse))
+    monkeypatch.setattr(
+        sw, "interleaved", lambda calls, names, rounds: dict(speedup={s: 1.0 for s in names})
+    )
+    monkeypatch.setattr(sw, "new_record", lambda script, argv: dict(command="x", rows=[]))
+    sw.main(["--out", str(tmp_path), "--tag", "t", "--variants", "0", "cudnn", "STAGES=3",
+             "--dims", "64", "128", "--masks", "full", "causal", "--rounds", "1"])  # fmt: skip
+    rec = json.loads((tmp_path / "t.json").read_text())
+    rows = {(r["mask"], r["d"]): r for r in rec["rows"]}
+    assert len(rows) == 4
+    assert rows["full", 128]["left_out"] == ["STAGES=3"]
+    assert rows["full", 64]["left_out"] == [] and set(rows["full", 64]["checks"]) == {
+        "cudnn", "STAGES=3"}  # fmt: skip
+    assert all(c["ok"] for c in rows["full", 64]["checks"].values())
+    assert rows["causal", 128]["status"] == "the default did not compile"
+    assert rec["compile_failures"] and len(rec["compile_failures"]) == 2
+
+
 def test_session9_script_keeps_the_causal_switches_and_takes_the_worst_of_three():
     """experiments/gluon/session9_forward.py: a lever's overrides keep the default's causal
     switches (overrides replace them), the table takes the worst process per row, and the
