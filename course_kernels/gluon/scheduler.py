@@ -13,10 +13,10 @@ stage it loads, guarded by that stage's ``q_ready`` mbarrier; after the last til
 itself without a memset launch: each CTA counts itself out on a second counter after its last
 draw, and the last one out sets both back to 0 for the next launch (launches on one stream only).
 
-The backward's last CTA of a head (``DQ_CONVERT``, session 18, off: timed in session 21, no gain): the
-same counting, once per CTA on a counter per head, after every reduce-add of the CTA has completed
-(``_bulk_writes_done``); the CTA that finds every other one in converts the head's fp32 dQ to dq
-there and then, instead of a kernel of its own (notes/gluon_backward.md, session 18).
+The backward's last CTA of a head (``DQ_CONVERT``, session 18; on without a mask at d = 128 since
+session 22): the same counting, once per CTA on a counter per head, after every reduce-add of the
+CTA has completed (``_bulk_writes_done``); the CTA that finds every other one in converts the
+head's fp32 dQ to dq there and then, instead of a kernel of its own (notes/gluon_backward.md).
 
 The backward's walk over query blocks: which blocks a key block visits and in what order
 (``_q_range``, ``_edge_range``, ``_bwd_runs``, ``_bwd_block``; ``_after`` moves a tile's ring

@@ -181,10 +181,10 @@ def test_dq_tma_with_128_query_rows():
         dict(ROTATE=True),
         dict(ROTATE=True, STAGES=1),
         dict(ROTATE=True, DQ_TMA=False),
-        # session 18: dq converted inside the kernel (DQ_CONVERT), not yet run on a GPU
+        # session 18: dq converted inside the kernel (DQ_CONVERT; on for non-causal d = 128)
         dict(DQ_CONVERT=True),
         dict(DQ_CONVERT=True, STAGES=1),
-        # session 21: persistent CTAs (PERSIST), not yet run on a GPU
+        # session 21: persistent CTAs (PERSIST; timed in session 22, off)
         dict(PERSIST=True),
         dict(PERSIST=True, STAGES=1),
         # session 22: dQ_acc zeroed by the preprocessing kernel (ZERO_ACC), not yet run on a GPU
