@@ -147,10 +147,10 @@ fi
 if has fwd_sweep; then
   echo "== Gluon forward: schedule switches beside the default and cuDNN (sweep_forward.py)"
   for dt in float16 bfloat16; do
-    timeout "${FWD_SWEEP_LIMIT:-200}" "$PY" experiments/gluon/sweep_forward.py --out "$OUT" \
+    timeout "${FWD_SWEEP_LIMIT:-260}" "$PY" experiments/gluon/sweep_forward.py --out "$OUT" \
       --tag "fwd_sweep_$dt" --dtype "$dt" --masks causal full --dims 64 128 --ns 4096 16384 \
       --variants 0 cudnn NUM_CONSUMERS=2 NUM_CONSUMERS=3 STAGES=2 STAGES=3 QSTAGES=1 \
-      STAGES=3+QSTAGES=1 BN=64 DYNAMIC=0 CONSUMER_REGS=216 --rounds 5 --budget-s 170 | grep -v '^{'
+      STAGES=3+QSTAGES=1 BN=64 DYNAMIC=0 CONSUMER_REGS=216 --rounds 5 --budget-s 230 | grep -v '^{'
   done
 fi
 if has bwd_masked; then
