@@ -203,3 +203,23 @@ def test_paged_summary_numbers():
     assert "one paged step cost 86 to 134 us of host time" in text
     assert "differed from the contiguous kernel's by at most 3.0e-03" in text
     assert table[0] == [1, "2,048", 16, "10.0", "15.0", "1.50", "516"]
+
+
+def test_host_path_captures_graphs_with_this_checkouts_measure_module():
+    """experiments/hopper/host_path.py times CUDA-graph replays with ``apps.measure._graphed``
+    loaded from its own checkout by path (its ``--baseline`` child imports another checkout's
+    package, which may predate ``apps.measure``): the same function, whatever package the
+    process imports."""
+    import importlib.util
+    import inspect
+    from pathlib import Path
+
+    from course_kernels.apps import measure
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "hopper" / "host_path.py"
+    spec = importlib.util.spec_from_file_location("host_path_for_test", path)
+    host_path = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_path)
+    loaded = host_path._this_checkouts_measure()
+    assert Path(loaded.__file__).parts[-3:] == ("course_kernels", "apps", "measure.py")
+    assert inspect.getsource(loaded._graphed) == inspect.getsource(measure._graphed)

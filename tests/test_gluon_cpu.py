@@ -489,7 +489,7 @@ def test_sweep_forward_leaves_out_what_did_not_compile_and_records_every_row(tmp
     assert rows["full", 64]["left_out"] == [] and set(rows["full", 64]["checks"]) == {
         "cudnn", "STAGES=3"}  # fmt: skip
     assert all(c["ok"] for c in rows["full", 64]["checks"].values())
-    assert rows["causal", 128]["status"] == "the default did not compile"
+    assert rows["causal", 128]["status"] == "the baseline did not compile"
     assert rec["compile_failures"] and len(rec["compile_failures"]) == 2
 
 

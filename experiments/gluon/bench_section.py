@@ -163,6 +163,34 @@ def keep(record, path, row):
     save(record, path)
 
 
+def time_rows(record, path, rows, variants, args, t0, compiled, make_call, check, timer):
+    """The timing loop of this script and sweep_forward.py. For each row: the variants that
+    compiled for it (``compiled(row, v)``; the first is the baseline: a row without it is
+    recorded as such), each checked against the baseline's result (``check(base, got, row)``),
+    then timed by ``timer`` (:func:`interleaved`) in ``args.rounds`` rounds; rows past
+    ``args.budget_s`` seconds from ``t0`` are recorded as skipped. The record is written after
+    every row."""
+    import torch
+
+    for row in rows:
+        if time.time() - t0 > args.budget_s:
+            record["rows"].append(dict(row, status=f"skipped: past --budget-s {args.budget_s}"))
+            continue
+        names = [v for v in variants if compiled(row, v)]
+        if not names or names[0] != variants[0]:
+            record["rows"].append(dict(row, status="the baseline did not compile"))
+            continue
+        calls = {v: make_call(row, v) for v in names}
+        base = calls[names[0]]()
+        checks = {v: check(base, calls[v](), row) for v in names[1:]}
+        timed = timer(calls, names, args.rounds)
+        left_out = [v for v in variants if v not in names]
+        keep(record, path, dict(row, status="ok", **timed, checks=checks, left_out=left_out))
+        del calls, base
+        torch.cuda.empty_cache()
+    save(record, path)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results", help="directory for the JSON file")
@@ -201,34 +229,22 @@ def main(argv=None):
     failed = {tuple(b["job"].split(",")[:3]) for b in record["compile_failures"]}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{args.tag}.json")
-    for row in rows(args):
-        if time.time() - t0 > args.budget_s:
-            record["rows"].append(dict(row, status=f"skipped: past --budget-s {args.budget_s}"))
-            continue
-        # a section that did not compile for this row's (mask, d) is left out of the row
-        names = [s for s in args.sections if (row["mask"], str(row["d"]), s) not in failed]
-        if not names or names[0] != args.sections[0]:
-            record["rows"].append(dict(row, status="the baseline did not compile"))
-            continue
-        calls = {s: make_call(row, s) for s in names}
-        base = [t.clone() for t in calls[names[0]]()]
-        checks = {}
-        for s in names[1:]:
-            got = calls[s]()
-            ulp = 2**-7 if args.dtype == "bfloat16" else 2**-10
-            dq_tol = 4 * ulp * base[0].abs().max().item()
-            checks[s] = dict(
-                dk_dv_bitwise=bool(torch.equal(got[1], base[1]) and torch.equal(got[2], base[2])),
-                dq_max_diff=(got[0].float() - base[0].float()).abs().max().item(),
-                dq_tolerance=dq_tol,
-            )
-            checks[s]["ok"] = checks[s]["dk_dv_bitwise"] and checks[s]["dq_max_diff"] <= dq_tol
-        timed = interleaved(calls, names, args.rounds)
-        left_out = [s for s in args.sections if s not in names]
-        keep(record, path, dict(row, status="ok", **timed, checks=checks, left_out=left_out))
-        del calls, base
-        torch.cuda.empty_cache()
-    save(record, path)
+    ulp = 2**-7 if args.dtype == "bfloat16" else 2**-10
+
+    def check(base, got, row):  # dk, dv bit for bit; dq within 4 ulps of the baseline's largest
+        dq_tol = 4 * ulp * base[0].abs().max().item()
+        out = dict(
+            dk_dv_bitwise=bool(torch.equal(got[1], base[1]) and torch.equal(got[2], base[2])),
+            dq_max_diff=(got[0].float() - base[0].float()).abs().max().item(),
+            dq_tolerance=dq_tol,
+        )
+        return dict(out, ok=out["dk_dv_bitwise"] and out["dq_max_diff"] <= dq_tol)
+
+    def compiled(row, s):  # a section that did not compile for this (mask, d) is left out
+        return (row["mask"], str(row["d"]), s) not in failed
+
+    time_rows(record, path, rows(args), args.sections, args, t0, compiled, make_call, check,
+              interleaved)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, HERE]
 
-from bench_section import compile_in_children, interleaved, keep, new_record, save  # noqa: E402
+from bench_section import compile_in_children, interleaved, new_record, time_rows  # noqa: E402
 
 
 def parse(variant: str) -> dict:
@@ -118,7 +118,6 @@ def main(argv=None):
         return
     if args.variants[0] != "0":
         ap.error("--variants: the first must be 0 (the default, the baseline of every ratio)")
-    import torch
 
     t0 = time.time()
     record = new_record(__file__, argv)
@@ -128,23 +127,9 @@ def main(argv=None):
     print(f"compiled in {record['compile_s']} s; failures: {len(bad)}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{args.tag}.json")
-    for row in rows(args):
-        if time.time() - t0 > args.budget_s:
-            record["rows"].append(dict(row, status=f"skipped: past --budget-s {args.budget_s}"))
-            continue
-        if (row["mask"], row["d"], "0", args.dtype) in bad:
-            record["rows"].append(dict(row, status="the default did not compile"))
-            continue
-        names = [s for s in args.variants if (row["mask"], row["d"], s, args.dtype) not in bad]
-        calls = {s: make_call(row, s) for s in names}
-        base = calls["0"]()
-        checks = {s: check(base, calls[s](), row["dtype"]) for s in names[1:]}
-        timed = interleaved(calls, names, args.rounds)
-        left_out = [s for s in args.variants if s not in names]
-        keep(record, path, dict(row, status="ok", **timed, checks=checks, left_out=left_out))
-        del calls, base
-        torch.cuda.empty_cache()
-    save(record, path)
+    time_rows(record, path, rows(args), args.variants, args, t0,
+              lambda row, v: (row["mask"], row["d"], v, args.dtype) not in bad, make_call,
+              lambda base, got, row: check(base, got, row["dtype"]), interleaved)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -89,23 +89,26 @@ def _times(call, n=100, repeats=5):
     return statistics.median(host), statistics.median(wall)
 
 
+def _this_checkouts_measure():
+    """``course_kernels/apps/measure.py`` of the checkout this file is in, loaded by its path:
+    the ``--baseline`` child imports another checkout's ``course_kernels``, which may predate
+    that module (it appeared in session 21), and the capture must be the same in both."""
+    import importlib.util
+
+    path = os.path.join(ROOT, "course_kernels", "apps", "measure.py")
+    spec = importlib.util.spec_from_file_location("_host_path_measure", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _graph_us(call, n=100, repeats=5):
-    """Microseconds per replay of ``call`` captured in a CUDA graph; None if it cannot be. The
-    capture is written out here, not imported from ``course_kernels.apps.measure._graphed``:
-    the ``--baseline`` child runs this file against another checkout's package, which may
-    predate that module (it appeared in session 21)."""
+    """Microseconds per replay of ``call`` captured in a CUDA graph (``apps.measure._graphed``);
+    None if it cannot be."""
     import torch
 
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            call()
+        replay = _this_checkouts_measure()._graphed(call)
     except Exception as exc:  # e.g. a backward the graph cannot hold
         print(f"  (no graph: {exc!r:.100})", flush=True)
         return None
@@ -114,7 +117,7 @@ def _graph_us(call, n=100, repeats=5):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
-            g.replay()
+            replay()
         torch.cuda.synchronize()
         runs.append((time.perf_counter() - t0) / n * 1e6)
     return statistics.median(runs)
