@@ -7,6 +7,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh gqa               (Hopper, the GQA backward against tl)
 #   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
+#   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | bm128_masked | bwd_stages   (Hopper, session 23)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -28,6 +29,14 @@
 #                            and cuDNN's at the rows that miss (N = 4K) and one that does not (16K)
 #   bwd_masked_{dt}.json, bwd_bm128_on_top_{dt}.json   step bwd_masked: the backward's BM = 128 on window and
 #                            documents rows at d = 64, and switches on top of dense d = 64's BM = 128
+#   fwd_vs_cudnn_{dt}_run{1,2,3}.json   step fwd_vs_cudnn: the Gluon forward and cuDNN's on the 24
+#                            rows (interleaved rounds, the median; three fresh processes a dtype)
+#   bm128_masked_{dt}_run{1,2,3}.json   step bm128_masked: the backward's BM = 128 against 64 on
+#                            window and documents rows at d = 64, three processes a dtype
+#   fwd_lpt_{dt}_run{1,2,3}.json   step fwd_lpt: causal d = 64 in LPT tile orders beside the default
+#                            and cuDNN, three processes a dtype (experiments/gluon/tail_model.py)
+#   bwd_stages_{dt}_run{1,2,3}.json   step bwd_stages: STAGES = 3 on causal d = 64 (BM = 128), three
+#                            processes a dtype, cuDNN beside
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -178,6 +187,48 @@ if has ncu_fwd; then
       --section LaunchStats --section Occupancy --csv --page details \
       "$PY" experiments/gluon/ncu_forward.py --d "$1" --N "$3" $flag > "$OUT/ncu_fwd_$1_$2_$3.csv"
     echo "ncu d=$1 $2 N=$3 rc=$?"
+  done
+fi
+# Session 23: the forward compared the way the backward is (interleaved rounds, 3 processes)
+if has fwd_vs_cudnn; then
+  echo "== Gluon forward against cuDNN, interleaved, three processes a dtype (24 rows)"
+  for run in 1 2 3; do
+    for dt in float16 bfloat16; do
+      timeout "${FWD_VS_LIMIT:-90}" "$PY" experiments/gluon/sweep_forward.py --out "$OUT" \
+        --tag "fwd_vs_cudnn_${dt}_run$run" --dtype "$dt" --masks causal full --dims 64 128 \
+        --ns 4096 8192 16384 --variants 0 cudnn --rounds 5 --budget-s 70 | grep -v '^{'
+    done
+  done
+fi
+if has fwd_lpt; then
+  echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"
+  for run in 1 2 3; do
+    for dt in float16 bfloat16; do
+      timeout 90 "$PY" experiments/gluon/sweep_forward.py --out "$OUT" --tag "fwd_lpt_${dt}_run$run" \
+        --dtype "$dt" --masks causal --dims 64 --ns 4096 8192 16384 --variants 0 \
+        LPT=1+LPT_SECTION_MB=8 LPT=1+LPT_SECTION_MB=16 LPT=1 cudnn --rounds 5 --budget-s 70 \
+        | grep -v '^{'
+    done
+  done
+fi
+if has bm128_masked; then
+  echo "== Gluon backward: BM = 128 against 64 on window and documents rows (d = 64), 3 processes"
+  for run in 1 2 3; do
+    for dt in float16 bfloat16; do
+      timeout 75 "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+        --tag "bm128_masked_${dt}_run$run" --dtype "$dt" --masks window documents --dims 64 \
+        --sections 0 BM=128 --rounds 5 --budget-s 55 | grep -v '^{'
+    done
+  done
+fi
+if has bwd_stages; then
+  echo "== Gluon backward: STAGES = 3 on causal d = 64 (BM = 128), cuDNN beside, 3 processes"
+  for run in 1 2 3; do
+    for dt in float16 bfloat16; do
+      timeout 75 "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+        --tag "bwd_stages_${dt}_run$run" --dtype "$dt" --masks causal --dims 64 \
+        --sections 0 STAGES=3 cudnn --rounds 5 --budget-s 55 | grep -v '^{'
+    done
   done
 fi
 echo "== done $(date -u +%FT%TZ)"

@@ -3,6 +3,7 @@ and rejects unsupported inputs with a message that says what was given."""
 
 import json
 import types
+from pathlib import Path
 
 import numpy as np
 
@@ -1054,3 +1055,70 @@ def test_checked_offsets_are_not_read_again_and_offsets_live_on_qs_device():
         G.gluon_varlen_forward(packed, packed, packed, spy, offsets_checked=True)
     with pytest.raises(ValueError, match="on q's device"):
         G._doc_bounds(cu.to("meta"), True, None, q, False, "start")
+
+
+def _ncu_summary():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gluon" / "ncu_summary.py"
+    spec = importlib.util.spec_from_file_location("ncu_summary", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ncu_summary_reads_each_launch_of_a_raw_csv():
+    """experiments/gluon/ncu_summary.py (session 23) on a committed raw CSV: ncu's warning lines
+    skipped, one entry per launch (the Gluon forward, then cuDNN's), the SM-active share the
+    ratio of the two cycle counts; a text without ncu's header is refused, not read as empty."""
+    mod = _ncu_summary()
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "experiments/data/gluon/h100_ncu_fwd_64_causal_4096_session23.csv").read_text()
+    assert text.startswith("==WARNING==")
+    ours, cudnn = mod.read_launches(text)
+    assert ours["kernel"] == "_attn_fwd_kernel" and "cudnn" in cudnn["kernel"]
+    assert ours["duration_ns"] == 668288 and ours["block_size"] == 512
+    assert ours["sm_active_fraction"] == round(ours["sm_active_cycles"] / ours["elapsed_cycles"], 4)
+    assert 0.9 < ours["sm_active_fraction"] < cudnn["sm_active_fraction"] < 1
+    with pytest.raises(ValueError, match="no ncu CSV header"):
+        mod.read_launches("==PROF== nothing profiled\n")
+
+
+def test_the_shipped_ncu_forward_summary_is_the_summary_of_its_csvs():
+    """course_kernels/data/gluon/h100_ncu_forward_session23.json is what ncu_summary.py makes of
+    the raw CSVs its record names (no number edited by hand)."""
+    mod = _ncu_summary()
+    root = Path(__file__).resolve().parents[1]
+    rec = json.loads(
+        (root / "course_kernels/data/gluon/h100_ncu_forward_session23.json").read_text()
+    )
+    labels = [r["row"] for r in rec["launches"][::2]]
+    again = mod.summarise(
+        {lab: (root / f).read_text() for lab, f in zip(labels, rec["meta"]["files"], strict=True)}
+    )
+    assert again == rec["launches"]
+
+
+def test_forward_tail_model_follows_the_kernels_tile_order():
+    """experiments/gluon/tail_model.py's forward (session 23): the tile costs under causal
+    masking with ALIGN_END (the partial tile first, one live consumer), and the order it hands
+    tiles out in is the kernel's own ``_tile_coords`` (run on Python ints) for head-major,
+    LPT and sectioned LPT; LPT shortens the modelled makespan at 4K."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gluon" / "tail_model.py"
+    spec = importlib.util.spec_from_file_location("tail_model", path)
+    tm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tm)
+    costs = tm.forward_tiles(4096, 3)
+    assert len(costs) == 22 and costs[0] == 1 + 2 and costs[-1] == 4096 // 128 + 2
+    assert costs == sorted(costs)  # later tiles see more keys
+    assert tm.forward_tiles(4096, 3, align_end=False)[-1] == 32 + 2
+    heads, n_m = 12, len(costs)
+    for section in (None, 0, 8, 5):  # None: head-major (LPT off)
+        kernel = [costs[pid_m] for pid_m, _ in _order(section, n_m, heads)]
+        assert tm.forward_order(costs, heads, section is not None, section or 0) == kernel
+    ideal = sum(costs) * 128 / tm.SMS
+    plain = tm.makespan(tm.forward_order(costs, 128)) / ideal
+    lpt = tm.makespan(tm.forward_order(costs, 128, True, 16)) / ideal
+    assert plain > 1.04 and lpt < 1.01
