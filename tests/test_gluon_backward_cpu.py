@@ -984,8 +984,10 @@ def test_session22_schedule_by_kind_of_call(monkeypatch):
     script's --gluon-dq-convert (BACKWARD_DQ_DEFAULTS) still turns it on everywhere."""
     sched = GB._schedule  # (d, causal, windowed, docs, config)
     assert [sched(64, c, False, False, {})["BM"] for c in (False, True)] == [128, 128]
-    assert sched(64, True, True, False, {})["BM"] == 64  # window
-    assert sched(64, True, False, True, {})["BM"] == 64  # documents
+    assert sched(64, True, True, False, {})["BM"] == GB.BACKWARD_MASKED_BM[64] == 64  # window
+    assert sched(64, True, False, True, {})["BM"] == GB.BACKWARD_MASKED_BM[64]  # documents
+    assert sched(64, True, True, False, dict(BM=128))["BM"] == 128
+    assert sched(128, True, True, False, {})["BM"] == 64
     assert sched(64, False, False, False, dict(BM=64))["BM"] == 64
     assert sched(128, False, False, False, {})["BM"] == GB.BACKWARD_CONFIG[128]["BM"] == 64
     assert sched(128, False, False, False, {})["DQ_CONVERT"] is True
@@ -1055,9 +1057,9 @@ def test_session22_measurements_back_the_schedule():
 
 
 def test_zero_acc_is_an_option_off_by_default():
-    """ZERO_ACC (session 22; written, compiled offline, not yet run on a GPU): dQ_acc and the
-    DQ_CONVERT counters zeroed by the preprocessing kernel instead of a fill before it. Off by
-    default, in every kind of call, and it takes only booleans."""
+    """ZERO_ACC (session 22; timed in session 23: -5.3 to +3.0% on window and documents rows):
+    dQ_acc and the DQ_CONVERT counters zeroed by the preprocessing kernel instead of a fill
+    before it. Off by default, in every kind of call, and it takes only booleans."""
     assert GB.BACKWARD_DQ_DEFAULTS["ZERO_ACC"] is False
     for args in ((64, False, False, False), (128, True, True, False), (64, True, False, True)):
         assert GB._schedule(*args, {})["ZERO_ACC"] is False

@@ -65,8 +65,8 @@ _ACCEPTED = {
 # OVERLAP_DQ (session 9): block i's last dQ chunk left in flight while block i+1's S^T / dP^T
 # wgmmas run (needs DQ_SHARED). Session 10 (data/gluon/h200_gluon_backward_session10.json, 8K,
 # fp16): d = 64 0.833 -> 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680,
-# 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (session 22, off, not run on
-# a GPU): dQ_acc zeroed by the preprocessing kernel, one launch fewer (notes/gluon_backward.md).
+# 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (22: dQ_acc zeroed by the
+# preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
 # DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
 # reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
 # registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
@@ -83,13 +83,13 @@ BACKWARD_DQ_DEFAULTS = dict(
 # -1.9 to +2.3%: on for non-causal d = 128. PERSIST (21, producer._bwd_producer): one CTA an SM
 # looping over tiles; 22: -2.4 to +2.6% without a mask, -3 to -33% causal (static order): off.
 BACKWARD_DQ_CONVERT = {64: False, 128: True}  # non-causal calls, unless the call passes its own
-# BM = 128 at d = 64, no window or documents (session 22, data/gluon/h100_bwd_bm128_session22_*):
-# +7 to +15% in 36/36 rows; windows and documents keep BACKWARD_CONFIG's BM (not measured).
-BACKWARD_DENSE_BM = {64: 128}
-# MASKED_LAST (session 13): the unmasked query blocks first, the masked ones (causal diagonal,
-# key tail) after, so ptxas spills in the short masked loop and not in the hot one. Measured in
-# session 13 (data/gluon/h200_gluon_backward_session13*.json, two processes, N = 4K-16K): d = 128
-# +9.3 to +16.2%, d = 64 +0.9 to +3.1%, every row; the default since.
+# BM = 128 at d = 64: dense calls +7 to +15% in 36/36 rows (22, h100_bwd_bm128_session22_*);
+# window and documents +0.8 to +5.9% in 24/24 (23, h100_bwd_bm128_masked_session23_*): 64 there
+# until their GPU tests with BM = 128 (tests/gpu/test_gpu_gluon_backward.py, 23) have passed.
+BACKWARD_DENSE_BM, BACKWARD_MASKED_BM = {64: 128}, {64: 64}
+# MASKED_LAST (13): the unmasked query blocks first, the masked ones (causal diagonal, key tail)
+# after, so ptxas spills in the short masked loop, not the hot one (h200_gluon_backward_session13*,
+# two processes, N = 4K-16K): d = 128 +9.3 to +16.2%, d = 64 +0.9 to +3.1%; the default since.
 # DV_EARLY (session 13, FA3's order): dV += P^T dO issued before the wait for dP^T; -5.5 to +3.0%
 # at d = 128, -5.1 to -2.4% at d = 64; off. ROTATE (session 13): each key block's CTA starts its
 # unmasked run at its own keys' query block and wraps round (CTAs of a head out of step); session
@@ -267,8 +267,9 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
 def _schedule(d, causal, windowed, docs, config):
     """The schedule a call runs: BACKWARD_CONFIG[d], the call's overrides (``config``), and the
     measured defaults by kind of call (BM, SECTION / TAIL, DQ_CONVERT); ValueError for a clash."""
-    if "BM" not in config and not docs and not windowed:  # session 22: BM = 128 at dense d = 64
-        config = dict(config, BM=BACKWARD_DENSE_BM.get(d, BACKWARD_CONFIG[d]["BM"]))
+    if "BM" not in config:  # sessions 22-23: the measured BM by kind of call
+        table = BACKWARD_MASKED_BM if docs or windowed else BACKWARD_DENSE_BM
+        config = dict(config, BM=table.get(d, BACKWARD_CONFIG[d]["BM"]))
     cfg = _check_config(d, config)
     kind = "documents" if docs else "dense"
     if "SECTION" not in config and "TAIL" not in config and not cfg["PERSIST"]:
