@@ -7,7 +7,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh gqa               (Hopper, the GQA backward against tl)
 #   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
-#   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | bm128_masked | bwd_stages   (Hopper, session 23)
+#   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | bm128_masked | bwd_stages | zero_acc_window (Hopper, 23)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -35,6 +35,8 @@
 #                            window and documents rows at d = 64, three processes a dtype
 #   fwd_lpt_{dt}_run{1,2,3}.json   step fwd_lpt: causal d = 64 in LPT tile orders beside the default
 #                            and cuDNN, three processes a dtype (experiments/gluon/tail_model.py)
+#   zero_acc_window_{dt}_run{1,2,3}.json   step zero_acc_window: ZERO_ACC on the window d = 128 rows
+#                            (issue 22's row), three processes a dtype
 #   bwd_stages_{dt}_run{1,2,3}.json   step bwd_stages: STAGES = 3 on causal d = 64 (BM = 128), three
 #                            processes a dtype, cuDNN beside
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -218,6 +220,16 @@ if has bm128_masked; then
       timeout 75 "$PY" experiments/gluon/bench_section.py --out "$OUT" \
         --tag "bm128_masked_${dt}_run$run" --dtype "$dt" --masks window documents --dims 64 \
         --sections 0 BM=128 --rounds 5 --budget-s 55 | grep -v '^{'
+    done
+  done
+fi
+if has zero_acc_window; then
+  echo "== Gluon backward: ZERO_ACC on the window (1K) rows at d = 128, 3 processes a dtype"
+  for run in 1 2 3; do
+    for dt in float16 bfloat16; do
+      timeout 75 "$PY" experiments/gluon/bench_section.py --out "$OUT" \
+        --tag "zero_acc_window_${dt}_run$run" --dtype "$dt" --masks window --dims 128 \
+        --sections 0 ZERO_ACC=1 --rounds 7 --budget-s 55 | grep -v '^{'
     done
   done
 fi
