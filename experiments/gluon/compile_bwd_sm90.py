@@ -254,7 +254,9 @@ CONFIGS = (
     ]
     + [_masked_last(64, None, c, overlap=False, BM=128) for c in (False, True)]
     + [_masked_last(128, None, True, WINDOW=True, DQ_SPLIT=k) for k in (1, 4)]  # issue 22's row
-    + [_masked_last(64, None, c, BM=128, STAGES=3) for c in (False, True)]  # session 23's bwd_stages
+    + [
+        _masked_last(64, None, c, BM=128, STAGES=3) for c in (False, True)
+    ]  # session 23's bwd_stages
 )
 
 
