@@ -1,6 +1,6 @@
 """Issue 23's forward set, the Gluon default against cuDNN in three fresh processes (worst of
-three per row), then candidate levers on the rows below 1.0 (notes/gluon.md, sessions 9 and 10).
-One command on the H200 (``--candidates`` picks the levers, ``--tag`` names the file):
+three per row; one timing a side: cuDNN's spread reads as a deficit, notes/gluon.md session 23;
+``gpu_session.sh fwd_vs_cudnn`` interleaves), then levers on the rows below 1.0. One command:
 
     PYTHONPATH=. python experiments/gluon/session9_forward.py --out $OUT --budget 230  # --dry-run
 
