@@ -7,7 +7,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh gqa               (Hopper, the GQA backward against tl)
 #   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
-#   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | bm128_masked | bwd_stages | zero_acc_window (Hopper, 23)
+#   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | ncu_lpt | bm128_masked | bwd_stages | zero_acc_window (23)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
 #   log.txt                  everything printed
@@ -35,6 +35,8 @@
 #                            window and documents rows at d = 64, three processes a dtype
 #   fwd_lpt_{dt}_run{1,2,3}.json   step fwd_lpt: causal d = 64 in LPT tile orders beside the default
 #                            and cuDNN, three processes a dtype (experiments/gluon/tail_model.py)
+#   ncu_lpt_{default,lpt16}.csv   step ncu_lpt: Nsight Compute on causal d = 64 4K, the default tile
+#                            order and LPT in 16 MiB sections, with the tensor pipe's active share
 #   zero_acc_window_{dt}_run{1,2,3}.json   step zero_acc_window: ZERO_ACC on the window d = 128 rows
 #                            (issue 22's row), three processes a dtype
 #   bwd_stages_{dt}_run{1,2,3}.json   step bwd_stages: STAGES = 3 on causal d = 64 (BM = 128), three
@@ -221,6 +223,18 @@ if has bm128_masked; then
         --tag "bm128_masked_${dt}_run$run" --dtype "$dt" --masks window documents --dims 64 \
         --sections 0 BM=128 --rounds 5 --budget-s 55 | grep -v '^{'
     done
+  done
+fi
+if has ncu_lpt; then
+  echo "== Nsight Compute: causal d = 64 4K, the default tile order and LPT (16 MiB sections)"
+  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+  for v in default:'{}' lpt16:'{"LPT": true, "LPT_SECTION_MB": 16}'; do
+    timeout 90 "$NCU" --clock-control none -k regex:'attn_fwd|fprop' --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy \
+      --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+      --csv --page details "$PY" experiments/gluon/ncu_forward.py --d 64 --N 4096 --causal \
+      --config "${v#*:}" > "$OUT/ncu_lpt_${v%%:*}.csv"
+    echo "ncu ${v%%:*} rc=$?"
   done
 fi
 if has zero_acc_window; then

@@ -32,6 +32,7 @@ METRICS = {
     "Block Size": "block_size",
     "Grid Size": "grid_size",
     "Achieved Active Warps Per SM": "active_warps_per_sm",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pipe_pct",
 }
 
 
