@@ -30,7 +30,9 @@
 #   bwd_masked_{dt}.json, bwd_bm128_on_top_{dt}.json   step bwd_masked: the backward's BM = 128 on window and
 #                            documents rows at d = 64, and switches on top of dense d = 64's BM = 128
 #   fwd_vs_cudnn_{dt}_run{1,2,3}.json   step fwd_vs_cudnn: the Gluon forward and cuDNN's on the 24
-#                            rows (interleaved rounds, the median; three fresh processes a dtype)
+#                            rows (interleaved rounds, the median; three fresh processes a dtype);
+#                            fwd_vs_cudnn_table.json (gluon_bwd_table.json for gluon_bwd): the worst
+#                            of three per row (experiments/gluon/worst_of_three.py)
 #   bm128_masked_{dt}_run{1,2,3}.json   step bm128_masked: the backward's BM = 128 against 64 on
 #                            window and documents rows at d = 64, three processes a dtype
 #   fwd_lpt_{dt}_run{1,2,3}.json   step fwd_lpt: causal d = 64 in LPT tile orders beside the default
@@ -126,6 +128,8 @@ if has gluon_bwd; then
         --sections 0 cudnn --rounds "${GLUON_BWD_ROUNDS:-5}" --budget-s 70 --dtype "$dt" | grep -v '^{'
     done
   done
+  "$PY" experiments/gluon/worst_of_three.py "$OUT"/gluon_bwd_vs_cudnn_*_run*.json --goal 0.9 \
+    --out "$OUT/gluon_bwd_table.json"
 fi
 # dq_convert and d256 time session 19's unrun changes; run the "tests" step (their GPU tests) first.
 if has dq_convert; then
@@ -203,6 +207,8 @@ if has fwd_vs_cudnn; then
         --ns 4096 8192 16384 --variants 0 cudnn --rounds 5 --budget-s 70 | grep -v '^{'
     done
   done
+  "$PY" experiments/gluon/worst_of_three.py "$OUT"/fwd_vs_cudnn_*_run*.json --goal 1.0 \
+    --out "$OUT/fwd_vs_cudnn_table.json"
 fi
 if has fwd_lpt; then
   echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"

@@ -1122,3 +1122,34 @@ def test_forward_tail_model_follows_the_kernels_tile_order():
     plain = tm.makespan(tm.forward_order(costs, 128)) / ideal
     lpt = tm.makespan(tm.forward_order(costs, 128, True, 16)) / ideal
     assert plain > 1.04 and lpt < 1.01
+
+
+def test_worst_of_three_reads_interleaved_records(tmp_path):
+    """experiments/gluon/worst_of_three.py (session 23): issue 23's measure from the committed
+    interleaved forward records (three processes a dtype): the kernel's ratio is the inverse of
+    cuDNN's speedup, the worst is the minimum over processes, per dtype; a row one process did
+    not time is incomplete and not counted; records from two GPUs or without cuDNN are refused."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gluon" / "worst_of_three.py"
+    spec = importlib.util.spec_from_file_location("worst_of_three", path)
+    w3 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w3)
+    files = [str(data_path(f"gluon/h100_fwd4k_interleaved_session23_{dt}_run{i}.json"))
+             for dt in ("float16", "bfloat16") for i in (1, 2, 3)]  # fmt: skip
+    out = w3.main([*files, "--out", str(tmp_path / "t.json")])
+    fp16 = out["tables"]["float16"]
+    assert fp16["processes"] == 3 and fp16["complete_rows"] == 4 and fp16["at_goal"] == 3
+    row = next(r for r in fp16["rows"] if r["mask"] == "causal" and r["d"] == 64)
+    assert row["worst"] == min(row["ratios"]) and 0.95 < row["worst"] < 0.96 and not row["at_goal"]
+    assert json.loads((tmp_path / "t.json").read_text())["tables"]["bfloat16"]["at_goal"] == 3
+    recs = [json.loads(Path(f).read_text()) for f in files[:3]]
+    recs[2]["rows"] = recs[2]["rows"][1:]  # the third process missed a row
+    t = w3.table(recs, 1.0)
+    assert t["complete_rows"] == 3 and sum(not r["complete"] for r in t["rows"]) == 1
+    other = dict(recs[0], gpu="NVIDIA H200")
+    with pytest.raises(ValueError, match="more than one GPU"):
+        w3.ratios([recs[0], other])
+    bare = dict(recs[0], rows=[dict(r, speedup={"0": 1.0}) for r in recs[0]["rows"]])
+    with pytest.raises(ValueError, match="no cudnn variant"):
+        w3.ratios([bare])
