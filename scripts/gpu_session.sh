@@ -53,6 +53,17 @@ STEPS="${*:-check tests bench memory dram}"
 BENCH_ARGS="${BENCH_ARGS:-}"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+# three_processes LIMIT SCRIPT TAG ARGS...: experiments/gluon/SCRIPT in three fresh processes a
+# dtype (fp16, bf16), each under LIMIT seconds, writing $OUT/TAG_{dtype}_run{1,2,3}.json
+three_processes() {
+  local limit=$1 script=$2 tag=$3; shift 3
+  for run in 1 2 3; do
+    for dt in float16 bfloat16; do
+      timeout "$limit" "$PY" "experiments/gluon/$script" --out "$OUT" --tag "${tag}_${dt}_run$run" \
+        --dtype "$dt" "$@" | grep -v '^{'
+    done
+  done
+}
 echo "== $(date -u +%FT%TZ) steps: $STEPS"
 
 if has check; then
@@ -121,13 +132,8 @@ if has dram; then
 fi
 if has gluon_bwd; then
   echo "== Gluon backward against cuDNN, interleaved, three processes a dtype"
-  for run in 1 2 3; do
-    for dt in float16 bfloat16; do
-      timeout "${GLUON_BWD_LIMIT:-90}" "$PY" experiments/gluon/bench_section.py --out "$OUT" \
-        --tag "gluon_bwd_vs_cudnn_${dt}_run$run" --masks full causal --dims 64 128 \
-        --sections 0 cudnn --rounds "${GLUON_BWD_ROUNDS:-5}" --budget-s 70 --dtype "$dt" | grep -v '^{'
-    done
-  done
+  three_processes "${GLUON_BWD_LIMIT:-90}" bench_section.py gluon_bwd_vs_cudnn --masks full causal \
+    --dims 64 128 --sections 0 cudnn --rounds "${GLUON_BWD_ROUNDS:-5}" --budget-s 70
   "$PY" experiments/gluon/worst_of_three.py "$OUT"/gluon_bwd_vs_cudnn_*_run*.json --goal 0.9 \
     --out "$OUT/gluon_bwd_table.json"
 fi
@@ -200,36 +206,20 @@ fi
 # Session 23: the forward compared the way the backward is (interleaved rounds, 3 processes)
 if has fwd_vs_cudnn; then
   echo "== Gluon forward against cuDNN, interleaved, three processes a dtype (24 rows)"
-  for run in 1 2 3; do
-    for dt in float16 bfloat16; do
-      timeout "${FWD_VS_LIMIT:-90}" "$PY" experiments/gluon/sweep_forward.py --out "$OUT" \
-        --tag "fwd_vs_cudnn_${dt}_run$run" --dtype "$dt" --masks causal full --dims 64 128 \
-        --ns 4096 8192 16384 --variants 0 cudnn --rounds 5 --budget-s 70 | grep -v '^{'
-    done
-  done
+  three_processes "${FWD_VS_LIMIT:-90}" sweep_forward.py fwd_vs_cudnn --masks causal full \
+    --dims 64 128 --ns 4096 8192 16384 --variants 0 cudnn --rounds 5 --budget-s 70
   "$PY" experiments/gluon/worst_of_three.py "$OUT"/fwd_vs_cudnn_*_run*.json --goal 1.0 \
     --out "$OUT/fwd_vs_cudnn_table.json"
 fi
 if has fwd_lpt; then
   echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"
-  for run in 1 2 3; do
-    for dt in float16 bfloat16; do
-      timeout 90 "$PY" experiments/gluon/sweep_forward.py --out "$OUT" --tag "fwd_lpt_${dt}_run$run" \
-        --dtype "$dt" --masks causal --dims 64 --ns 4096 8192 16384 --variants 0 \
-        LPT=1+LPT_SECTION_MB=8 LPT=1+LPT_SECTION_MB=16 LPT=1 cudnn --rounds 5 --budget-s 70 \
-        | grep -v '^{'
-    done
-  done
+  three_processes 90 sweep_forward.py fwd_lpt --masks causal --dims 64 --ns 4096 8192 16384 \
+    --variants 0 LPT=1+LPT_SECTION_MB=8 LPT=1+LPT_SECTION_MB=16 LPT=1 cudnn --rounds 5 --budget-s 70
 fi
 if has bm128_masked; then
   echo "== Gluon backward: BM = 128 against 64 on window and documents rows (d = 64), 3 processes"
-  for run in 1 2 3; do
-    for dt in float16 bfloat16; do
-      timeout 75 "$PY" experiments/gluon/bench_section.py --out "$OUT" \
-        --tag "bm128_masked_${dt}_run$run" --dtype "$dt" --masks window documents --dims 64 \
-        --sections 0 BM=128 --rounds 5 --budget-s 55 | grep -v '^{'
-    done
-  done
+  three_processes 75 bench_section.py bm128_masked --masks window documents --dims 64 \
+    --sections 0 BM=128 --rounds 5 --budget-s 55
 fi
 if has ncu_lpt; then
   echo "== Nsight Compute: causal d = 64 4K, the default tile order and LPT (16 MiB sections)"
@@ -245,22 +235,12 @@ if has ncu_lpt; then
 fi
 if has zero_acc_window; then
   echo "== Gluon backward: ZERO_ACC on the window (1K) rows at d = 128, 3 processes a dtype"
-  for run in 1 2 3; do
-    for dt in float16 bfloat16; do
-      timeout 75 "$PY" experiments/gluon/bench_section.py --out "$OUT" \
-        --tag "zero_acc_window_${dt}_run$run" --dtype "$dt" --masks window --dims 128 \
-        --sections 0 ZERO_ACC=1 --rounds 7 --budget-s 55 | grep -v '^{'
-    done
-  done
+  three_processes 75 bench_section.py zero_acc_window --masks window --dims 128 \
+    --sections 0 ZERO_ACC=1 --rounds 7 --budget-s 55
 fi
 if has bwd_stages; then
   echo "== Gluon backward: STAGES = 3 on causal d = 64 (BM = 128), cuDNN beside, 3 processes"
-  for run in 1 2 3; do
-    for dt in float16 bfloat16; do
-      timeout 75 "$PY" experiments/gluon/bench_section.py --out "$OUT" \
-        --tag "bwd_stages_${dt}_run$run" --dtype "$dt" --masks causal --dims 64 \
-        --sections 0 STAGES=3 cudnn --rounds 5 --budget-s 55 | grep -v '^{'
-    done
-  done
+  three_processes 75 bench_section.py bwd_stages --masks causal --dims 64 \
+    --sections 0 STAGES=3 cudnn --rounds 5 --budget-s 55
 fi
 echo "== done $(date -u +%FT%TZ)"

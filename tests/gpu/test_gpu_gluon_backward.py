@@ -370,6 +370,36 @@ def _doc_mask(cu, n, device):
     return (j <= i) & (i < end[None, :])  # key j seen by query i: same document, j <= i
 
 
+def _check_documents_backward(lengths, d, dtype, n_seed, **schedule):
+    """gluon_varlen_backward (``schedule``: packed, BM, ...) on causal documents of ``lengths``,
+    H = 2, on the tl varlen forward's o and lse: flash-attn's 2x rule against float64 with the
+    block-diagonal causal mask for each of dq, dk, dv, every error in the message."""
+    from course_kernels.triton.varlen import flash_attention_varlen
+
+    n = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda").int()
+    q, k, v, do = _inputs(1, 2, n, d, dtype, seed=n_seed)
+    scale = 1.0 / math.sqrt(d)
+    keep = _doc_mask(cu, n, "cuda")
+    xs = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    s = (xs[0] @ xs[1].transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
+    ref = torch.autograd.grad(torch.softmax(s, -1) @ xs[2], xs, do.double())
+    ys = [x.detach().requires_grad_() for x in (q, k, v)]
+    o_sdpa = torch.nn.functional.scaled_dot_product_attention(*ys, attn_mask=keep, scale=scale)
+    sdpa = torch.autograd.grad(o_sdpa, ys, do)
+    qp, kp, vp, dop = (x[0].transpose(0, 1).contiguous() for x in (q, k, v, do))  # (n, H, d)
+    m = max(lengths)
+    o, lse = flash_attention_varlen(qp, kp, vp, cu, cu, m, m, True, scale, True)
+    _poison(16 * q.numel() * q.element_size())
+    got = GB.gluon_varlen_backward(dop, qp, kp, vp, o, lse, cu, scale, **schedule)
+    errs = {}
+    for name, g, r, s_ in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
+        assert g.shape == qp.shape and torch.isfinite(g).all(), f"{name}: shape or NaN/inf"
+        g = g.transpose(0, 1).unsqueeze(0)
+        errs[name] = ((g.double() - r).abs().max().item(), fa_rule.budget(s_, r, dtype))
+    assert all(e <= lim for e, lim in errs.values()), errs
+
+
 @pytest.mark.parametrize(
     "schedule",
     [
@@ -394,31 +424,7 @@ def test_documents_backward_matches_float64(lengths, d, schedule):
     flash-attn's (total, H, d) layout, read in place (PACKED) or copied: flash-attn's 2x rule
     against float64 with the block-diagonal causal mask, on the tl varlen forward's o and lse
     (what flash_attention_varlen hands it), every error in the message."""
-    from course_kernels.triton.varlen import flash_attention_varlen
-
-    n = sum(lengths)
-    offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-    cu = torch.tensor(offsets, device="cuda", dtype=torch.int32)
-    q, k, v, do = _inputs(1, 2, n, d, torch.float16, seed=n + d)
-    scale = 1.0 / math.sqrt(d)
-    keep = _doc_mask(cu, n, "cuda")
-    xs = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    s = (xs[0] @ xs[1].transpose(-1, -2) * scale).masked_fill(~keep, float("-inf"))
-    ref = torch.autograd.grad(torch.softmax(s, -1) @ xs[2], xs, do.double())
-    ys = [x.detach().requires_grad_() for x in (q, k, v)]
-    o_sdpa = torch.nn.functional.scaled_dot_product_attention(*ys, attn_mask=keep, scale=scale)
-    sdpa = torch.autograd.grad(o_sdpa, ys, do)
-    qp, kp, vp, dop = (x[0].transpose(0, 1).contiguous() for x in (q, k, v, do))  # (n, H, d)
-    m = max(lengths)
-    o, lse = flash_attention_varlen(qp, kp, vp, cu, cu, m, m, True, scale, True)
-    _poison(16 * q.numel() * q.element_size())
-    got = GB.gluon_varlen_backward(dop, qp, kp, vp, o, lse, cu, scale, **schedule)
-    errs = {}
-    for name, g, r, s_ in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
-        assert g.shape == qp.shape and torch.isfinite(g).all(), f"{name}: shape or NaN/inf"
-        g = g.transpose(0, 1).unsqueeze(0)
-        errs[name] = ((g.double() - r).abs().max().item(), fa_rule.budget(s_, r, torch.float16))
-    assert all(e <= lim for e, lim in errs.values()), errs
+    _check_documents_backward(lengths, d, torch.float16, n_seed=sum(lengths) + d, **schedule)
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -468,29 +474,9 @@ def test_documents_backward_with_128_row_query_blocks(lengths, packed):
     """Session 23: BM = 128 at d = 64 on packed causal documents (lengths below, at and past a
     128-row block, one-token documents), read in place or copied: flash-attn's 2x rule against
     float64 with the block-diagonal causal mask."""
-    from course_kernels.triton.varlen import flash_attention_varlen
-
-    n = sum(lengths)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda").int()
-    q, k, v, do = _inputs(1, 2, n, 64, torch.bfloat16, seed=n)
-    keep = _doc_mask(cu, n, "cuda")
-    xs = [x.detach().double().requires_grad_() for x in (q, k, v)]
-    s = (xs[0] @ xs[1].transpose(-1, -2) * 0.125).masked_fill(~keep, float("-inf"))
-    ref = torch.autograd.grad(torch.softmax(s, -1) @ xs[2], xs, do.double())
-    ys = [x.detach().requires_grad_() for x in (q, k, v)]
-    o_sdpa = torch.nn.functional.scaled_dot_product_attention(*ys, attn_mask=keep, scale=0.125)
-    sdpa = torch.autograd.grad(o_sdpa, ys, do)
-    qp, kp, vp, dop = (x[0].transpose(0, 1).contiguous() for x in (q, k, v, do))
-    m = max(lengths)
-    o, lse = flash_attention_varlen(qp, kp, vp, cu, cu, m, m, True, 0.125, True)
-    _poison(16 * q.numel() * q.element_size())
-    got = GB.gluon_varlen_backward(dop, qp, kp, vp, o, lse, cu, 0.125, packed=packed, BM=128)
-    errs = {}
-    for name, g, r, s_ in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
-        assert g.shape == qp.shape and torch.isfinite(g).all(), f"{name}: shape or NaN/inf"
-        g = g.transpose(0, 1).unsqueeze(0)
-        errs[name] = ((g.double() - r).abs().max().item(), fa_rule.budget(s_, r, torch.bfloat16))
-    assert all(e <= lim for e, lim in errs.values()), errs
+    _check_documents_backward(
+        lengths, 64, torch.bfloat16, n_seed=sum(lengths), packed=packed, BM=128
+    )
 
 
 @pytest.mark.parametrize("d", [64, 128])
