@@ -9,7 +9,8 @@
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
 #   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | ncu_lpt | bm128_masked | bwd_stages | zero_acc_window (23)
 #
-# Results land flat in $OUT (copy them into course_kernels/data/ afterwards):
+# Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
+# packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
 #   log.txt                  everything printed
 #   h200_test_record.json    GPU suite outcome: GPU, versions, date, command, pass/fail counts
 #   bench.json bench.csv bench.png   python -m course_kernels bench
@@ -244,3 +245,9 @@ if has bwd_stages; then
     --sections 0 STAGES=3 cudnn --rounds 5 --budget-s 55
 fi
 echo "== done $(date -u +%FT%TZ)"
+# The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's
+# records to that): past 8, everything is packed into one results.tgz (tar xzf it here).
+if [ "$(find "$OUT" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && find . -maxdepth 1 -type f ! -name results.tgz -printf '%P\n' | sort \
+    | tar czf results.tgz -T - --remove-files) && echo "packed $OUT into results.tgz (more than 8 files)"
+fi

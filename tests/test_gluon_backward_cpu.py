@@ -976,18 +976,28 @@ class _NoValues(torch.Tensor):
         raise AssertionError("cu_seqlens read again")
 
 
-def test_session22_schedule_by_kind_of_call(monkeypatch):
-    """Session 22's measured defaults: dense calls at d = 64 take BM = 128 (a window or packed
-    documents keep BM = 64: not measured with 128); non-causal calls at d = 128 convert dq inside
-    the kernel (DQ_CONVERT), causal calls and d = 64 do not. A call's own BM or DQ_CONVERT wins,
-    PERSIST turns DQ_CONVERT's default off rather than clashing with it, and the features
-    script's --gluon-dq-convert (BACKWARD_DQ_DEFAULTS) still turns it on everywhere."""
+def test_schedule_by_kind_of_call(monkeypatch):
+    """Sessions 22-24's measured defaults: every call at d = 64 takes BM = 128 (dense since 22,
+    window and documents since 24), and causal dense calls there a third ring stage (STAGES = 3;
+    not under a window or on documents: not measured there); non-causal calls at d = 128 convert
+    dq inside the kernel (DQ_CONVERT), causal calls and d = 64 do not. A call's own BM, STAGES or
+    DQ_CONVERT wins, PERSIST turns DQ_CONVERT's default off rather than clashing with it, and the
+    features script's --gluon-dq-convert (BACKWARD_DQ_DEFAULTS) still turns it on everywhere."""
     sched = GB._schedule  # (d, causal, windowed, docs, config)
     assert [sched(64, c, False, False, {})["BM"] for c in (False, True)] == [128, 128]
-    assert sched(64, True, True, False, {})["BM"] == GB.BACKWARD_MASKED_BM[64] == 64  # window
-    assert sched(64, True, False, True, {})["BM"] == GB.BACKWARD_MASKED_BM[64]  # documents
-    assert sched(64, True, True, False, dict(BM=128))["BM"] == 128
+    assert sched(64, True, True, False, {})["BM"] == GB.BACKWARD_BM[64] == 128  # window
+    assert sched(64, True, False, True, {})["BM"] == 128  # documents
+    assert sched(64, True, True, False, dict(BM=64))["BM"] == 64
     assert sched(128, True, True, False, {})["BM"] == 64
+    two = GB.BACKWARD_CONFIG[64]["STAGES"]
+    assert two == 2 and GB.BACKWARD_CAUSAL_STAGES[64] == 3
+    assert sched(64, True, False, False, {})["STAGES"] == 3  # causal, dense
+    assert sched(64, False, False, False, {})["STAGES"] == two  # no mask: lost 2-6% (23)
+    assert sched(64, True, True, False, {})["STAGES"] == two  # window
+    assert sched(64, True, False, True, {})["STAGES"] == two  # documents
+    assert sched(64, True, False, False, dict(BM=64))["STAGES"] == two  # measured on BM = 128 only
+    assert sched(64, True, False, False, dict(STAGES=1))["STAGES"] == 1
+    assert sched(128, True, False, False, {})["STAGES"] == GB.BACKWARD_CONFIG[128]["STAGES"]
     assert sched(64, False, False, False, dict(BM=64))["BM"] == 64
     assert sched(128, False, False, False, {})["BM"] == GB.BACKWARD_CONFIG[128]["BM"] == 64
     assert sched(128, False, False, False, {})["DQ_CONVERT"] is True
@@ -1012,10 +1022,10 @@ def test_session22_schedule_by_kind_of_call(monkeypatch):
         assert (seen[-1]["BM"], seen[-1]["DQ_CONVERT"]) == want
     with pytest.raises(RuntimeError, match="unavailable"):
         GB.gluon_attention_backward(**_args(d=64), causal=True, window_left=4)
-    assert seen[-1]["BM"] == 64
+    assert (seen[-1]["BM"], seen[-1]["STAGES"]) == (128, 2)
     with pytest.raises(RuntimeError, match="unavailable"):  # a window wider than N: plain causal
         GB.gluon_attention_backward(**_args(d=64), causal=True, window_left=10**6)
-    assert seen[-1]["BM"] == 128
+    assert (seen[-1]["BM"], seen[-1]["STAGES"]) == (128, 3)
 
 
 def test_session22_measurements_back_the_schedule():
@@ -1053,7 +1063,35 @@ def test_session22_measurements_back_the_schedule():
             if r["n"] == 4096:
                 levers = {o: s for o, s in r["speedup"].items() if o not in ("0", "cudnn")}
                 assert max(levers, key=levers.get) == "BM=128", (dt, levers)
-    assert GB.BACKWARD_DENSE_BM == {64: 128}
+    assert GB.BACKWARD_BM == {64: 128}
+
+
+def test_session24_measurements_back_the_masked_and_causal_defaults():
+    """Session 24 (an H100): with BM = 128 for window and documents calls at d = 64, every GPU
+    test whose name has window, documents or varlen in it passed, none skipped; STAGES = 3 on
+    top of BM = 128 gained in every causal d = 64 row of three processes a dtype, dK and dV bit
+    for bit the default's. A default changed without its data fails."""
+    from course_kernels.datafiles import data_path
+
+    tests = json.loads(data_path("gluon/h100_tests_session24_masked.json").read_text())
+    assert (
+        tests["gpu"].startswith("NVIDIA H100")
+        and "window or documents or varlen" in tests["command"]
+    )
+    assert tests["tests"] == tests["passed"] > 600 and tests["failed"] == tests["errors"] == 0
+    stages = []
+    for dt in ("float16", "bfloat16"):
+        for i in (1, 2, 3):
+            rec = json.loads(
+                data_path(f"gluon/h100_bwd_stages_session24_{dt}_run{i}.json").read_text()
+            )
+            assert rec["gpu"].startswith("NVIDIA H100") and "STAGES=3" in rec["command"]
+            for r in rec["rows"]:
+                assert r["status"] == "ok" and r["mask"] == "causal" and r["d"] == 64
+                assert r["checks"]["STAGES=3"]["ok"] and r["checks"]["STAGES=3"]["dk_dv_bitwise"]
+                stages.append(r["speedup"]["STAGES=3"])
+    assert len(stages) == 18 and min(stages) > 1.0
+    assert GB.BACKWARD_CAUSAL_STAGES == {64: 3} and GB.BACKWARD_BM == {64: 128}
 
 
 def test_zero_acc_is_an_option_off_by_default():

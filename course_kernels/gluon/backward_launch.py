@@ -1,8 +1,7 @@
 """Launching the Gluon backward (:mod:`.backward`): checks, its schedule per head dim, the call.
 
-Measured on the H200 (notes/gluon_backward.md: sessions 8-12) and the backward that
-``course_kernels.flash_attention``'s ``auto`` runs on Hopper at d = 64 and 128 (plain or causal,
-``triton/launch.py``). Compiled offline for sm_90a by ``experiments/gluon/compile_bwd_sm90.py``.
+The backward ``flash_attention``'s ``auto`` runs on Hopper at d = 64 and 128 (``triton/launch.py``;
+measured: notes/gluon_backward.md). Compiled offline by ``experiments/gluon/compile_bwd_sm90.py``.
 
 Three launches: ``_bwd_preprocess`` (D = rowsum(dO * O), L log2 e; ZERO_ACC: zeroes dQ_acc),
 ``_attn_bwd_kernel`` (dK, dV; dQ added in fp32 by TMA reduce-adds or atomics), a dq epilogue.
@@ -31,7 +30,7 @@ if HAVE_GLUON:
 # each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
 # DQ_SPLIT: the dQ partial computed and added in DQ_SPLIT column chunks (fewer live registers).
 # Chosen from the offline compile (registers / spills / shared memory; notes/gluon_backward.md);
-# dense calls at d = 64 take BM = 128 since session 22 (BACKWARD_DENSE_BM). Session 9's dQ
+# calls at d = 64 take BM = 128 (BACKWARD_BM; dense since 22, masked since 24). Session 9's dQ
 # switches: DQ_VEC = 4 (4 contiguous dQ columns a thread: red.global.add.v4.f32, not the
 # accumulator layout's .v2; measured +0 to +5%, not the default), DQ_SHARED (one [BM, d] dQ
 # partial per CTA step, split by columns across the consumers: half the atomic bytes; measured
@@ -83,10 +82,10 @@ BACKWARD_DQ_DEFAULTS = dict(
 # -1.9 to +2.3%: on for non-causal d = 128. PERSIST (21, producer._bwd_producer): one CTA an SM
 # looping over tiles; 22: -2.4 to +2.6% without a mask, -3 to -33% causal (static order): off.
 BACKWARD_DQ_CONVERT = {64: False, 128: True}  # non-causal calls, unless the call passes its own
-# BM = 128 at d = 64: dense calls +7 to +15% in 36/36 rows (22, h100_bwd_bm128_session22_*);
-# window and documents +0.8 to +5.9% in 24/24 (23, h100_bwd_bm128_masked_session23_*): 64 there
-# until their GPU tests with BM = 128 (tests/gpu/test_gpu_gluon_backward.py, 23) have passed.
-BACKWARD_DENSE_BM, BACKWARD_MASKED_BM = {64: 128}, {64: 64}
+# BM = 128 at d = 64: dense +7 to +15% in 36/36 rows (22, h100_bwd_bm128_session22_*), window and
+# documents +0.8 to +5.9% in 24/24 (23, h100_bwd_bm128_masked_session23_*; their GPU tests passed
+# in 24). Causal on top: STAGES = 3 +1.9 to +5.6% in 18/18 (24, h100_bwd_stages_session24_*).
+BACKWARD_BM, BACKWARD_CAUSAL_STAGES = {64: 128}, {64: 3}
 # MASKED_LAST (13): the unmasked query blocks first, the masked ones (causal diagonal, key tail)
 # after, so ptxas spills in the short masked loop, not the hot one (h200_gluon_backward_session13*,
 # two processes, N = 4K-16K): d = 128 +9.3 to +16.2%, d = 64 +0.9 to +3.1%; the default since.
@@ -267,9 +266,10 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
 def _schedule(d, causal, windowed, docs, config):
     """The schedule a call runs: BACKWARD_CONFIG[d], the call's overrides (``config``), and the
     measured defaults by kind of call (BM, SECTION / TAIL, DQ_CONVERT); ValueError for a clash."""
-    if "BM" not in config:  # sessions 22-23: the measured BM by kind of call
-        table = BACKWARD_MASKED_BM if docs or windowed else BACKWARD_DENSE_BM
-        config = dict(config, BM=table.get(d, BACKWARD_CONFIG[d]["BM"]))
+    if "BM" not in config:  # sessions 22-24
+        config = dict(config, BM=BACKWARD_BM.get(d, BACKWARD_CONFIG[d]["BM"]))
+    if causal and not (docs or windowed or "STAGES" in config) and config.get("BM") == 128:
+        config = dict(config, STAGES=BACKWARD_CAUSAL_STAGES.get(d, BACKWARD_CONFIG[d]["STAGES"]))
     cfg = _check_config(d, config)
     kind = "documents" if docs else "dense"
     if "SECTION" not in config and "TAIL" not in config and not cfg["PERSIST"]:
