@@ -8,6 +8,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
 #   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | ncu_lpt | bm128_masked | bwd_stages | zero_acc_window (23)
+#   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128   (24)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -44,6 +45,8 @@
 #                            (issue 22's row), three processes a dtype
 #   bwd_stages_{dt}_run{1,2,3}.json   step bwd_stages: STAGES = 3 on causal d = 64 (BM = 128), three
 #                            processes a dtype, cuDNN beside
+#   masked_stages_{dt}_run{1,2,3}.json   step masked_stages: STAGES = 3 on window / documents, d = 64
+#   docs128_{dt}_run{1,2,3}.json   step docs128: SECTION = 4 and STAGES = 3 on documents at d = 128
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -243,6 +246,16 @@ if has bwd_stages; then
   echo "== Gluon backward: STAGES = 3 on causal d = 64 (BM = 128), cuDNN beside, 3 processes"
   three_processes 75 bench_section.py bwd_stages --masks causal --dims 64 \
     --sections 0 STAGES=3 cudnn --rounds 5 --budget-s 55
+fi
+if has masked_stages; then
+  echo "== Gluon backward: STAGES = 3 on window and documents rows at d = 64 (BM = 128), 3 processes"
+  three_processes 60 bench_section.py masked_stages --masks window documents --dims 64 \
+    --sections 0 STAGES=3 --rounds 5 --budget-s 45
+fi
+if has docs128; then
+  echo "== Gluon backward: SECTION = 4 and STAGES = 3 on the documents row at d = 128, 3 processes"
+  three_processes 60 bench_section.py docs128 --masks documents --dims 128 \
+    --sections 0 SECTION=4 STAGES=3 SECTION=4+STAGES=3 --rounds 7 --budget-s 45
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's
