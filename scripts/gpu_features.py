@@ -372,8 +372,10 @@ def main(argv=None):
     if args.gluon_section is not None:
         from course_kernels.gluon import backward_launch as GB
 
-        record["gluon_section_before"] = GB.BACKWARD_SECTION["documents"]
-        GB.BACKWARD_SECTION["documents"] = args.gluon_section
+        record["gluon_section_before"] = dict(GB.BACKWARD_SECTION["documents"])
+        GB.BACKWARD_SECTION["documents"] = dict.fromkeys(
+            GB.BACKWARD_SECTION["documents"], args.gluon_section
+        )
     if args.gluon_dq_convert:
         from course_kernels.gluon import backward_launch as GB
 

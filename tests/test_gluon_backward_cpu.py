@@ -3,6 +3,7 @@ unsupported inputs with a message that says what is accepted, and says why it ca
 
 import json
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -820,11 +821,12 @@ def test_cta_order_defaults_are_what_the_h100_measurements_chose():
     docs = [r for r in rows if r["mask"] == "documents"]
     assert {r["d"] for r in docs} == {64, 128} and len(docs) == 4
     assert all(r["speedup"]["8"] > 1.0 for r in docs)
-    assert GB.BACKWARD_SECTION["documents"] == 8
+    assert GB.BACKWARD_SECTION["documents"][64] == 8  # d = 128: 4 since session 24 (below)
     causal = [r for r in rows if r["mask"] == "causal" and r["d"] == 128]
     orders = set.intersection(*(set(r["speedup"]) for r in causal)) - {"0"}
     assert orders and not any(all(r["speedup"][o] >= 1.03 for r in causal) for o in orders)
-    assert GB.BACKWARD_SECTION["dense"] == 0 and GB.BACKWARD_TAIL == {"dense": 0, "documents": 0}
+    assert GB.BACKWARD_SECTION["dense"] == {64: 0, 128: 0}
+    assert GB.BACKWARD_TAIL == {"dense": 0, "documents": 0}
     ms = {}
     for run in ("section8_run1", "section0_run2", "section8_run3"):
         rec = json.loads(
@@ -858,7 +860,7 @@ def test_session18_levers_that_lost_stay_off():
     }
     assert all(c["ok"] for r in window for c in r["checks"].values())  # the same dk, dv bits
     assert all(s < 1.0 for r in window for o, s in r["speedup"].items() if o != "0")
-    assert GB.BACKWARD_SECTION["dense"] == 0 and GB.BACKWARD_TAIL["dense"] == 0
+    assert GB.BACKWARD_SECTION["dense"] == {64: 0, 128: 0} and GB.BACKWARD_TAIL["dense"] == 0
     stages = rows("h100_bwd_stages_session18")
     assert {r["mask"] for r in stages} == {"causal", "window"} and {r["d"] for r in stages} == {128}
     assert all(r["speedup"]["STAGES=3"] < 1.0 for r in stages)
@@ -998,6 +1000,9 @@ def test_schedule_by_kind_of_call(monkeypatch):
     assert sched(64, True, False, False, dict(BM=64))["STAGES"] == two  # measured on BM = 128 only
     assert sched(64, True, False, False, dict(STAGES=1))["STAGES"] == 1
     assert sched(128, True, False, False, {})["STAGES"] == GB.BACKWARD_CONFIG[128]["STAGES"]
+    assert [sched(d, True, False, True, {})["SECTION"] for d in (64, 128)] == [8, 4]  # documents
+    assert [sched(d, True, False, False, {})["SECTION"] for d in (64, 128)] == [0, 0]  # dense
+    assert sched(128, True, False, True, dict(SECTION=16))["SECTION"] == 16
     assert sched(64, False, False, False, dict(BM=64))["BM"] == 64
     assert sched(128, False, False, False, {})["BM"] == GB.BACKWARD_CONFIG[128]["BM"] == 64
     assert sched(128, False, False, False, {})["DQ_CONVERT"] is True
@@ -1070,7 +1075,8 @@ def test_session24_measurements_back_the_masked_and_causal_defaults():
     """Session 24 (an H100): with BM = 128 for window and documents calls at d = 64, every GPU
     test whose name has window, documents or varlen in it passed, none skipped; STAGES = 3 on
     top of BM = 128 gained in every causal d = 64 row of three processes a dtype, dK and dV bit
-    for bit the default's. A default changed without its data fails."""
+    for bit the default's, and lost in every window and documents row; SECTION = 4 beat the
+    documents' 8 at d = 128 in every process. A default changed without its data fails."""
     from course_kernels.datafiles import data_path
 
     tests = json.loads(data_path("gluon/h100_tests_session24_masked.json").read_text())
@@ -1092,6 +1098,29 @@ def test_session24_measurements_back_the_masked_and_causal_defaults():
                 stages.append(r["speedup"]["STAGES=3"])
     assert len(stages) == 18 and min(stages) > 1.0
     assert GB.BACKWARD_CAUSAL_STAGES == {64: 3} and GB.BACKWARD_BM == {64: 128}
+    # the same third stage under a window or on documents lost in every pair: not applied there
+    exp = Path(__file__).resolve().parents[1] / "experiments" / "data" / "gluon"
+    masked = [
+        r["speedup"]["STAGES=3"]
+        for dt in ("float16", "bfloat16")
+        for i in (1, 2, 3)
+        for r in json.loads((exp / f"h100_masked_stages_session24_{dt}_run{i}.json").read_text())[
+            "rows"
+        ]
+    ]
+    assert len(masked) == 24 and max(masked) < 1.0
+    assert GB._schedule(64, True, True, False, {})["STAGES"] == GB.BACKWARD_CONFIG[64]["STAGES"]
+    # documents at d = 128: sections of 4 heads beat the 8 of session 17 in every pair
+    section = []
+    for dt in ("float16", "bfloat16"):
+        for i in (1, 2, 3):
+            name = f"gluon/h100_docs128_section_session24_{dt}_run{i}.json"
+            (r,) = json.loads(data_path(name).read_text())["rows"]
+            assert r["status"] == "ok" and (r["mask"], r["d"]) == ("documents", 128)
+            assert r["checks"]["SECTION=4"]["ok"] and r["checks"]["SECTION=4"]["dk_dv_bitwise"]
+            section.append(r["speedup"]["SECTION=4"])
+    assert len(section) == 6 and min(section) > 1.0
+    assert GB.BACKWARD_SECTION["documents"] == {64: 8, 128: 4}
 
 
 def test_zero_acc_is_an_option_off_by_default():

@@ -98,9 +98,9 @@ BACKWARD_BM, BACKWARD_CAUSAL_STAGES = {64: 128}, {64: 3}
 # masking) first, against the plain grid's tail (a list-scheduling model of 132 SMs: 6.5-7.4%).
 # Measured on an H100 (data/gluon/h100_bwd_order_session17_docs.json, notes/gluon_backward.md):
 # packed documents +2-4% (d = 128) and +1-1.5% (d = 64) with SECTION = 8; plain causal rows -1 to
-# +2.5% (-11.5% with 16 heads at 16K): dense calls keep the plain grid. TAIL (the last TAIL heads
-# taken together) stays off: no better than SECTION. A call's own SECTION / TAIL wins.
-BACKWARD_SECTION = {"dense": 0, "documents": 8}
+# +2.5% (-11.5% with 16 heads at 16K): dense calls keep the plain grid; TAIL no better, off.
+# Session 24: documents at d = 128 SECTION = 4, +1.2 to +2.3% in 6/6 (h100_docs128_section_*).
+BACKWARD_SECTION = {"dense": {64: 0, 128: 0}, "documents": {64: 8, 128: 4}}  # kind -> d -> heads
 BACKWARD_TAIL = {"dense": 0, "documents": 0}
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
@@ -273,7 +273,7 @@ def _schedule(d, causal, windowed, docs, config):
     cfg = _check_config(d, config)
     kind = "documents" if docs else "dense"
     if "SECTION" not in config and "TAIL" not in config and not cfg["PERSIST"]:
-        cfg.update(SECTION=BACKWARD_SECTION[kind], TAIL=BACKWARD_TAIL[kind])
+        cfg.update(SECTION=BACKWARD_SECTION[kind][d], TAIL=BACKWARD_TAIL[kind])
     cfg.setdefault("SECTION", 0)
     cfg.setdefault("TAIL", 0)
     if "DQ_CONVERT" not in config and not cfg["PERSIST"] and not causal:  # session 22
