@@ -8,7 +8,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
 #   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | ncu_lpt | bm128_masked | bwd_stages | zero_acc_window (23)
-#   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128   (24)
+#   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128 | wg_mask   (24)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -47,6 +47,8 @@
 #                            processes a dtype, cuDNN beside
 #   masked_stages_{dt}_run{1,2,3}.json   step masked_stages: STAGES = 3 on window / documents, d = 64
 #   docs128_{dt}_run{1,2,3}.json   step docs128: SECTION = 4 and STAGES = 3 on documents at d = 128
+#   wg_mask_{dt}_run{1,2,3}.json   step wg_mask: its GPU tests (printed), then WG_MASK beside the
+#                            default on window, documents and causal rows, d = 128 and 64
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -256,6 +258,13 @@ if has docs128; then
   echo "== Gluon backward: SECTION = 4 and STAGES = 3 on the documents row at d = 128, 3 processes"
   three_processes 60 bench_section.py docs128 --masks documents --dims 128 \
     --sections 0 SECTION=4 STAGES=3 SECTION=4+STAGES=3 --rounds 7 --budget-s 45
+fi
+if has wg_mask; then
+  echo "== Gluon backward: WG_MASK (masked steps per consumer warpgroup): GPU tests, then timed"
+  timeout 240 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
+    -n "${TEST_WORKERS:-8}" -k "wg_mask" 2>&1 | tail -15
+  three_processes 70 bench_section.py wg_mask --masks window documents causal --dims 128 64 \
+    --sections 0 WG_MASK=1 --rounds 5 --budget-s 55
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's

@@ -1135,6 +1135,25 @@ def test_zero_acc_is_an_option_off_by_default():
         GB.gluon_attention_backward(**_args(), ZERO_ACC=2)
 
 
+def test_wg_mask_is_an_option_off_by_default():
+    """WG_MASK (session 24, compiled offline, not yet run on a GPU): off by default in every kind
+    of call; written for the step without OVERLAP_DQ, so it turns OVERLAP_DQ's default off at
+    d = 64, and OVERLAP_DQ=True passed with it is refused with a message naming both."""
+    assert GB.BACKWARD_DQ_DEFAULTS["WG_MASK"] is False
+    for args in ((64, False, False, False), (128, True, True, False), (64, True, False, True)):
+        assert GB._schedule(*args, {})["WG_MASK"] is False
+    assert GB._check_config(64, {})["OVERLAP_DQ"] is True  # d = 64's measured default
+    with_wg = GB._check_config(64, dict(WG_MASK=True))
+    assert with_wg["WG_MASK"] is True and with_wg["OVERLAP_DQ"] is False
+    assert GB._schedule(128, True, True, False, dict(WG_MASK=True))["WG_MASK"] is True
+    with pytest.raises(ValueError, match="WG_MASK is written for the step without OVERLAP_DQ"):
+        GB._check_config(64, dict(WG_MASK=True, OVERLAP_DQ=True))
+    with pytest.raises(ValueError, match="DV_EARLY is written for the step without OVERLAP_DQ"):
+        GB._check_config(64, dict(DV_EARLY=True, OVERLAP_DQ=True))
+    with pytest.raises(ValueError, match=r"WG_MASK='yes' not supported; accepted: \(False, True\)"):
+        GB.gluon_attention_backward(**_args(), WG_MASK="yes")
+
+
 def test_bench_section_leaves_a_section_out_only_where_it_did_not_compile(tmp_path, monkeypatch):
     """experiments/gluon/bench_section.py with the GPU parts stood in for (session 22): a section
     that failed to compile at one head dim (BM = 128 at d = 128: too much shared memory) is left

@@ -123,7 +123,7 @@ if HAVE_GLUON:
     BWD_SWITCHES = (
         "BM", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "CAUSAL", "DQ_SPLIT", "DQ_VEC", "DQ_SHARED",
         "OVERLAP_DQ", "DQ_TMA", "MASKED_LAST", "DV_EARLY", "ROTATE", "WINDOW", "DOCS", "PACKED",
-        "SECTION", "TAIL", "DQ_CONVERT", "GROUP", "PERSIST",
+        "SECTION", "TAIL", "DQ_CONVERT", "GROUP", "PERSIST", "WG_MASK",
     )  # fmt: skip
 
     @aggregate
@@ -257,6 +257,7 @@ if HAVE_GLUON:
         ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
         PACKED: gl.constexpr = False, SECTION: gl.constexpr = 0, TAIL: gl.constexpr = 0,
         DQ_CONVERT: gl.constexpr = False, GROUP: gl.constexpr = 1, PERSIST: gl.constexpr = False,
+        WG_MASK: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
@@ -268,7 +269,8 @@ if HAVE_GLUON:
         int32 a head, zero at launch, zero again after it) for the in-kernel conversion; other
         calls pass any tensors there (unused). GROUP (session 19): query heads a K/V head serves
         (GQA): K, V read from head hz // GROUP, dK, dV written per query head (the host sums).
-        PERSIST (session 21): a grid of at most one CTA an SM, n_heads (B x H) x key blocks tiles."""
+        PERSIST (session 21): a grid of at most one CTA an SM, n_heads (B x H) x key blocks tiles.
+        WG_MASK (session 24, causal): masked steps chosen per consumer (``_bwd_step``)."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
@@ -313,7 +315,7 @@ if HAVE_GLUON:
         cfg = BwdSchedule(
             BM, HEAD_DIM, NUM_CONSUMERS, STAGES, CAUSAL, DQ_SPLIT, DQ_VEC, DQ_SHARED, OVERLAP_DQ,
             DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED, SECTION,
-            TAIL, DQ_CONVERT, GROUP, PERSIST,
+            TAIL, DQ_CONVERT, GROUP, PERSIST, WG_MASK,
         )  # fmt: skip
         # (Gluon 3.6 takes each role's arguments written out: no *args, no shared tuple)
         if NUM_CONSUMERS == 1:

@@ -60,12 +60,14 @@ _ACCEPTED = {
     "DQ_CONVERT": (False, True),
     "PERSIST": (False, True),
     "ZERO_ACC": (False, True),
+    "WG_MASK": (False, True),
 }
 # OVERLAP_DQ (session 9): block i's last dQ chunk left in flight while block i+1's S^T / dP^T
 # wgmmas run (needs DQ_SHARED). Session 10 (data/gluon/h200_gluon_backward_session10.json, 8K,
 # fp16): d = 64 0.833 -> 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680,
 # 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (22: dQ_acc zeroed by the
 # preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
+# WG_MASK (24: masked steps chosen per consumer, backward_steps._bwd_step): not yet timed, off.
 # DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
 # reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
 # registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
@@ -74,7 +76,7 @@ _ACCEPTED = {
 # With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
-    DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False,
+    DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False, WG_MASK=False,
 )  # fmt: skip
 # DQ_CONVERT (18): dq converted in the main kernel by each head's last CTA (scheduler.
 # _dq_convert_last), not by a kernel of its own; no gain on masked rows (21); without a mask
@@ -143,17 +145,17 @@ def _check_config(d: int, config: dict) -> dict:
     cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
     for key, val in BACKWARD_DQ_DEFAULTS.items():
         cfg.setdefault(key, val)
+    early = cfg["DV_EARLY"] or cfg["WG_MASK"]  # steps written without OVERLAP_DQ
     if "OVERLAP_DQ" not in config:  # the measured default, where its DQ_SHARED holds
-        cfg["OVERLAP_DQ"] = (
-            BACKWARD_OVERLAP_DQ[d] and bool(cfg["DQ_SHARED"]) and not cfg["DV_EARLY"]
-        )
+        cfg["OVERLAP_DQ"] = BACKWARD_OVERLAP_DQ[d] and bool(cfg["DQ_SHARED"]) and not early
     if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
         raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
     if cfg["ROTATE"] and not cfg["MASKED_LAST"]:
         raise ValueError("ROTATE turns the unmasked run of MASKED_LAST: it needs MASKED_LAST=True")
-    if cfg["DV_EARLY"] and cfg["OVERLAP_DQ"]:
+    if early and cfg["OVERLAP_DQ"]:
+        lever = "DV_EARLY" if cfg["DV_EARLY"] else "WG_MASK"
         raise ValueError(
-            "DV_EARLY is written for the step without OVERLAP_DQ: pass OVERLAP_DQ=False"
+            lever + " is written for the step without OVERLAP_DQ: pass OVERLAP_DQ=False"
         )
     if cfg["OVERLAP_DQ"] and not cfg["DQ_SHARED"]:
         raise ValueError("OVERLAP_DQ is implemented with DQ_SHARED only: it needs DQ_SHARED=True")
@@ -353,9 +355,7 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         MASKED_LAST=bool(cfg["MASKED_LAST"]),
         DV_EARLY=bool(cfg["DV_EARLY"]),
         ROTATE=bool(cfg["ROTATE"]),
-        WINDOW=win >= 0,
-        DOCS=docs,
-        PACKED=packed,
+        WINDOW=win >= 0, DOCS=docs, PACKED=packed, WG_MASK=bool(cfg["WG_MASK"]),
         SECTION=section,
         TAIL=tail,
         DQ_CONVERT=bool(cfg["DQ_CONVERT"]),

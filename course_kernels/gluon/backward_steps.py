@@ -74,18 +74,90 @@ if HAVE_GLUON:
         )  # fmt: skip
 
     @gluon.jit
+    def _wg_sees(i, k0, N, win_left, kend_ptr, BM: gl.constexpr, WINDOW: gl.constexpr,
+                 DOCS: gl.constexpr):  # fmt: skip
+        """WG_MASK (session 24), causal calls: (none, every): query block i's rows [i BM, i BM +
+        BM) see none of this warpgroup's keys [k0, k0 + 64), or every pair of them, by the rule
+        ``_keep_seen`` applies (0 <= q - k < reach(k)); kend_ptr[k] never decreases with k (the
+        documents are packed in order). Rows past N need neither: their P is 0 from L = +inf."""
+        top = i * BM
+        bottom = top + BM - 1
+        last = k0 + KEYS - 1
+        none = (bottom < k0) | (k0 >= N)
+        every = (top >= last) & (last < N)
+        if WINDOW:
+            w = gl.minimum(win_left, N)
+            none = none | (top - last > w)
+            every = every & (bottom - k0 <= w)
+        elif DOCS:
+            none = none | (top >= gl.load(kend_ptr + gl.minimum(last, N - 1)))
+            every = every & (bottom < gl.load(kend_ptr + gl.minimum(k0, N - 1)))
+        return none, every
+
+    @gluon.jit
     def _bwd_step(
         bufs, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
         MASK: gl.constexpr, dtype: gl.constexpr, CID: gl.constexpr, cfg,
     ):  # fmt: skip
         """Query block i (ring slot jc) for this warpgroup's 64 keys starting at k0. dq_ptr: the
         fp32 dQ (a pointer), or with DQ_TMA a (tensor descriptor, staging tiles) pair.
+        WG_MASK (session 24): a masked run's step is chosen per warpgroup, not per CTA: a block
+        whose rows see none of this warpgroup's keys takes ``_bwd_dead`` (no wgmma of its own),
+        one that sees all of them the unmasked step, the rest the masked one."""
+        q_ready = bufs[7]
+        s = jc % cfg.STAGES
+        mbarrier.wait(q_ready.index(s), (jc // cfg.STAGES) & 1)
+        if cfg.WG_MASK and MASK and cfg.CAUSAL:
+            none, every = _wg_sees(i, k0, N, win_left, kend_ptr, cfg.BM, cfg.WINDOW, cfg.DOCS)
+            if none:
+                _bwd_dead(bufs, s, jc, i, dq_ptr, row0, N, dtype, CID, cfg)
+            else:
+                dk, dv = _bwd_live(
+                    bufs, s, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
+                    MASK, ~every, dtype, CID, cfg,
+                )  # fmt: skip
+        else:
+            dk, dv = _bwd_live(
+                bufs, s, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale, MASK,
+                True, dtype, CID, cfg,
+            )  # fmt: skip
+        return dk, dv
+
+    @gluon.jit
+    def _bwd_dead(bufs, s, jc, i, dq_ptr, row0, N, dtype: gl.constexpr, CID: gl.constexpr, cfg):
+        """WG_MASK: a step whose rows see none of this warpgroup's keys. P = dS = 0, so dK and
+        dV keep their values and its dS^T tile is zeros; it issues no S^T, dP^T, dV or dK
+        wgmma, but keeps ``_bwd_live``'s protocol: the dS exchange (ds_bars), the ring slot's
+        release (q_empty) and its share of the block's dQ, which the other warpgroup's keys may
+        feed."""
+        BM: gl.constexpr = cfg.BM
+        DQ_SHARED: gl.constexpr = cfg.DQ_SHARED
+        ds_bufs, k_bufs, q_empty, ds_bars = bufs[6], bufs[4], bufs[8], bufs[9]
+        if DQ_SHARED:  # both consumers' dQ wgmmas of the previous block have read our dS^T tile
+            mbarrier.wait(ds_bars.index(1), (jc & 1) ^ 1)
+        st_layout: gl.constexpr = _mma_layout(KEYS, BM, dtype)
+        ds_bufs.index(CID).store(gl.zeros([KEYS, BM], dtype, layout=st_layout))
+        fence_async_shared()
+        gl.thread_barrier()
+        if DQ_SHARED:
+            mbarrier.arrive(ds_bars.index(0), count=1)
+        mbarrier.arrive(q_empty.index(s), count=1)
+        _bwd_dq(
+            ds_bufs, k_bufs, ds_bars, jc, i, dq_ptr, row0, N, BM, cfg.HEAD_DIM, cfg.DQ_SPLIT,
+            dtype, CID, cfg.NUM_CONSUMERS, cfg.DQ_VEC, DQ_SHARED, cfg.DQ_TMA,
+        )  # fmt: skip
+
+    @gluon.jit
+    def _bwd_live(
+        bufs, s, jc, i, dk, dv, dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale,
+        MASK: gl.constexpr, need, dtype: gl.constexpr, CID: gl.constexpr, cfg,
+    ):  # fmt: skip
+        """The step proper, its Q/dO slot s filled. ``need`` (WG_MASK only): the mask applies.
         DV_EARLY (session 13, FA3's order): dV += P^T dO issued as soon as P^T is known, before
         the wait for dP^T, so that it runs while dS^T is computed."""
         CAUSAL: gl.constexpr = cfg.CAUSAL
         WINDOW: gl.constexpr = cfg.WINDOW
         DOCS: gl.constexpr = cfg.DOCS
-        STAGES: gl.constexpr = cfg.STAGES
         BM: gl.constexpr = cfg.BM
         HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
         DQ_SPLIT: gl.constexpr = cfg.DQ_SPLIT
@@ -100,8 +172,6 @@ if HAVE_GLUON:
         ds_smem = ds_bufs.index(CID)
         st_layout: gl.constexpr = _mma_layout(KEYS, BM, dtype)  # S^T, dP^T: [64 keys, BM]
         kv_layout: gl.constexpr = _mma_layout(KEYS, HEAD_DIM, dtype)  # dK, dV: [64, d]
-        s = jc % STAGES
-        mbarrier.wait(q_ready.index(s), (jc // STAGES) & 1)
         q_smem = q_bufs.index(s)
         do_smem = do_bufs.index(s)
         zero = gl.zeros([KEYS, BM], gl.float32, layout=st_layout)
@@ -116,7 +186,11 @@ if HAVE_GLUON:
             if CAUSAL:  # query q sees key k when 0 <= q - k < reach(k) (``_reach``)
                 qrow = i * BM + gl.arange(0, BM, layout=col_layout)
                 reach = _reach(key, N, win_left, kend_ptr, WINDOW, DOCS)
-                pT = _keep_seen(pT, qrow, key, reach, st_layout)
+                if cfg.WG_MASK:
+                    if need:
+                        pT = _keep_seen(pT, qrow, key, reach, st_layout)
+                else:
+                    pT = _keep_seen(pT, qrow, key, reach, st_layout)
             else:
                 pT = gl.where((key < N)[:, None], pT, 0.0)
         a_layout: gl.constexpr = _a_operand_layout(kv_layout, dtype)

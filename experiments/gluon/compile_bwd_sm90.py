@@ -257,6 +257,10 @@ CONFIGS = (
     + [
         _masked_last(64, None, c, BM=128, STAGES=3) for c in (False, True)
     ]  # session 23's bwd_stages
+    + [  # session 24: WG_MASK, masked steps per consumer (d = 128: BM = 64, one per consumer)
+        _masked_last(128, None, True, WG_MASK=True, **m)
+        for m in ({}, dict(WINDOW=True), dict(DOCS=True, PACKED=True, SECTION=4))
+    ]
 )
 
 

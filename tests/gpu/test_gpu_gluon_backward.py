@@ -190,6 +190,12 @@ def test_dq_tma_with_128_query_rows():
         # session 22: dQ_acc zeroed by the preprocessing kernel (ZERO_ACC), not yet run on a GPU
         dict(ZERO_ACC=True),
         dict(ZERO_ACC=True, DQ_TMA=False),
+        # session 24: masked steps chosen per consumer warpgroup (WG_MASK), not yet run on a GPU
+        dict(WG_MASK=True),
+        dict(WG_MASK=True, BM=64),
+        dict(WG_MASK=True, STAGES=1),
+        dict(WG_MASK=True, DQ_TMA=False),
+        dict(WG_MASK=True, DQ_SHARED=False),
     ],
     ids=str,
 )
@@ -412,6 +418,8 @@ def _check_documents_backward(lengths, d, dtype, n_seed, **schedule):
         dict(packed=True, DQ_CONVERT=True),  # session 18: PACKED dq rows from the converter
         dict(packed=True, PERSIST=True),  # session 21: persistent CTAs, packed rows
         dict(packed=True, ZERO_ACC=True, DQ_CONVERT=True),  # session 22
+        dict(packed=True, WG_MASK=True),  # session 24: masked steps per consumer warpgroup
+        dict(packed=False, WG_MASK=True, SECTION=8),
     ],
     ids=str,
 )
@@ -612,3 +620,36 @@ def test_flash_attention_runs_gqa_backwards_on_gluon_only_when_asked(monkeypatch
         got = torch.autograd.grad(flash_attention(*xs, causal=causal, scale=scale), xs, do)
         assert len(calls) == want, (env, switch, calls)
         _assert_rule(got, ref, sdpa, torch.float16, (q.shape, k.shape, v.shape))
+
+
+# ------------------------------------- session 24: WG_MASK, masked steps per consumer warpgroup
+@pytest.mark.parametrize("left", [None, 1, 63, 64, 65, 127, 300, 1023])
+@pytest.mark.parametrize("N", [17, 129, 1000, 2053])
+@pytest.mark.parametrize("d", [64, 128])
+def test_wg_mask_changes_no_bit_of_dk_dv(left, N, d):
+    """WG_MASK against the default on the same inputs, causal (left None) or under a window: a
+    warpgroup whose keys no row of the block sees skips its wgmmas (its P and dS would be exactly
+    0) and one whose keys every row sees skips the mask (it would keep every pair), so dK and dV
+    must be bit for bit the default's and dQ within a few ulps (the dS exchange adds the same
+    terms); both against float64 by flash-attn's rule. A wrong dead/full test (an edge off by
+    one row or key) changes dK or dV."""
+    q, k, v, do = _inputs(1, 3, N, d, torch.float16, seed=3 * N + d + (left or 0))
+    scale = 1.0 / math.sqrt(d)
+    o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, window_left=left)
+    base = GB.gluon_attention_backward(do, q, k, v, o, lse, True, scale, window_left=left)
+    for bm in (64, 128) if d == 64 else (64,):
+        wg = GB.gluon_attention_backward(
+            do, q, k, v, o, lse, True, scale, window_left=left, WG_MASK=True, BM=bm
+        )  # fmt: skip
+        if bm == GB.BACKWARD_BM.get(d, 64):
+            assert torch.equal(wg[1], base[1]) and torch.equal(wg[2], base[2]), (bm, "dk/dv bits")
+            tol = 4 * 2**-10 * base[0].abs().max().item()
+            assert (wg[0].float() - base[0].float()).abs().max().item() <= tol
+        reach = N if left is None else left  # a window of N keys is plain causal
+        ref = _window_grads(q, k, v, do, scale, reach, True)
+        sdpa = _window_grads(q, k, v, do, scale, reach, False)
+        errs = {}
+        for name, g, r, s_ in zip(("dq", "dk", "dv"), wg, ref, sdpa, strict=True):
+            assert torch.isfinite(g).all(), f"NaN/inf in {name}"
+            errs[name] = ((g.double() - r).abs().max().item(), fa_rule.budget(s_, r, torch.float16))
+        assert all(e <= lim for e, lim in errs.values()), (bm, errs)
