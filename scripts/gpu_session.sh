@@ -70,6 +70,14 @@ three_processes() {
     done
   done
 }
+# bwd_step NAME LIMIT TITLE ARGS...: if NAME was asked for, bench_section.py ARGS in three
+# processes a dtype, records NAME_{dt}_run{1,2,3}.json (the one-lever backward steps below)
+bwd_step() {
+  local name=$1 limit=$2 title=$3; shift 3
+  has "$name" || return 0
+  echo "== Gluon backward: $title, 3 processes a dtype"
+  three_processes "$limit" bench_section.py "$name" "$@"
+}
 echo "== $(date -u +%FT%TZ) steps: $STEPS"
 
 if has check; then
@@ -222,11 +230,8 @@ if has fwd_lpt; then
   three_processes 90 sweep_forward.py fwd_lpt --masks causal --dims 64 --ns 4096 8192 16384 \
     --variants 0 LPT=1+LPT_SECTION_MB=8 LPT=1+LPT_SECTION_MB=16 LPT=1 cudnn --rounds 5 --budget-s 70
 fi
-if has bm128_masked; then
-  echo "== Gluon backward: BM = 128 against 64 on window and documents rows (d = 64), 3 processes"
-  three_processes 75 bench_section.py bm128_masked --masks window documents --dims 64 \
-    --sections 0 BM=128 --rounds 5 --budget-s 55
-fi
+bwd_step bm128_masked 75 "BM = 128 against 64 on window and documents rows (d = 64)" \
+  --masks window documents --dims 64 --sections 0 BM=128 --rounds 5 --budget-s 55
 if has ncu_lpt; then
   echo "== Nsight Compute: causal d = 64 4K, the default tile order and LPT (16 MiB sections)"
   NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
@@ -239,26 +244,15 @@ if has ncu_lpt; then
     echo "ncu ${v%%:*} rc=$?"
   done
 fi
-if has zero_acc_window; then
-  echo "== Gluon backward: ZERO_ACC on the window (1K) rows at d = 128, 3 processes a dtype"
-  three_processes 75 bench_section.py zero_acc_window --masks window --dims 128 \
-    --sections 0 ZERO_ACC=1 --rounds 7 --budget-s 55
-fi
-if has bwd_stages; then
-  echo "== Gluon backward: STAGES = 3 on causal d = 64 (BM = 128), cuDNN beside, 3 processes"
-  three_processes 75 bench_section.py bwd_stages --masks causal --dims 64 \
-    --sections 0 STAGES=3 cudnn --rounds 5 --budget-s 55
-fi
-if has masked_stages; then
-  echo "== Gluon backward: STAGES = 3 on window and documents rows at d = 64 (BM = 128), 3 processes"
-  three_processes 60 bench_section.py masked_stages --masks window documents --dims 64 \
-    --sections 0 STAGES=3 --rounds 5 --budget-s 45
-fi
-if has docs128; then
-  echo "== Gluon backward: SECTION = 4 and STAGES = 3 on the documents row at d = 128, 3 processes"
-  three_processes 60 bench_section.py docs128 --masks documents --dims 128 \
-    --sections 0 SECTION=4 STAGES=3 SECTION=4+STAGES=3 --rounds 7 --budget-s 45
-fi
+bwd_step zero_acc_window 75 "ZERO_ACC on the window (1K) rows at d = 128" \
+  --masks window --dims 128 --sections 0 ZERO_ACC=1 --rounds 7 --budget-s 55
+bwd_step bwd_stages 75 "STAGES = 3 on causal d = 64 (BM = 128), cuDNN beside" \
+  --masks causal --dims 64 --sections 0 STAGES=3 cudnn --rounds 5 --budget-s 55
+bwd_step masked_stages 60 "STAGES = 3 on window and documents rows at d = 64 (BM = 128)" \
+  --masks window documents --dims 64 --sections 0 STAGES=3 --rounds 5 --budget-s 45
+bwd_step docs128 60 "SECTION = 4 and STAGES = 3 on the documents row at d = 128" \
+  --masks documents --dims 128 --sections 0 SECTION=4 STAGES=3 SECTION=4+STAGES=3 --rounds 7 \
+  --budget-s 45
 if has wg_mask; then
   echo "== Gluon backward: WG_MASK (masked steps per consumer warpgroup): GPU tests, then timed"
   timeout 240 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
