@@ -261,6 +261,10 @@ CONFIGS = (
         _masked_last(128, None, True, WG_MASK=True, **m)
         for m in ({}, dict(WINDOW=True), dict(DOCS=True, PACKED=True, SECTION=4))
     ]
+    + [  # session 25: PERSIST on issue 22's masked rows at d = 128 (the window, packed documents)
+        _masked_last(128, None, True, PERSIST=True, **m)
+        for m in (dict(WINDOW=True), dict(DOCS=True, PACKED=True))
+    ]
 )
 
 
