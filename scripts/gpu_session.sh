@@ -221,7 +221,7 @@ fi
 if has fwd_vs_cudnn; then
   echo "== Gluon forward against cuDNN, interleaved, three processes a dtype (24 rows)"
   three_processes "${FWD_VS_LIMIT:-90}" sweep_forward.py fwd_vs_cudnn --masks causal full \
-    --dims 64 128 --ns 4096 8192 16384 --variants 0 cudnn --rounds 5 --budget-s 70
+    --dims 64 128 --ns 4096 8192 16384 --variants 0 cudnn --rounds 5 --budget-s "${FWD_VS_BUDGET:-70}"
   "$PY" experiments/gluon/worst_of_three.py "$OUT"/fwd_vs_cudnn_*_run*.json --goal 1.0 \
     --out "$OUT/fwd_vs_cudnn_table.json"
 fi
