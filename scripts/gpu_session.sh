@@ -257,7 +257,7 @@ if has wg_mask; then
   echo "== Gluon backward: WG_MASK (masked steps per consumer warpgroup): GPU tests, then timed"
   timeout 240 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
     -n "${TEST_WORKERS:-8}" -k "wg_mask" 2>&1 | tail -15
-  three_processes "${WG_MASK_LIMIT:-70}" bench_section.py wg_mask --masks window documents causal \
+  three_processes "${WG_MASK_LIMIT:-70}" bench_section.py wg_mask --masks ${WG_MASK_MASKS:-window documents causal} \
     --dims ${WG_MASK_DIMS:-128 64} --sections ${WG_MASK_VARIANTS:-0 WG_MASK=1} --rounds 5 --budget-s "${WG_MASK_BUDGET:-55}"
 fi
 echo "== done $(date -u +%FT%TZ)"
