@@ -47,8 +47,9 @@
 #                            processes a dtype, cuDNN beside
 #   masked_stages_{dt}_run{1,2,3}.json   step masked_stages: STAGES = 3 on window / documents, d = 64
 #   docs128_{dt}_run{1,2,3}.json   step docs128: SECTION = 4 and STAGES = 3 on documents at d = 128
-#   wg_mask_{dt}_run{1,2,3}.json   step wg_mask: its GPU tests (printed), then WG_MASK beside the
-#                            default on window, documents and causal rows, d = 128 and 64
+#   wg_mask_{dt}_run{1,2,3}.json   step wg_mask: its GPU tests (printed), then WG_MASK = 1 and 2
+#                            and PERSIST beside the default on window, documents and causal rows,
+#                            d = 128 and 64 (WG_MASK_DIMS, _MASKS, _VARIANTS, _LIMIT, _BUDGET narrow it)
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -258,7 +259,8 @@ if has wg_mask; then
   timeout 240 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
     -n "${TEST_WORKERS:-8}" -k "wg_mask" 2>&1 | tail -15
   three_processes "${WG_MASK_LIMIT:-70}" bench_section.py wg_mask --masks ${WG_MASK_MASKS:-window documents causal} \
-    --dims ${WG_MASK_DIMS:-128 64} --sections ${WG_MASK_VARIANTS:-0 WG_MASK=1} --rounds 5 --budget-s "${WG_MASK_BUDGET:-55}"
+    --dims ${WG_MASK_DIMS:-128 64} --sections ${WG_MASK_VARIANTS:-0 WG_MASK=1 WG_MASK=2 PERSIST=1} \
+    --rounds 5 --budget-s "${WG_MASK_BUDGET:-55}"
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's

@@ -582,6 +582,53 @@ def test_masked_ranges_and_runs_visit_exactly_the_blocks_a_key_block_needs(mask,
             assert (i in unmasked) == whole, (case, i)
 
 
+@pytest.mark.parametrize("mask", ["causal", "window", "documents"])
+def test_wg_cuts_split_a_masked_run_exactly_into_dead_masked_and_unmasked_blocks(mask):
+    """Session 25 (WG_MASK = 2): _wg_cuts (the kernel's code, on Python ints) cuts a run of
+    query blocks for one warpgroup's 64 keys into dead, masked, unmasked, masked, dead
+    segments. Against brute force over the pairs (rows of the nominal block, keys below N, the
+    rule of _keep_seen): a block is put in a dead segment if and only if none of its pairs is
+    seen and in the unmasked one if and only if all are; over 3000 random cases, any run."""
+    if not GB_kernel.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    cuts = GB_sched._wg_cuts.fn
+    rng = np.random.default_rng(25)
+    for _ in range(3000):
+        BM, N = int(rng.choice([64, 128])), int(rng.integers(1, 700))
+        k0 = 64 * int(rng.integers(0, -(-N // 64) + 1))  # a key tail past N now and then
+        n_blocks = -(-N // BM)
+        keys, rows = np.arange(k0, k0 + 64), np.arange(n_blocks * BM)
+        seen = (keys[:, None] <= rows[None, :]) & (keys[:, None] < N)
+        w = end_first = end_last = 0
+        if mask == "window":
+            edges = [1, 62, 63, 64, 65, 126, 127, 128, 129, 190, 191, 1000, 2**31 - 1]
+            left = int(rng.choice(edges)) if rng.random() < 0.7 else int(rng.integers(1, 800))
+            w = min(left, N)
+            seen &= rows[None, :] - keys[:, None] <= w
+        elif mask == "documents":
+            _cu, end = _random_documents(rng, N)
+            if rng.random() < 0.5:  # documents ending on or next to block edges
+                at = {
+                    64 * int(m) + int(e)
+                    for m, e in zip(rng.integers(1, 12, 4), rng.integers(-1, 2, 4), strict=True)
+                }
+                cu = [0, *sorted(c for c in at if 0 < c < N), N]
+                end = np.repeat(cu[1:], np.diff(cu))
+            end_first, end_last = int(end[min(k0, N - 1)]), int(end[min(k0 + 63, N - 1)])
+            seen &= rows[None, :] < np.concatenate([end, np.zeros(64 + BM, int)])[keys][:, None]
+        start = int(rng.integers(0, n_blocks + 1))
+        stop = int(rng.integers(start, n_blocks + 1))
+        case = (mask, BM, N, k0, w, end_first, end_last, start, stop)
+        c1, c2, c3, c4 = cuts(
+            start, stop, k0, N, w, end_first, end_last, BM, mask == "window", mask == "documents"
+        )
+        assert start <= c1 <= c2 <= c3 <= c4 <= stop, case
+        for i in range(start, stop):
+            block = seen[:, i * BM : (i + 1) * BM]
+            assert (i < c1 or i >= c4) == (not block.any()), (case, i)
+            assert (c2 <= i < c3) == bool(block.all()), (case, i)
+
+
 def test_masked_last_is_the_measured_default_and_dv_early_is_off_and_checked():
     """MASKED_LAST measured faster in 16 of 16 rows (session 13): on by default, at both d.
     DV_EARLY measured slower or split: off; it cannot go with OVERLAP_DQ."""
@@ -1150,8 +1197,16 @@ def test_wg_mask_is_an_option_off_by_default():
         GB._check_config(64, dict(WG_MASK=True, OVERLAP_DQ=True))
     with pytest.raises(ValueError, match="DV_EARLY is written for the step without OVERLAP_DQ"):
         GB._check_config(64, dict(DV_EARLY=True, OVERLAP_DQ=True))
-    with pytest.raises(ValueError, match=r"WG_MASK='yes' not supported; accepted: \(False, True\)"):
+    with pytest.raises(
+        ValueError, match=r"WG_MASK='yes' not supported; accepted: \(False, True, 2\)"
+    ):
         GB.gluon_attention_backward(**_args(), WG_MASK="yes")
+    # session 25: WG_MASK = 2 (per-warpgroup runs) cuts MASKED_LAST's masked runs
+    assert GB._check_config(128, dict(WG_MASK=2))["WG_MASK"] == 2
+    with pytest.raises(ValueError, match="WG_MASK=2 cuts the masked runs of MASKED_LAST"):
+        GB._check_config(128, dict(WG_MASK=2, MASKED_LAST=False))
+    with pytest.raises(ValueError, match="WG_MASK is written for the step without OVERLAP_DQ"):
+        GB._check_config(64, dict(WG_MASK=2, OVERLAP_DQ=True))
 
 
 def test_bench_section_leaves_a_section_out_only_where_it_did_not_compile(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ if HAVE_GLUON:
     from .backward_steps import _bwd_step
     from .producer import KEYS, _bwd_producer, _mma_layout
     from .scheduler import _after, _bulk_writes_done, _bwd_block, _bwd_runs, _bwd_tile
-    from .scheduler import _dq_convert_last, _q_range
+    from .scheduler import _dq_convert_last, _q_range, _wg_cuts
 
     LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
     _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
@@ -214,9 +214,18 @@ if HAVE_GLUON:
         )  # fmt: skip
         args = (dq_ptr, row0, k0, N, win_left, kend_ptr, qk_scale)  # runtime values only
         dk, dv = _bwd_steps(bufs, run0, dk, dv, args, not MASKED_LAST, ROTATE, dtype, CID, cfg)
-        dk, dv = _bwd_steps(bufs, run1, dk, dv, args, MASKED_LAST, False, dtype, CID, cfg)
-        if WINDOW or DOCS:  # the far edge (past some key's window or document), masked
-            dk, dv = _bwd_steps(bufs, run2, dk, dv, args, True, False, dtype, CID, cfg)
+        if cfg.WG_MASK == 2 and MASKED_LAST and CAUSAL:  # session 25: per-warpgroup segments
+            ends = (0, 0)
+            if DOCS:  # the document ends of the warpgroup's first key and last one below N
+                ends = (gl.load(kend_ptr + min(k0, N - 1)), gl.load(kend_ptr + min(k0 + 63, N - 1)))
+            keys = (k0, N, min(win_left, N), ends[0], ends[1])
+            dk, dv = _bwd_wg_run(bufs, run1, keys, dk, dv, args, dtype, CID, cfg)
+            if WINDOW or DOCS:
+                dk, dv = _bwd_wg_run(bufs, run2, keys, dk, dv, args, dtype, CID, cfg)
+        else:
+            dk, dv = _bwd_steps(bufs, run1, dk, dv, args, MASKED_LAST, False, dtype, CID, cfg)
+            if WINDOW or DOCS:  # the far edge (past some key's window or document), masked
+                dk, dv = _bwd_steps(bufs, run2, dk, dv, args, True, False, dtype, CID, cfg)
         if cfg.PERSIST:  # every wgmma of this warpgroup reading K, V has been waited for
             mbarrier.arrive(kv_ready.index(1), count=1)
         if DQ_TMA:  # the last reductions must have read their tiles before the CTA exits
@@ -242,6 +251,25 @@ if HAVE_GLUON:
                 bufs, t - base, _bwd_block(t, start, stop, shift, ROT), dk, dv, dq_ptr, row0, k0,
                 N, win_left, kend_ptr, qk_scale, MASK, dtype, CID, cfg,
             )  # fmt: skip
+        return dk, dv
+
+    @gluon.jit
+    def _bwd_wg_run(bufs, run, keys, dk, dv, args, dtype: gl.constexpr, CID: gl.constexpr, cfg):
+        """WG_MASK = 2 (session 25): a masked run [start, stop) in this warpgroup's five segments
+        (``_wg_cuts``), each a loop of its own: dead (MASK = 2: ``_bwd_dead``), masked, unmasked,
+        masked, dead; the ring slots and blocks as in one loop (a masked run has no shift)."""
+        start, stop, base, shift = run
+        k0, N, w, end_first, end_last = keys
+        c1, c2, c3, c4 = _wg_cuts(
+            start, stop, k0, N, w, end_first, end_last, cfg.BM, cfg.WINDOW, cfg.DOCS
+        )  # fmt: skip
+        dk, dv = _bwd_steps(bufs, (start, c1, base, shift), dk, dv, args, 2, False, dtype, CID, cfg)
+        dk, dv = _bwd_steps(bufs, (c1, c2, base, shift), dk, dv, args, True, False, dtype, CID, cfg)
+        dk, dv = _bwd_steps(
+            bufs, (c2, c3, base, shift), dk, dv, args, False, False, dtype, CID, cfg
+        )
+        dk, dv = _bwd_steps(bufs, (c3, c4, base, shift), dk, dv, args, True, False, dtype, CID, cfg)
+        dk, dv = _bwd_steps(bufs, (c4, stop, base, shift), dk, dv, args, 2, False, dtype, CID, cfg)
         return dk, dv
 
     # ------------------------------------------------------------------- kernel

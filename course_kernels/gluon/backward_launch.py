@@ -40,8 +40,7 @@ BACKWARD_CONFIG = {
     64: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=1),
     128: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=2),
 }
-# registers per consumer thread (setmaxnreg), by the number of consumer warpgroups
-BACKWARD_CONSUMER_REGS = {1: 240, 2: 240}
+BACKWARD_CONSUMER_REGS = {1: 240, 2: 240}  # setmaxnreg per consumer thread, by consumers
 _ACCEPTED = {
     "BM": (64, 128),
     "NUM_CONSUMERS": (1, 2),
@@ -60,14 +59,14 @@ _ACCEPTED = {
     "DQ_CONVERT": (False, True),
     "PERSIST": (False, True),
     "ZERO_ACC": (False, True),
-    "WG_MASK": (False, True),
+    "WG_MASK": (False, True, 2),
 }
 # OVERLAP_DQ (session 9): block i's last dQ chunk left in flight while block i+1's S^T / dP^T
 # wgmmas run (needs DQ_SHARED). Session 10 (data/gluon/h200_gluon_backward_session10.json, 8K,
 # fp16): d = 64 0.833 -> 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680,
 # 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (22: dQ_acc zeroed by the
 # preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
-# WG_MASK (24: masked steps chosen per consumer, backward_steps._bwd_step): not yet timed, off.
+# WG_MASK (masked steps per consumer: 1 a step at a time, 24; 2 in runs, _wg_cuts, 25): off.
 # DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
 # reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
 # registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
@@ -150,8 +149,11 @@ def _check_config(d: int, config: dict) -> dict:
         cfg["OVERLAP_DQ"] = BACKWARD_OVERLAP_DQ[d] and bool(cfg["DQ_SHARED"]) and not early
     if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
         raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
-    if cfg["ROTATE"] and not cfg["MASKED_LAST"]:
-        raise ValueError("ROTATE turns the unmasked run of MASKED_LAST: it needs MASKED_LAST=True")
+    if (cfg["ROTATE"] or cfg["WG_MASK"] == 2) and not cfg["MASKED_LAST"]:
+        what = (
+            "ROTATE turns the unmasked run" if cfg["ROTATE"] else "WG_MASK=2 cuts the masked runs"
+        )
+        raise ValueError(what + " of MASKED_LAST: it needs MASKED_LAST=True")
     if early and cfg["OVERLAP_DQ"]:
         lever = "DV_EARLY" if cfg["DV_EARLY"] else "WG_MASK"
         raise ValueError(
@@ -355,7 +357,7 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         MASKED_LAST=bool(cfg["MASKED_LAST"]),
         DV_EARLY=bool(cfg["DV_EARLY"]),
         ROTATE=bool(cfg["ROTATE"]),
-        WINDOW=win >= 0, DOCS=docs, PACKED=packed, WG_MASK=bool(cfg["WG_MASK"]),
+        WINDOW=win >= 0, DOCS=docs, PACKED=packed, WG_MASK=cfg["WG_MASK"],
         SECTION=section,
         TAIL=tail,
         DQ_CONVERT=bool(cfg["DQ_CONVERT"]),

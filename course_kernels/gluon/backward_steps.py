@@ -107,7 +107,9 @@ if HAVE_GLUON:
         q_ready = bufs[7]
         s = jc % cfg.STAGES
         mbarrier.wait(q_ready.index(s), (jc // cfg.STAGES) & 1)
-        if cfg.WG_MASK and MASK and cfg.CAUSAL:
+        if MASK == 2:  # WG_MASK = 2 (session 25): a dead segment of this warpgroup's run
+            _bwd_dead(bufs, s, jc, i, dq_ptr, row0, N, dtype, CID, cfg)
+        elif cfg.WG_MASK == 1 and MASK and cfg.CAUSAL:
             none, every = _wg_sees(i, k0, N, win_left, kend_ptr, cfg.BM, cfg.WINDOW, cfg.DOCS)
             if none:
                 _bwd_dead(bufs, s, jc, i, dq_ptr, row0, N, dtype, CID, cfg)
@@ -186,7 +188,7 @@ if HAVE_GLUON:
             if CAUSAL:  # query q sees key k when 0 <= q - k < reach(k) (``_reach``)
                 qrow = i * BM + gl.arange(0, BM, layout=col_layout)
                 reach = _reach(key, N, win_left, kend_ptr, WINDOW, DOCS)
-                if cfg.WG_MASK:
+                if cfg.WG_MASK == 1:
                     if need:
                         pT = _keep_seen(pT, qrow, key, reach, st_layout)
                 else:

@@ -362,3 +362,25 @@ if HAVE_GLUON:
         r0, r1, r2 = runs
         return ((r0[0], r0[1], r0[2] - step0, r0[3]), (r1[0], r1[1], r1[2] - step0, r1[3]),
                 (r2[0], r2[1], r2[2] - step0, r2[3]))  # fmt: skip
+
+    @gluon.jit
+    def _wg_cuts(start, stop, k0, N, w, end_first, end_last, BM: gl.constexpr,
+                 WINDOW: gl.constexpr, DOCS: gl.constexpr):  # fmt: skip
+        """WG_MASK = 2 (session 25), causal calls: a masked run [start, stop) cut for the keys
+        [k0, k0 + 64) of one warpgroup into [start, c1) and [c4, stop), blocks whose rows see
+        none of them, [c2, c3), blocks that see every pair (by backward_steps._keep_seen's rule;
+        w = min(win_left, N); end_first, end_last: the document ends of key k0 and of the last
+        key below N), and the masked rest. Plain integer code: the CPU tests run it on ints."""
+        big, last = N // BM + 2, k0 + 63  # past every block; the warpgroup's last key
+        # dead below d1; every pair seen from e1 on (top >= last: none if last >= N, as top < N)
+        d1, e1, e2, d2 = k0 // BM, (last + BM - 1) // BM, big, big
+        if WINDOW:  # every while bottom - k0 <= w; dead once top - min(last, N - 1) > w
+            e2, d2 = (w + k0 + 1) // BM, (w + min(last, N - 1)) // BM + 1
+        elif DOCS:  # every while bottom < end(k0); dead once top >= end(last)
+            e2, d2 = end_first // BM, (end_last + BM - 1) // BM
+        if k0 >= N:
+            d1 = big
+        c1 = min(max(d1, start), stop)
+        c2 = min(max(e1, c1), stop)
+        c3 = min(max(e2, c2), stop)
+        return c1, c2, c3, min(max(d2, c3), stop)

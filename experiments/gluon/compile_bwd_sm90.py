@@ -261,6 +261,11 @@ CONFIGS = (
         _masked_last(128, None, True, WG_MASK=True, **m)
         for m in ({}, dict(WINDOW=True), dict(DOCS=True, PACKED=True, SECTION=4))
     ]
+    + [  # session 25: WG_MASK = 2, the masked runs cut per warpgroup (scheduler._wg_cuts)
+        _masked_last(128, None, True, WG_MASK=2, **m)
+        for m in ({}, dict(WINDOW=True), dict(DOCS=True, PACKED=True))
+    ]
+    + [_masked_last(64, None, True, overlap=False, WG_MASK=2, BM=128, WINDOW=True)]
     + [  # session 25: PERSIST on issue 22's masked rows at d = 128 (the window, packed documents)
         _masked_last(128, None, True, PERSIST=True, **m)
         for m in (dict(WINDOW=True), dict(DOCS=True, PACKED=True))

@@ -196,6 +196,12 @@ def test_dq_tma_with_128_query_rows():
         dict(WG_MASK=True, STAGES=1),
         dict(WG_MASK=True, DQ_TMA=False),
         dict(WG_MASK=True, DQ_SHARED=False),
+        # session 25: WG_MASK = 2, the masked runs cut per warpgroup, not yet run on a GPU
+        dict(WG_MASK=2),
+        dict(WG_MASK=2, BM=64),
+        dict(WG_MASK=2, STAGES=1),
+        dict(WG_MASK=2, DQ_TMA=False),
+        dict(WG_MASK=2, PERSIST=True),
     ],
     ids=str,
 )
@@ -420,6 +426,8 @@ def _check_documents_backward(lengths, d, dtype, n_seed, **schedule):
         dict(packed=True, ZERO_ACC=True, DQ_CONVERT=True),  # session 22
         dict(packed=True, WG_MASK=True),  # session 24: masked steps per consumer warpgroup
         dict(packed=False, WG_MASK=True, SECTION=8),
+        dict(packed=True, WG_MASK=2),  # session 25: the masked runs cut per warpgroup
+        dict(packed=False, WG_MASK=2, SECTION=4),
     ],
     ids=str,
 )
@@ -626,7 +634,8 @@ def test_flash_attention_runs_gqa_backwards_on_gluon_only_when_asked(monkeypatch
 @pytest.mark.parametrize("left", [None, 1, 63, 64, 65, 127, 300, 1023])
 @pytest.mark.parametrize("N", [17, 129, 1000, 2053])
 @pytest.mark.parametrize("d", [64, 128])
-def test_wg_mask_changes_no_bit_of_dk_dv(left, N, d):
+@pytest.mark.parametrize("wg", [True, 2])  # session 25: 2, the masked runs cut per warpgroup
+def test_wg_mask_changes_no_bit_of_dk_dv(left, N, d, wg):
     """WG_MASK against the default on the same inputs, causal (left None) or under a window: a
     warpgroup whose keys no row of the block sees skips its wgmmas (its P and dS would be exactly
     0) and one whose keys every row sees skips the mask (it would keep every pair), so dK and dV
@@ -639,7 +648,7 @@ def test_wg_mask_changes_no_bit_of_dk_dv(left, N, d):
     base = GB.gluon_attention_backward(do, q, k, v, o, lse, True, scale, window_left=left)
     for bm in (64, 128) if d == 64 else (64,):
         wg = GB.gluon_attention_backward(
-            do, q, k, v, o, lse, True, scale, window_left=left, WG_MASK=True, BM=bm
+            do, q, k, v, o, lse, True, scale, window_left=left, WG_MASK=wg, BM=bm
         )  # fmt: skip
         if bm == GB.BACKWARD_BM.get(d, 64):
             assert torch.equal(wg[1], base[1]) and torch.equal(wg[2], base[2]), (bm, "dk/dv bits")
