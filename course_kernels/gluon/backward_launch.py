@@ -150,9 +150,7 @@ def _check_config(d: int, config: dict) -> dict:
     if cfg["DQ_SHARED"] and cfg["NUM_CONSUMERS"] < 2:
         raise ValueError("DQ_SHARED splits dQ across consumers: it needs NUM_CONSUMERS=2")
     if (cfg["ROTATE"] or cfg["WG_MASK"] == 2) and not cfg["MASKED_LAST"]:
-        what = (
-            "ROTATE turns the unmasked run" if cfg["ROTATE"] else "WG_MASK=2 cuts the masked runs"
-        )
+        what = ("WG_MASK=2 cuts the masked runs", "ROTATE turns the unmasked run")[cfg["ROTATE"]]
         raise ValueError(what + " of MASKED_LAST: it needs MASKED_LAST=True")
     if early and cfg["OVERLAP_DQ"]:
         lever = "DV_EARLY" if cfg["DV_EARLY"] else "WG_MASK"
