@@ -647,18 +647,18 @@ def test_wg_mask_changes_no_bit_of_dk_dv(left, N, d, wg):
     o, lse = G.gluon_attention_forward(q, k, v, causal=True, scale=scale, window_left=left)
     base = GB.gluon_attention_backward(do, q, k, v, o, lse, True, scale, window_left=left)
     for bm in (64, 128) if d == 64 else (64,):
-        wg = GB.gluon_attention_backward(
+        got = GB.gluon_attention_backward(
             do, q, k, v, o, lse, True, scale, window_left=left, WG_MASK=wg, BM=bm
         )  # fmt: skip
         if bm == GB.BACKWARD_BM.get(d, 64):
-            assert torch.equal(wg[1], base[1]) and torch.equal(wg[2], base[2]), (bm, "dk/dv bits")
+            assert torch.equal(got[1], base[1]) and torch.equal(got[2], base[2]), (bm, "dk/dv bits")
             tol = 4 * 2**-10 * base[0].abs().max().item()
-            assert (wg[0].float() - base[0].float()).abs().max().item() <= tol
+            assert (got[0].float() - base[0].float()).abs().max().item() <= tol
         reach = N if left is None else left  # a window of N keys is plain causal
         ref = _window_grads(q, k, v, do, scale, reach, True)
         sdpa = _window_grads(q, k, v, do, scale, reach, False)
         errs = {}
-        for name, g, r, s_ in zip(("dq", "dk", "dv"), wg, ref, sdpa, strict=True):
+        for name, g, r, s_ in zip(("dq", "dk", "dv"), got, ref, sdpa, strict=True):
             assert torch.isfinite(g).all(), f"NaN/inf in {name}"
             errs[name] = ((g.double() - r).abs().max().item(), fa_rule.budget(s_, r, torch.float16))
         assert all(e <= lim for e, lim in errs.values()), (bm, errs)
