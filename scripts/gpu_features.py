@@ -12,7 +12,8 @@ Benchmark rows: B = 4, H * d = 2048, fp16, d in {64, 128}, N in {4K, 8K, 16K}, m
 causal sliding window of 1024 keys (``window_size=(1023, 0)``; Flex: ``q - kv < 1024``), and
 documents (16,384 tokens in 6 documents, causal within each: the course's
 ``flash_attention_varlen``, Flex with a document mask, ``varlen_attn``). Forward and backward
-(backward alone, from a retained graph), the median of ``triton.testing.do_bench``. TFLOP/s
+(backward alone, from a retained graph): the median of ``--rounds`` rounds, each the median of
+``triton.testing.do_bench``, a group's providers interleaved round by round. TFLOP/s
 count only unmasked work: 4 d H (visible pairs) forward, 2.5x that backward. Rows past
 ``--budget-s`` are recorded as skipped, so the run ends in time; the file is rewritten after
 every row, so an interrupted run keeps what it measured.
@@ -28,9 +29,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import itertools
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -63,6 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=330.0, help="stop starting rows after this")
     p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up (ms)")
     p.add_argument("--rep", type=int, default=40, help="do_bench repetitions (ms)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds a row (median)")
     p.add_argument("--workers", type=int, default=12, help="pytest-xdist workers for the tests")
     p.add_argument("--verbose-tests", action="store_true", help="pytest -v (one line a test)")
     p.add_argument("--pytest-args", default="", help="extra pytest arguments for --part tests")
@@ -84,14 +88,6 @@ def parse_args(argv=None):
         choices=("documents",),
         help="the same for the Gluon forward (GLUON_MASKED_FORWARD, empty until measured)",
     )
-    p.add_argument(
-        "--gluon-section",
-        type=int,
-        help="an experiment: the Gluon backward's SECTION "
-        "for documents (backward_launch.BACKWARD_SECTION), in this process only",
-    )
-    p.add_argument("--gluon-dq-convert", action="store_true", help="an experiment: the Gluon "
-                   "backward with DQ_CONVERT (BACKWARD_DQ_DEFAULTS), in this process only")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -324,23 +320,32 @@ def measure(row, args):
             return torch.autograd.grad(out, leaves, do, retain_graph=True)
 
         ms = _bench(bwd, args)
-    return ms, flops(row, args) / (ms * 1e-3) / 1e12
+    return ms
 
 
 def run_bench(args, record, write):
+    """A (mask, d, N) group's rows (every provider and pass) timed in --rounds interleaved rounds,
+    so that a clock or thermal drift meets every provider alike; a row's time: its median round."""
     t0 = time.time()
-    for row in rows(args):
-        if time.time() - t0 > args.budget_s:
-            row["status"] = f"skipped: past --budget-s {args.budget_s}"
-        else:
-            try:
-                ms, tflops = measure(row, args)
-                row.update(status="ok", ms=round(ms, 4), tflops=round(tflops, 1))
-            except Exception as exc:  # a provider missing in this torch, an OOM, ...
-                row["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
-        print(json.dumps(row), flush=True)
-        record["rows"].append(row)
-        write()
+    for _, group in itertools.groupby(rows(args), key=lambda r: (r["mask"], r["d"], r["n"])):
+        group = list(group)
+        for _ in range(args.rounds):
+            for row in group:
+                if "error" in row.get("status", "") or time.time() - t0 > args.budget_s:
+                    row.setdefault("status", f"skipped: past --budget-s {args.budget_s}")
+                    continue
+                try:
+                    row.setdefault("rounds_ms", []).append(round(measure(row, args), 4))
+                    row["status"] = "ok"
+                except Exception as exc:  # a provider missing in this torch, an OOM, ...
+                    row["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
+        for row in group:
+            if row["status"] == "ok":
+                ms = statistics.median(row["rounds_ms"])
+                row.update(ms=round(ms, 4), tflops=round(flops(row, args) / ms / 1e9, 1))
+            print(json.dumps(row), flush=True)
+            record["rows"].append(row)
+            write()
     record["bench_seconds"] = round(time.time() - t0, 1)
     ratios, key = {}, ("mask", "d", "n", "pass")
     ok = [r for r in record["rows"] if r.get("status") == "ok"]
@@ -349,7 +354,7 @@ def run_bench(args, record, write):
         mine = course.get(tuple(r[x] for x in key))
         if r["provider"] != "course" and mine:
             name = f"{r['mask']} d={r['d']} N={r['n']} {r['pass']} vs {r['provider']}"
-            ratios[name] = round(mine["tflops"] / r["tflops"], 3)
+            ratios[name] = round(r["ms"] / mine["ms"], 3)  # same work: time over time
     record["course_over_other"] = ratios
 
 
@@ -369,17 +374,6 @@ def main(argv=None):
             record[f"gluon_masked_{side}_before"] = enable_gluon_masked(
                 getattr(args, f"gluon_masked_{side}"), args.d, f"GLUON_MASKED_{side.upper()}"
             )
-    if args.gluon_section is not None:
-        from course_kernels.gluon import backward_launch as GB
-
-        record["gluon_section_before"] = dict(GB.BACKWARD_SECTION["documents"])
-        GB.BACKWARD_SECTION["documents"] = dict.fromkeys(
-            GB.BACKWARD_SECTION["documents"], args.gluon_section
-        )
-    if args.gluon_dq_convert:
-        from course_kernels.gluon import backward_launch as GB
-
-        GB.BACKWARD_DQ_DEFAULTS["DQ_CONVERT"] = True
     out = Path(args.out)
 
     def write():

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_features  # noqa: E402
@@ -75,8 +77,6 @@ def test_gluon_masked_backward_is_an_explicit_experiment(monkeypatch):
     """--gluon-masked-backward lists the --d dims for the named masks in the package's
     GLUON_MASKED_BACKWARD (this process only) and returns what was there; without it nothing
     changes; unknown masks are refused by argparse."""
-    import pytest
-
     from course_kernels.triton import launch
 
     monkeypatch.setattr(launch, "GLUON_MASKED_BACKWARD", {"window": (), "documents": ()})
@@ -109,33 +109,49 @@ def test_ratios_pair_each_row_with_the_course_row_of_its_shape(monkeypatch):
         if row["provider"] == "flex" and row["pass"] == "bwd" and row["d"] == 128:
             raise RuntimeError("no backward")
         t = speed[row["provider"], row["d"]] * (2 if row["pass"] == "bwd" else 1)
-        return 1.0, t
+        return gpu_features.flops(row, args) / (t * 1e9)  # ms at t TFLOP/s
 
     monkeypatch.setattr(gpu_features, "measure", fake_measure)
     args = gpu_features.parse_args(["--masks", "window", "--d", "64", "128", "--n", "4096",
                                     "--providers", "course", "flex"])  # fmt: skip
     record = {"rows": []}
     gpu_features.run_bench(args, record, lambda: None)
-    assert record["course_over_other"] == {
-        "window d=64 N=4096 fwd vs flex": 1.5,
-        "window d=64 N=4096 bwd vs flex": 1.5,
-        "window d=128 N=4096 fwd vs flex": 1.25,
-    }
+    assert record["course_over_other"] == pytest.approx(
+        {
+            "window d=64 N=4096 fwd vs flex": 1.5,
+            "window d=64 N=4096 bwd vs flex": 1.5,
+            "window d=128 N=4096 fwd vs flex": 1.25,
+        },
+        abs=2e-3,
+    )
 
 
-def test_gluon_dq_convert_is_an_explicit_experiment(monkeypatch, tmp_path):
-    """--gluon-dq-convert turns DQ_CONVERT on in BACKWARD_DQ_DEFAULTS for this process and is
-    recorded in the file's args; without it the default is left alone."""
-    from course_kernels.gluon import backward_launch as GB
+def test_rounds_interleave_a_groups_providers_and_keep_the_median(monkeypatch):
+    """--rounds R: each (mask, d, N) group's rows are timed round by round (course, Flex, course,
+    Flex, ...), not R times in a row; a row's ms is the median of its rounds; a row that fails
+    once stays failed; past --budget-s a row with no round is skipped, one with rounds keeps them."""
+    calls, clock = [], [0.0]
+    times = iter([4.0, 9.0, 1.0, 8.0, 2.0, 6.0] + [5.0] * 20)  # medians 2, 8; means not
 
-    monkeypatch.setitem(GB.BACKWARD_DQ_DEFAULTS, "DQ_CONVERT", False)
-    monkeypatch.setattr(gpu_features, "run_bench", lambda args, record, write: None)
-    monkeypatch.setattr(gpu_features, "DEVICE", ["cuda"])  # main sets it
-    out = tmp_path / "r.json"
-    base = ["--part", "bench", "--device", "cpu", "--autotune", "--out", str(out)]
-    gpu_features.main(base)
-    assert GB.BACKWARD_DQ_DEFAULTS["DQ_CONVERT"] is False
-    assert json.loads(out.read_text())["args"]["gluon_dq_convert"] is False
-    gpu_features.main([*base, "--gluon-dq-convert"])
-    assert GB.BACKWARD_DQ_DEFAULTS["DQ_CONVERT"] is True
-    assert json.loads(out.read_text())["args"]["gluon_dq_convert"] is True
+    def fake_measure(row, args):
+        calls.append((row["d"], row["provider"]))
+        clock[0] += 1.0
+        if row["d"] == 128 and row["provider"] == "flex":
+            raise RuntimeError("no kernel")
+        return next(times)
+
+    monkeypatch.setattr(gpu_features, "measure", fake_measure)
+    monkeypatch.setattr(gpu_features.time, "time", lambda: clock[0])
+    args = gpu_features.parse_args(["--masks", "window", "--d", "64", "128", "--n", "4096",
+                                    "--providers", "course", "flex", "--passes", "fwd",
+                                    "--rounds", "3", "--budget-s", "7.5"])  # fmt: skip
+    record = {"rows": []}
+    gpu_features.run_bench(args, record, lambda: None)
+    assert calls[:6] == [(64, "course"), (64, "flex")] * 3
+    assert calls[6:] == [(128, "course"), (128, "flex")]  # flex failed once: never again
+    by = {(r["d"], r["provider"]): r for r in record["rows"]}
+    assert by[64, "course"]["rounds_ms"] == [4.0, 1.0, 2.0] and by[64, "course"]["ms"] == 2.0
+    assert by[64, "flex"]["ms"] == 8.0 and by[64, "flex"]["status"] == "ok"
+    assert by[128, "course"]["rounds_ms"] == [5.0] and by[128, "course"]["status"] == "ok"
+    assert by[128, "flex"]["status"].startswith("error: RuntimeError")
+    assert record["course_over_other"]["window d=64 N=4096 fwd vs flex"] == 4.0
