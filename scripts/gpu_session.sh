@@ -8,7 +8,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh persist           (Hopper, session 21's PERSIST backward)
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
 #   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | ncu_lpt | bm128_masked | bwd_stages | zero_acc_window (23)
-#   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128 | wg_mask   (24)
+#   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128 | wg_mask   (24) | pdl (26)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -50,6 +50,9 @@
 #   wg_mask_{dt}_run{1,2,3}.json   step wg_mask: its GPU tests (printed), then WG_MASK = 1 and 2
 #                            and PERSIST beside the default on window, documents and causal rows,
 #                            d = 128 and 64 (WG_MASK_DIMS, _MASKS, _VARIANTS, _LIMIT, _BUDGET narrow it)
+#   pdl_{dt}_run{1,2,3}.json   step pdl: its GPU tests (printed), then PDL and PDL with ZERO_ACC
+#                            beside the default on the window (N = 4K, 16K) and documents rows at
+#                            d = 128 (PDL_DIMS, _MASKS, _NS, _VARIANTS, _LIMIT, _BUDGET widen it)
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -261,6 +264,14 @@ if has wg_mask; then
   three_processes "${WG_MASK_LIMIT:-70}" bench_section.py wg_mask --masks ${WG_MASK_MASKS:-window documents causal} \
     --dims ${WG_MASK_DIMS:-128 64} --sections ${WG_MASK_VARIANTS:-0 WG_MASK=1 WG_MASK=2 PERSIST=1} \
     --rounds 5 --budget-s "${WG_MASK_BUDGET:-55}"
+fi
+if has pdl; then  # session 26: programmatic dependent launch of the backward's kernels
+  echo "== Gluon backward: PDL (each kernel launched while the one before it runs): tests, timed"
+  timeout 240 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
+    -n "${TEST_WORKERS:-8}" -k "PDL or pdl" 2>&1 | tail -15
+  three_processes "${PDL_LIMIT:-70}" bench_section.py pdl --masks ${PDL_MASKS:-window documents} \
+    --dims ${PDL_DIMS:-128} --ns ${PDL_NS:-4096 16384} \
+    --sections ${PDL_VARIANTS:-0 PDL=1 PDL=1+ZERO_ACC=1} --rounds 7 --budget-s "${PDL_BUDGET:-55}"
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's

@@ -1182,6 +1182,17 @@ def test_zero_acc_is_an_option_off_by_default():
         GB.gluon_attention_backward(**_args(), ZERO_ACC=2)
 
 
+def test_pdl_is_an_option_off_by_default():
+    """PDL (session 26, compiled offline, not yet run on a GPU): off by default in every kind of
+    call, on only when a call asks, and it takes only booleans."""
+    assert GB.BACKWARD_DQ_DEFAULTS["PDL"] is False
+    for args in ((64, False, False, False), (128, True, True, False), (64, True, False, True)):
+        assert GB._schedule(*args, {})["PDL"] is False
+    assert GB._schedule(128, True, False, False, dict(PDL=True))["PDL"] is True
+    with pytest.raises(ValueError, match=r"PDL=2 not supported; accepted: \(False, True\)"):
+        GB.gluon_attention_backward(**_args(), PDL=2)
+
+
 def test_wg_mask_is_an_option_off_by_default():
     """WG_MASK (session 24, compiled offline, not yet run on a GPU): off by default in every kind
     of call; written for the step without OVERLAP_DQ, so it turns OVERLAP_DQ's default off at

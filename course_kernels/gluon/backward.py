@@ -46,7 +46,7 @@ if HAVE_GLUON:
     from .backward_steps import _bwd_step
     from .producer import KEYS, _bwd_producer, _mma_layout
     from .scheduler import _after, _bulk_writes_done, _bwd_block, _bwd_runs, _bwd_tile
-    from .scheduler import _dq_convert_last, _q_range, _wg_cuts
+    from .scheduler import _ID_LAYOUT, _dq_convert_last, _grid_dependency, _q_range, _wg_cuts
 
     LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
     _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
@@ -70,6 +70,7 @@ if HAVE_GLUON:
     def _bwd_preprocess(
         o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, acc_ptr, cnt_ptr, ACC_ROWS,
         HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False, ZERO_ACC: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """Per (batch, head), 64 rows a program, into buffers padded to N_PAD rows a head (a
         multiple of the backward's BM, so TMA reads whole blocks of one head): D = rowsum(dO * O)
@@ -77,8 +78,10 @@ if HAVE_GLUON:
         ZERO_ACC (session 22) it also zeroes the head's rows of the fp32 dQ_acc (``acc_ptr``,
         ACC_ROWS a head) and, in its first program, the head's DQ_CONVERT counter (``cnt_ptr``,
         fp32 0.0 has int32 0's bits): no fill kernel before it (FA3's preprocessing clears its
-        dQaccum too: ``Clear_dQaccum``)."""
+        dQaccum too: ``Clear_dQaccum``). PDL: the main kernel may launch once all programs run."""
         r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
+        if PDL:
+            r = _grid_dependency(r, False)
         hz = gl.program_id(1)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))
         ok = r < N
@@ -96,8 +99,10 @@ if HAVE_GLUON:
             gl.store(cnt_ptr + hz + 0 * r, gl.sum(zero, axis=1), mask=r == 0)
 
     @gluon.jit
-    def _bwd_dq_epilogue(dq_acc_ptr, dq_ptr, n_elems, scale):
-        """dq = (scale * dQ_acc).to(dq's dtype), 512 elements a program."""
+    def _bwd_dq_epilogue(dq_acc_ptr, dq_ptr, n_elems, scale, PDL: gl.constexpr = False):
+        """dq = (scale * dQ_acc).to(dq's dtype), 512 elements a program (PDL: after the wait)."""
+        if PDL:  # launched while the main kernel ran: its dQ_acc only after it has completed
+            _grid_dependency(gl.full([1], 0, gl.int32, _FLAT_LAYOUT), True)  # (keeps 16-B loads)
         offs = gl.program_id(0).to(gl.int64) * 512 + gl.arange(0, 512, layout=_FLAT_LAYOUT)
         ok = offs < n_elems
         acc = gl.load(dq_acc_ptr + offs, mask=ok, other=0.0)
@@ -105,11 +110,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _bwd_dq_epilogue_rows(
-        dq_acc_ptr, dq_ptr, N, N_PAD, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False
+        dq_acc_ptr, dq_ptr, N, N_PAD, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False,
+        PDL: gl.constexpr = False,
     ):  # fmt: skip
         """DQ_TMA's dQ_acc has N_PAD rows a head: dq[hz, r] = (scale * dQ_acc[hz, r]).to(dq's
         dtype) for r < N, 64 rows a program (8 warps); dq dense or PACKED (``_flat_rows``)."""
         r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
+        if PDL:  # as _bwd_dq_epilogue
+            r = _grid_dependency(r, True)
         hz = gl.program_id(1)
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, _ROW_LAYOUT))[None, :]
         ok = (r < N)[:, None]
@@ -285,7 +293,7 @@ if HAVE_GLUON:
         ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
         PACKED: gl.constexpr = False, SECTION: gl.constexpr = 0, TAIL: gl.constexpr = 0,
         DQ_CONVERT: gl.constexpr = False, GROUP: gl.constexpr = 1, PERSIST: gl.constexpr = False,
-        WG_MASK: gl.constexpr = False,
+        WG_MASK: gl.constexpr = False, PDL: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
@@ -345,6 +353,8 @@ if HAVE_GLUON:
             DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, WINDOW, DOCS, PACKED, SECTION,
             TAIL, DQ_CONVERT, GROUP, PERSIST, WG_MASK,
         )  # fmt: skip
+        if PDL:  # launched during the preprocessing (PDL): its L, D (and ZERO_ACC's zeros) first
+            _grid_dependency(_grid_dependency(gl.full([1], 0, gl.int32, _ID_LAYOUT), False), True)
         # (Gluon 3.6 takes each role's arguments written out: no *args, no shared tuple)
         if NUM_CONSUMERS == 1:
             gl.warp_specialize(

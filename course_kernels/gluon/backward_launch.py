@@ -60,13 +60,16 @@ _ACCEPTED = {
     "PERSIST": (False, True),
     "ZERO_ACC": (False, True),
     "WG_MASK": (False, True, 2),
+    "PDL": (False, True),
 }
 # OVERLAP_DQ (session 9): block i's last dQ chunk left in flight while block i+1's S^T / dP^T
 # wgmmas run (needs DQ_SHARED). Session 10 (data/gluon/h200_gluon_backward_session10.json, 8K,
 # fp16): d = 64 0.833 -> 0.853x cuDNN (full), 0.869 -> 0.893 (causal); d = 128 0.730 -> 0.680,
 # 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (22: dQ_acc zeroed by the
 # preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
-# WG_MASK (masked steps per consumer: 1 a step at a time, 24; 2 in runs, _wg_cuts, 25): off.
+# WG_MASK (masked steps per consumer: 1 a step at a time, 24; 2 in runs, _wg_cuts, 25): off,
+# slower on every window row (26). PDL (26: the main kernel and the dq conversion launched while
+# the kernel before them runs, scheduler._grid_dependency): not yet run on a GPU, off.
 # DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
 # reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
 # registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
@@ -75,7 +78,7 @@ _ACCEPTED = {
 # With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
-    DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False, WG_MASK=False,
+    DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False, WG_MASK=False, PDL=False,
 )  # fmt: skip
 # DQ_CONVERT (18): dq converted in the main kernel by each head's last CTA (scheduler.
 # _dq_convert_last), not by a kernel of its own; no gain on masked rows (21); without a mask
@@ -308,10 +311,10 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     rows = n_pad if dq_tma else N
     # dQ_acc, then one int32 a head (DQ_CONVERT's counters): zeroed by a fill or (ZERO_ACC) below
     n_acc, new = B * H * rows * d, torch.empty if cfg["ZERO_ACC"] else torch.zeros
-    flat = new(n_acc + B * H, device=q.device, dtype=torch.float32)
+    flat, pdl = new(n_acc + B * H, device=q.device, dtype=torch.float32), bool(cfg["PDL"])
     _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
         o, do, lse, delta, lse2, N, n_pad, flat, flat[n_acc:], rows, HEAD_DIM=d, PACKED=packed,
-        ZERO_ACC=bool(cfg["ZERO_ACC"]), num_warps=8,
+        ZERO_ACC=bool(cfg["ZERO_ACC"]), PDL=pdl, num_warps=8,
     )  # fmt: skip
     dq_acc = flat[:n_acc].view(B, H, rows, d)
     dq = torch.empty_like(q)
@@ -347,21 +350,15 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
         STAGES=cfg["STAGES"],
         CAUSAL=bool(causal),
         CONSUMER_REGS=cfg["CONSUMER_REGS"],
-        DQ_SPLIT=cfg["DQ_SPLIT"],
-        DQ_VEC=cfg["DQ_VEC"],
+        DQ_SPLIT=cfg["DQ_SPLIT"], DQ_VEC=cfg["DQ_VEC"],
         DQ_SHARED=bool(cfg["DQ_SHARED"]),
         OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]),
         DQ_TMA=dq_tma,
-        MASKED_LAST=bool(cfg["MASKED_LAST"]),
-        DV_EARLY=bool(cfg["DV_EARLY"]),
+        MASKED_LAST=bool(cfg["MASKED_LAST"]), DV_EARLY=bool(cfg["DV_EARLY"]),
         ROTATE=bool(cfg["ROTATE"]),
         WINDOW=win >= 0, DOCS=docs, PACKED=packed, WG_MASK=cfg["WG_MASK"],
-        SECTION=section,
-        TAIL=tail,
-        DQ_CONVERT=bool(cfg["DQ_CONVERT"]),
-        GROUP=H // H_kv,
-        PERSIST=bool(cfg["PERSIST"]),
-        num_warps=4,
+        SECTION=section, TAIL=tail, DQ_CONVERT=bool(cfg["DQ_CONVERT"]), GROUP=H // H_kv,
+        PERSIST=bool(cfg["PERSIST"]), PDL=pdl, launch_pdl=pdl, num_warps=4,
     )  # fmt: skip
     if H_kv < H:
         dk, dv = _sum_over_groups(dk, H_kv), _sum_over_groups(dv, H_kv)
@@ -370,11 +367,14 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     if dq_tma or packed:  # dQ_acc's rows a head: n_pad (DQ_TMA) or N
         grid = (triton.cdiv(N, 64), B * H)
         _bwd_dq_epilogue_rows[grid](
-            dq_acc, dq, N, rows, scale, HEAD_DIM=d, PACKED=packed, num_warps=8
+            dq_acc, dq, N, rows, scale, HEAD_DIM=d, PACKED=packed, PDL=pdl, launch_pdl=pdl,
+            num_warps=8,
         )  # fmt: skip
     else:
         n = dq.numel()
-        _bwd_dq_epilogue[(triton.cdiv(n, 512),)](dq_acc, dq, n, scale, num_warps=4)
+        _bwd_dq_epilogue[(triton.cdiv(n, 512),)](
+            dq_acc, dq, n, scale, PDL=pdl, launch_pdl=pdl, num_warps=4
+        )  # fmt: skip
     return dq, dk, dv
 
 

@@ -244,6 +244,18 @@ if HAVE_GLUON:
         )  # fmt: skip
 
     @gluon.jit
+    def _grid_dependency(x, WAIT: gl.constexpr):
+        """The backward's PDL (programmatic dependent launch): ``griddepcontrol.wait`` (WAIT:
+        the stream's previous kernel done, its writes visible) or ``.launch_dependents`` (the next
+        kernel, launched with launch_pdl, may start once every CTA has passed here). x (int32)
+        comes back through the asm: addresses computed from it are not read before it."""
+        if WAIT:
+            asm: gl.constexpr = "griddepcontrol.wait;\n\tmov.b32 $0, $1;"
+        else:
+            asm: gl.constexpr = "griddepcontrol.launch_dependents;\n\tmov.b32 $0, $1;"
+        return gl.inline_asm_elementwise(asm, "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
     def _dq_convert_last(
         conv, hz, heads, N, N_PAD, arrivals, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr,
         dtype: gl.constexpr,

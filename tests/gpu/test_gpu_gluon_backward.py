@@ -85,6 +85,10 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(ZERO_ACC=True),  # session 22: dQ_acc zeroed by the preprocessing kernel
         dict(ZERO_ACC=True, DQ_CONVERT=True),  # and the counters too
         dict(ZERO_ACC=True, DQ_TMA=False),  # dQ_acc of N rows a head, not padded
+        dict(PDL=True),  # session 26: kernels launched while the one before them runs
+        dict(PDL=True, ZERO_ACC=True),  # the zeros written by the kernel the main one waits on
+        dict(PDL=True, DQ_TMA=False),  # the flat dq conversion
+        dict(PDL=True, DQ_CONVERT=True),  # no conversion kernel after the main one
     ],  # fmt: skip
     ids=str,
 )
@@ -132,6 +136,31 @@ def test_persist_gives_the_one_cta_a_tile_gradients(shape, causal):
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
     ulp = torch.finfo(torch.bfloat16).eps * want[0].abs().max().item()
     assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp
+
+
+@pytest.mark.parametrize(
+    "shape", [(4, 16, 4096, 128, 1, 1024), (4, 16, 4096, 128, 1, None), (2, 32, 3000, 64, 4, None)]
+)
+def test_pdl_changes_no_bit_of_dk_dv(shape):
+    """PDL (session 26): the main kernel launched while the preprocessing runs and the dq
+    conversion while the main kernel runs, each waiting (griddepcontrol.wait) before it reads
+    what the kernel before it writes. At issue 22's sizes (the window, causal; GQA, whose host
+    sum sits between the main kernel and the conversion), five calls in a row over memory
+    filled with NaN: a read of L, D or dQ_acc before its writer finished would give NaN or a
+    changed bit; dK, dV must be the default's bit for bit, dq within 4 ulps (fp32 sums)."""
+    B, H, N, d, group, left = shape
+    q, k, v, do = _inputs(B, H, N, d, torch.float16, seed=N + d + group)
+    k, v = k[:, : H // group].contiguous(), v[:, : H // group].contiguous()
+    o, lse = G.gluon_attention_forward(q, k, v, causal=True, window_left=left)
+    want = GB.gluon_attention_backward(do, q, k, v, o, lse, True, window_left=left)
+    ulp = torch.finfo(torch.float16).eps * want[0].abs().max().item()
+    for zero_acc in (False, True, False, True, False):
+        _poison(16 * q.numel() * q.element_size())
+        got = GB.gluon_attention_backward(
+            do, q, k, v, o, lse, True, window_left=left, PDL=True, ZERO_ACC=zero_acc
+        )  # fmt: skip
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), zero_acc
+        assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp, zero_acc
 
 
 def test_dq_tma_with_128_query_rows():
@@ -196,6 +225,9 @@ def test_dq_tma_with_128_query_rows():
         dict(WG_MASK=True, STAGES=1),
         dict(WG_MASK=True, DQ_TMA=False),
         dict(WG_MASK=True, DQ_SHARED=False),
+        # session 26: programmatic dependent launch (PDL), not yet run on a GPU
+        dict(PDL=True),
+        dict(PDL=True, ZERO_ACC=True, STAGES=1),
         # session 25: WG_MASK = 2, the masked runs cut per warpgroup, not yet run on a GPU
         dict(WG_MASK=2),
         dict(WG_MASK=2, BM=64),
@@ -428,6 +460,8 @@ def _check_documents_backward(lengths, d, dtype, n_seed, **schedule):
         dict(packed=False, WG_MASK=True, SECTION=8),
         dict(packed=True, WG_MASK=2),  # session 25: the masked runs cut per warpgroup
         dict(packed=False, WG_MASK=2, SECTION=4),
+        dict(packed=True, PDL=True),  # session 26: programmatic dependent launch
+        dict(packed=False, PDL=True, ZERO_ACC=True),
     ],
     ids=str,
 )
