@@ -1170,27 +1170,20 @@ def test_session24_measurements_back_the_masked_and_causal_defaults():
     assert GB.BACKWARD_SECTION["documents"] == {64: 8, 128: 4}
 
 
-def test_zero_acc_is_an_option_off_by_default():
-    """ZERO_ACC (session 22; timed in session 23: -5.3 to +3.0% on window and documents rows):
-    dQ_acc and the DQ_CONVERT counters zeroed by the preprocessing kernel instead of a fill
-    before it. Off by default, in every kind of call, and it takes only booleans."""
-    assert GB.BACKWARD_DQ_DEFAULTS["ZERO_ACC"] is False
+@pytest.mark.parametrize("switch", ["ZERO_ACC", "PDL"])
+def test_boolean_switch_is_off_by_default(switch):
+    """ZERO_ACC (session 22; timed in session 23: -5.3 to +3.0% on window and documents rows:
+    dQ_acc and the DQ_CONVERT counters zeroed by the preprocessing kernel instead of a fill before
+    it) and PDL (session 26, compiled offline, not yet run on a GPU: each kernel launched while
+    the one before it runs): off by default in every kind of call, on only when a call asks
+    (causal or not), and they take only booleans."""
+    assert GB.BACKWARD_DQ_DEFAULTS[switch] is False
     for args in ((64, False, False, False), (128, True, True, False), (64, True, False, True)):
-        assert GB._schedule(*args, {})["ZERO_ACC"] is False
-    assert GB._schedule(128, False, False, False, dict(ZERO_ACC=True))["ZERO_ACC"] is True
-    with pytest.raises(ValueError, match=r"ZERO_ACC=2 not supported; accepted: \(False, True\)"):
-        GB.gluon_attention_backward(**_args(), ZERO_ACC=2)
-
-
-def test_pdl_is_an_option_off_by_default():
-    """PDL (session 26, compiled offline, not yet run on a GPU): off by default in every kind of
-    call, on only when a call asks, and it takes only booleans."""
-    assert GB.BACKWARD_DQ_DEFAULTS["PDL"] is False
-    for args in ((64, False, False, False), (128, True, True, False), (64, True, False, True)):
-        assert GB._schedule(*args, {})["PDL"] is False
-    assert GB._schedule(128, True, False, False, dict(PDL=True))["PDL"] is True
-    with pytest.raises(ValueError, match=r"PDL=2 not supported; accepted: \(False, True\)"):
-        GB.gluon_attention_backward(**_args(), PDL=2)
+        assert GB._schedule(*args, {})[switch] is False
+    for causal in (False, True):
+        assert GB._schedule(128, causal, False, False, {switch: True})[switch] is True
+    with pytest.raises(ValueError, match=rf"{switch}=2 not supported; accepted: \(False, True\)"):
+        GB.gluon_attention_backward(**_args(), **{switch: 2})
 
 
 def test_wg_mask_is_an_option_off_by_default():
