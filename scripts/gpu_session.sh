@@ -9,6 +9,7 @@
 #   TEST_K="PERSIST or persist" OUT=/some/dir scripts/gpu_session.sh tests persist   (both at once)
 #   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | ncu_lpt | bm128_masked | bwd_stages | zero_acc_window (23)
 #   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128 | wg_mask   (24) | pdl (26)
+#   OUT=/some/dir scripts/gpu_session.sh host_docs   (27: experiments/gluon/host_docs.py)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -53,6 +54,8 @@
 #   pdl_{dt}_run{1,2,3}.json   step pdl: its GPU tests (printed), then PDL and PDL with ZERO_ACC
 #                            beside the default on the window (N = 4K, 16K) and documents rows at
 #                            d = 128 (PDL_DIMS, _MASKS, _NS, _VARIANTS, _LIMIT, _BUDGET widen it)
+#   host_docs.json           step host_docs: the documents calls' host time a step, and the first
+#                            line of this package where each call waits for the GPU (if any)
 # Each step has its own time limit so that a slow step still leaves the others' data.
 set -uo pipefail
 OUT="${OUT:-/tmp/gpu_out}"
@@ -273,6 +276,10 @@ if has pdl; then  # session 26: programmatic dependent launch of the backward's 
   three_processes "${PDL_LIMIT:-70}" bench_section.py pdl --masks ${PDL_MASKS:-window documents} \
     --dims ${PDL_DIMS:-128} --ns ${PDL_NS:-4096 16384} \
     --sections ${PDL_VARIANTS:-0 PDL=1 PDL=1+ZERO_ACC=1} --rounds 7 --budget-s "${PDL_BUDGET:-55}"
+fi
+if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
+  echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"
+  timeout 120 "$PY" experiments/gluon/host_docs.py --out "$OUT"
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's

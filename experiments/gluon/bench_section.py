@@ -141,6 +141,15 @@ def interleaved(calls, names, rounds):
                 speedup={str(s): round(mid[names[0]] / mid[s], 4) for s in names})  # fmt: skip
 
 
+def base_parser(doc, tag):
+    """The argument parser of a timing script here, with the two arguments each takes: --out (a
+    directory) and --tag (the JSON file's stem)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default="results", help="directory for the JSON file")
+    ap.add_argument("--tag", default=tag, help="stem of the JSON file name")
+    return ap
+
+
 def new_record(script, argv):
     """The JSON record of a run: GPU, versions, date, the command that regenerates it, no rows."""
     from course_kernels.bench.speed import environment
@@ -192,9 +201,7 @@ def time_rows(record, path, rows, variants, args, t0, compiled, make_call, check
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="results", help="directory for the JSON file")
-    ap.add_argument("--tag", default="section", help="stem of the JSON file name")
+    ap = base_parser(__doc__, "section")
     ap.add_argument(
         "--sections", nargs="+", default=["0", "4", "8", "16"],
         help="CTA orders: N for SECTION=N, tN for TAIL=N, KEY=V[+KEY=V], cudnn (0: the baseline)",

@@ -30,7 +30,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [ROOT, HERE]
 
-from bench_section import compile_in_children, interleaved, new_record, time_rows  # noqa: E402
+from bench_section import (  # noqa: E402
+    base_parser,
+    compile_in_children,
+    interleaved,
+    new_record,
+    time_rows,
+)
 
 
 def parse(variant: str) -> dict:
@@ -98,9 +104,7 @@ def check(base, got, dtype):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="results", help="directory for the JSON file")
-    ap.add_argument("--tag", default="sweep_forward", help="stem of the JSON file name")
+    ap = base_parser(__doc__, "sweep_forward")
     ap.add_argument("--variants", nargs="+", default=["0", "cudnn"],
                     help="0 (the default, first), cudnn, KEY=V[+KEY=V] schedule overrides")  # fmt: skip
     ap.add_argument("--masks", nargs="+", default=["causal", "full"], help="causal full")
