@@ -314,8 +314,10 @@ def _doc_bounds(cu_seqlens, causal, window_left, q, values_checked=False, side="
         raise ValueError(
             f"cu_seqlens must rise from 0 to N = {n} (document offsets), got {cu[:4]}...{cu[-2:]}"
         )
-    bounds = (cu_seqlens[:-1] if side == "start" else cu_seqlens[1:]).to(torch.int32)
-    return torch.repeat_interleave(bounds, cu_seqlens[1:] - cu_seqlens[:-1], output_size=n)
+    offsets = cu_seqlens.to(torch.int32)  # token t: document j, the first with offsets[j+1] > t
+    tokens = torch.arange(n, device=q.device, dtype=torch.int32)
+    doc = torch.searchsorted(offsets[1:], tokens, right=True)  # (empty documents skipped)
+    return (offsets[:-1] if side == "start" else offsets[1:])[doc]
 
 
 def _forward(q, k, v, causal, scale, window_left, start, config, packed):
