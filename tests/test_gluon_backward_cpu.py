@@ -1295,15 +1295,17 @@ def test_cta_cost_fits_the_committed_rows_as_it_says():
     """experiments/gluon/cta_cost.py (session 27): its least-squares line is exact on points of a
     line and not fooled by their order, and the committed record's fits are that line through
     its own rows (one variant's time a wave against steps a CTA); the default's per-CTA part
-    came out between 3 and 5 us there, as notes/gluon_backward.md says."""
+    came out between 3 and 5 us there, as notes/gluon_backward.md and the Below Triton chapter
+    say (the chapter fits the same rows with statistics.linear_regression)."""
     cc = _experiment("cta_cost")
     assert cc.fit([(16, 7.0 + 2.5 * 16), (64, 7.0 + 2.5 * 64), (32, 7.0 + 2.5 * 32)]) == (
         pytest.approx(7.0),
         pytest.approx(2.5),
     )
     assert cc._config("0") == {} and cc._config("PERSIST=1+STAGES=3") == dict(PERSIST=1, STAGES=3)
-    exp = Path(__file__).resolve().parents[1] / "experiments" / "data" / "gluon"
-    rec = json.loads((exp / "h100_cta_cost_session27.json").read_text())
+    from course_kernels.datafiles import data_path
+
+    rec = json.loads(data_path("gluon/h100_cta_cost_session27.json").read_text())
     assert rec["gpu"].startswith("NVIDIA H100") and len(rec["fits"]) == 2
     for f in rec["fits"]:
         rows = [r for r in rec["rows"] if (r["d"], r["variant"]) == (f["d"], f["variant"])]
