@@ -14,6 +14,7 @@ makes the benchmark time the host (its rounds moved 0.50-0.95 ms). This script s
   before; median of 5; ``host_cost._us``), for each step of the d = 128 forward (``_doc_bounds``, the four tensor
   descriptors, ``gluon_varlen_forward``, ``flash_attention_varlen`` without and with grad) and the
   backward (``autograd.grad`` on a retained graph), d = 64 beside;
+* ``profile`` (the ``flash_attention_varlen`` rows): cProfile's 15 functions of most own time;
 * ``syncs``: each call once more under ``torch.cuda.set_sync_debug_mode("error")``: the first
   operation that makes the host wait for the GPU raises, and its traceback's last frames of this
   package are recorded (an empty list: the call never waits).
@@ -54,6 +55,24 @@ def first_sync(fn):
     finally:
         torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
+
+
+def profile(fn, calls=50, top=15):
+    """cProfile of ``calls`` calls of fn: the ``top`` functions by own time, as
+    "file:line function: own us a call (ncalls a call)"."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [
+        f"{os.path.basename(f)}:{line} {name}: {tt / calls * 1e6:.1f} us ({nc / calls:g})"
+        for (f, line, name), (_cc, nc, tt, _ct, _callers) in rows
+    ]
 
 
 def steps(d, tokens):
@@ -104,6 +123,8 @@ def main(argv=None):
                 continue  # the d = 64 forward takes the tl kernel
             fn()
             row = dict(d=d, step=name, host_us=round(_us(fn, calls=50), 1), syncs=first_sync(fn))
+            if name.startswith("flash_attention_varlen"):
+                row["profile"] = profile(fn)
             record["rows"].append(row)
             print(json.dumps(row), flush=True)
     os.makedirs(args.out, exist_ok=True)
