@@ -10,6 +10,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh fwd_vs_cudnn | fwd_lpt | ncu_lpt | bm128_masked | bwd_stages | zero_acc_window (23)
 #   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128 | wg_mask   (24) | pdl (26)
 #   OUT=/some/dir scripts/gpu_session.sh host_docs   (27: experiments/gluon/host_docs.py)
+#   OUT=/some/dir scripts/gpu_session.sh fwd_defer   (29: DEFER, a head's lightest tiles last)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -54,6 +55,9 @@
 #   pdl_{dt}_run{1,2,3}.json   step pdl: its GPU tests (printed), then PDL and PDL with ZERO_ACC
 #                            beside the default on the window (N = 4K, 16K) and documents rows at
 #                            d = 128 (PDL_DIMS, _MASKS, _NS, _VARIANTS, _LIMIT, _BUDGET widen it)
+#   fwd_defer_{dt}_run{1,2,3}.json   step fwd_defer: causal d = 64 with each head's 2, 4, 6 lightest
+#                            tiles deferred to the end (DEFER) beside the default and cuDNN, three
+#                            processes a dtype (experiments/gluon/tail_model.py's prediction)
 #   host_docs.json           step host_docs: the documents calls' host time a step, and the first
 #                            line of this package where each call waits for the GPU (if any)
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -237,6 +241,13 @@ if has fwd_lpt; then
   echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"
   three_processes 90 sweep_forward.py fwd_lpt --masks causal --dims 64 --ns 4096 8192 16384 \
     --variants 0 LPT=1+LPT_SECTION_MB=8 LPT=1+LPT_SECTION_MB=16 LPT=1 cudnn --rounds 5 --budget-s 70
+fi
+if has fwd_defer; then
+  echo "== Gluon forward, causal d = 64: each head's lightest tiles last (DEFER), 3 processes"
+  three_processes "${DEFER_LIMIT:-90}" sweep_forward.py fwd_defer --masks causal --dims 64 \
+    --ns 4096 8192 16384 --variants 0 DEFER=2 DEFER=4 DEFER=6 cudnn --rounds 5 --budget-s 70
+  "$PY" experiments/gluon/worst_of_three.py "$OUT"/fwd_defer_*_run*.json --goal 1.0 \
+    --out "$OUT/fwd_defer_table.json"
 fi
 bwd_step bm128_masked 75 "BM = 128 against 64 on window and documents rows (d = 64)" \
   --masks window documents --dims 64 --sections 0 BM=128 --rounds 5 --budget-s 55

@@ -365,7 +365,7 @@ def test_lpt_section_fits_the_budget_in_powers_of_two_of_kv_heads():
             assert kv == 1 or kv * 2 * n * d * 2 <= mb * mib < 2 * kv * 2 * n * d * 2
 
 
-def _order(section, num_pid_m, n_hz, causal=True):
+def _order(section, num_pid_m, n_hz, causal=True, defer=0):
     from course_kernels.gluon import scheduler
 
     if not scheduler.HAVE_GLUON:
@@ -373,9 +373,23 @@ def _order(section, num_pid_m, n_hz, causal=True):
     fn = scheduler._tile_coords.fn  # the kernel's own code, run on Python ints
     lpt = section is not None
     return [
-        fn(t, num_pid_m, num_pid_m * n_hz, causal, lpt, section or 0)
+        fn(t, num_pid_m, num_pid_m * n_hz, causal, lpt, section or 0, defer)
         for t in range(num_pid_m * n_hz)
     ]
+
+
+@pytest.mark.parametrize("defer, num_pid_m, n_hz", [(4, 22, 128), (1, 5, 3), (2, 3, 7), (6, 43, 9)])
+def test_deferred_order_ends_on_every_heads_lightest_tiles(defer, num_pid_m, n_hz):
+    """DEFER (session 29): every tile exactly once; first each head's other tiles, head after
+    head, heaviest first (the head-major order without them); then the `defer` lightest tiles
+    of every head (pid_m < defer), the heaviest of them first, heads innermost. A wrong split
+    point, a swapped index or a light-first tail fails here."""
+    order = _order(None, num_pid_m, n_hz, defer=defer)
+    assert sorted(order) == [(m, h) for m in range(num_pid_m) for h in range(n_hz)]
+    lead = (num_pid_m - defer) * n_hz
+    assert order[:lead] == [(m, h) for h in range(n_hz) for m in reversed(range(defer, num_pid_m))]
+    assert order[lead:] == [(m, h) for m in reversed(range(defer)) for h in range(n_hz)]
+    assert _order(None, num_pid_m, n_hz, defer=0) == _order(None, num_pid_m, n_hz)
 
 
 @pytest.mark.parametrize(
@@ -1118,10 +1132,14 @@ def test_forward_tail_model_follows_the_kernels_tile_order():
     for section in (None, 0, 8, 5):  # None: head-major (LPT off)
         kernel = [costs[pid_m] for pid_m, _ in _order(section, n_m, heads)]
         assert tm.forward_order(costs, heads, section is not None, section or 0) == kernel
+    for defer in (1, 4, 7):  # session 29's DEFER
+        kernel = [costs[pid_m] for pid_m, _ in _order(None, n_m, heads, defer=defer)]
+        assert tm.forward_order(costs, heads, defer=defer) == kernel
     ideal = sum(costs) * 128 / tm.SMS
     plain = tm.makespan(tm.forward_order(costs, 128)) / ideal
     lpt = tm.makespan(tm.forward_order(costs, 128, True, 16)) / ideal
-    assert plain > 1.04 and lpt < 1.01
+    defer4 = tm.makespan(tm.forward_order(costs, 128, defer=4)) / ideal
+    assert plain > 1.04 and lpt < 1.01 and defer4 < 1.01
 
 
 def test_worst_of_three_reads_interleaved_records(tmp_path):

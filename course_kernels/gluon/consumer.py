@@ -174,7 +174,9 @@ if HAVE_GLUON:
         QSTAGES: gl.constexpr = cfg.QSTAGES
         CAUSAL: gl.constexpr = cfg.CAUSAL
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
-        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, CAUSAL, cfg.LPT, cfg.SECTION)
+        pid_m, off_hz = _tile_coords(
+            t, num_pid_m, num_tiles, CAUSAL, cfg.LPT, cfg.SECTION, cfg.DEFER
+        )
         off_m_tile = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, cfg.ALIGN_END)
         off_m = off_m_tile + CID * BM  # this warpgroup's rows
         n_blocks = _kv_range(off_m_tile, N, BM_TILE, BN, CAUSAL)

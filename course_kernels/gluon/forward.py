@@ -62,7 +62,7 @@ if HAVE_GLUON:
     SWITCHES = (
         "BM", "BN", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "QSTAGES", "CAUSAL", "OVERLAP", "LPT",
         "DYNAMIC", "SKIP_DEAD", "ALIGN_END", "SECTION", "ROW_MASK", "O_STAGE", "WINDOW",
-        "PINGPONG", "DOCS", "PACKED",
+        "PINGPONG", "DOCS", "PACKED", "DEFER",
     )  # fmt: skip
 
     @aggregate
@@ -115,6 +115,7 @@ if HAVE_GLUON:
         PINGPONG: gl.constexpr = False,
         DOCS: gl.constexpr = False,
         PACKED: gl.constexpr = False,
+        DEFER: gl.constexpr = 0,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -160,7 +161,7 @@ if HAVE_GLUON:
             ring = ring + (turns,)
         cfg = Schedule(
             BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT, DYNAMIC,
-            SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG, DOCS, PACKED,
+            SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG, DOCS, PACKED, DEFER,
         )  # fmt: skip
         # a row's left edge: a sliding window's reach, each token's document start (DOCS)
         left = (win_left, doc_start)

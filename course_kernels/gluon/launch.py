@@ -28,10 +28,8 @@ def _triton_version_ok() -> bool:
         import triton as _t
     except Exception:
         return False
-    return (
-        _t.__version__.startswith(GLUON_TRITON_VERSION + ".")
-        or _t.__version__ == GLUON_TRITON_VERSION
-    )
+    v = _t.__version__
+    return v == GLUON_TRITON_VERSION or v.startswith(GLUON_TRITON_VERSION + ".")
 
 
 _AVAILABLE: dict = {}  # current CUDA device -> bool (asked once per device: 8.5 us per call)
@@ -111,6 +109,7 @@ NONCAUSAL_CONFIG = {64: dict(PINGPONG=True), 128: dict(), 256: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
     "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE", "PINGPONG",
+    "DEFER",
 }  # fmt: skip
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
@@ -250,7 +249,7 @@ def gluon_attention_forward(
     Keyword overrides of the schedule (the lever experiments; each switch is explained in
     :mod:`.forward` and where its default is set above): BN, NUM_CONSUMERS (1-3), STAGES,
     QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC, SKIP_DEAD, ALIGN_END,
-    LPT_SECTION_MB (:func:`lpt_section`), ROW_MASK, O_STAGE and PINGPONG (needs OVERLAP)."""
+    LPT_SECTION_MB (:func:`lpt_section`), ROW_MASK, O_STAGE, PINGPONG (needs OVERLAP), DEFER."""
     _check_inputs(q, k, v)
     start = None
     if cu_seqlens is not None:  # checked on any machine, before the GPU is asked for
@@ -342,8 +341,7 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
     # packed: (total, H, d) as (total, H * d), one head a [rows, d] block of columns
     q2, k2, v2, o2 = (x.view(N, -1) if packed else x.view(-1, d) for x in (q, k, v, o))
     desc_q = TensorDescriptor.from_tensor(q2, [BM, d], q_layout)
-    desc_k = TensorDescriptor.from_tensor(k2, [BN, d], kv_layout)
-    desc_v = TensorDescriptor.from_tensor(v2, [BN, d], kv_layout)
+    desc_k, desc_v = (TensorDescriptor.from_tensor(x, [BN, d], kv_layout) for x in (k2, v2))
     desc_o = TensorDescriptor.from_tensor(o2, [BM, d], q_layout)  # staged in Q's smem: same layout
     num_pid_m = triton.cdiv(N, BM_TILE)
     num_tiles = num_pid_m * B * H
@@ -357,6 +355,8 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
     section = 0
     if lpt and cfg.get("LPT_SECTION_MB"):
         section = lpt_section(N, d, H // H_kv, B * H, q.element_size(), cfg["LPT_SECTION_MB"])
+    defer = int(cfg.get("DEFER", 0))  # a head's lightest tiles last: causal, not LPT, some left
+    defer = defer if causal and not lpt and 0 < defer < num_pid_m else 0
     grid = (min(num_tiles, _sm_count(q.device)) if persistent else num_tiles,)
     _attn_fwd_kernel[grid](
         desc_q,
@@ -394,6 +394,7 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
         PINGPONG=bool(cfg.get("PINGPONG", False)),
         DOCS=docs,
         PACKED=packed,
+        DEFER=defer,
         num_warps=4,
     )
     return o, lse

@@ -54,7 +54,9 @@ if HAVE_GLUON:
         BM: gl.constexpr = cfg.BM
         BN: gl.constexpr = cfg.BN
         BM_TILE: gl.constexpr = BM * NUM_CONSUMERS
-        pid_m, off_hz = _tile_coords(t, num_pid_m, num_tiles, cfg.CAUSAL, cfg.LPT, cfg.SECTION)
+        pid_m, off_hz = _tile_coords(
+            t, num_pid_m, num_tiles, cfg.CAUSAL, cfg.LPT, cfg.SECTION, cfg.DEFER
+        )
         off_m = _tile_start(pid_m, N, num_pid_m, BM, BM_TILE, cfg.ALIGN_END)
         # GQA: query head h reads K/V head h // G of the same batch.
         # PACKED: (total, H, d) seen as (total, H * d), a head a column block (B = 1)

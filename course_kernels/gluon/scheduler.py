@@ -1,26 +1,21 @@
-"""Which tile a CTA works on: the tile order (head-major, heaviest causal tile first, or
-longest-processing-time first across all heads), the K/V range of a tile, and FA3's dynamic
-persistent scheduler; and which CTA of the backward converts a head's dq (the last one out).
+"""Which tile a CTA works on: the tile order (head-major, heaviest causal tile first, a head's
+lightest tiles deferred, or longest-processing-time first), the K/V range of a tile, FA3's dynamic
+persistent scheduler, and which CTA of the backward converts a head's dq (the last one out).
 
-Dynamic scheduling (``DYNAMIC``): a grid of #SMs CTAs; the producer of each CTA takes its first
-tile from ``program_id`` and every next one from an atomic counter in global memory
-(``tile = num_programs + atomic_add(counter, 1)``), so a CTA that drew light causal tiles simply
-draws more of them, as the hardware block scheduler does for an ordinary grid, while the
-persistent CTA keeps the next tile's Q load in flight during the current tile's epilogue. The
-producer hands the tile id to the consumer warpgroups through shared memory, in the slot of the Q
-stage it loads, guarded by that stage's ``q_ready`` mbarrier; after the last tile it publishes
-``num_tiles`` (the consumers' stop sign) and arrives on ``q_ready`` itself. The counter resets
-itself without a memset launch: each CTA counts itself out on a second counter after its last
-draw, and the last one out sets both back to 0 for the next launch (launches on one stream only).
+Dynamic scheduling (``DYNAMIC``): a grid of #SMs CTAs; each CTA's producer takes its first tile
+from ``program_id`` and every next one from a global atomic counter (``num_programs +
+atomic_add``), so a CTA that drew light tiles draws more, as the hardware block scheduler does,
+while it keeps the next tile's Q load in flight during this tile's epilogue. The tile id reaches
+the consumers through shared memory, in the slot of the Q stage loaded for it (``q_ready``);
+after the last tile, ``num_tiles`` is the stop sign. No memset launch: each CTA counts itself
+out on a second counter and the last one out resets both (launches on one stream only).
 
-The backward's last CTA of a head (``DQ_CONVERT``, session 18; on without a mask at d = 128 since
-session 22): the same counting, once per CTA on a counter per head, after every reduce-add of the
-CTA has completed (``_bulk_writes_done``); the CTA that finds every other one in converts the
-head's fp32 dQ to dq there and then, instead of a kernel of its own (notes/gluon_backward.md).
+The backward's last CTA of a head (``DQ_CONVERT``, session 18): the same counting, per head,
+after the CTA's reduce-adds have completed (``_bulk_writes_done``); the last one in converts the
+head's fp32 dQ to dq there and then, not in a kernel of its own (notes/gluon_backward.md).
 
-The backward's walk over query blocks: which blocks a key block visits and in what order
-(``_q_range``, ``_edge_range``, ``_bwd_runs``, ``_bwd_block``; ``_after`` moves a tile's ring
-steps after the tiles before it, PERSIST), read by the producer and the consumers alike.
+The backward's walk over query blocks (``_q_range``, ``_edge_range``, ``_bwd_runs``,
+``_bwd_block``; ``_after`` for PERSIST), read by the producer and the consumers alike.
 """
 
 from __future__ import annotations
@@ -36,16 +31,18 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _tile_coords(
-        t, num_pid_m, num_tiles, CAUSAL: gl.constexpr, LPT: gl.constexpr, SECTION: gl.constexpr
-    ):
-        """Tile t -> (query block, batch*head).  Head-major so the CTAs running at
-        the same time share one head's K/V in L2; under causal masking the
-        heaviest block of each head (the last rows) comes first.  LPT (causal):
-        heaviest blocks of ALL heads first (longest-processing-time order, better
-        balance, less L2 sharing); with SECTION > 0, FA3's sectioned order instead: the heads
-        in consecutive sections of SECTION heads (the last may hold fewer), and within a section
-        heaviest blocks first, heads innermost (a section's K/V is sized to stay in L2).
-        Plain integer arithmetic only, so the CPU tests run it on Python ints (``.fn``)."""
+        t, num_pid_m, num_tiles, CAUSAL: gl.constexpr, LPT: gl.constexpr, SECTION: gl.constexpr,
+        DEFER: gl.constexpr = 0,
+    ):  # fmt: skip
+        """Tile t -> (query block, batch*head).  Head-major, so the CTAs running at the same time
+        share one head's K/V in L2; causal: each head's heaviest block (its last rows) first.
+        DEFER (causal, 0 < DEFER < num_pid_m; session 29): each head's DEFER lightest tiles come
+        after all the others, the heaviest of them first, heads innermost, so that the launch
+        ends on its shortest tiles.  LPT (causal): heaviest blocks of ALL heads first
+        (longest-processing-time order: better balance, less L2 sharing); SECTION > 0: FA3's
+        sectioned order, heads in sections of SECTION (the last may hold fewer), heaviest first
+        within one, heads innermost (a section's K/V sized to stay in L2). Plain integer
+        arithmetic: the CPU tests run it on Python ints (``.fn``)."""
         if LPT:
             n_hz = num_tiles // num_pid_m
             if SECTION > 0:
@@ -60,6 +57,15 @@ if HAVE_GLUON:
             else:
                 off_hz = t % n_hz
                 pid_m = num_pid_m - 1 - t // n_hz
+        elif DEFER:  # (a number of tiles; 0: off)
+            n_hz = num_tiles // num_pid_m
+            keep = num_pid_m - DEFER  # each head's tiles taken head-major
+            if t < keep * n_hz:
+                off_hz = t // keep
+                pid_m = num_pid_m - 1 - t % keep
+            else:  # the deferred ones
+                off_hz = (t - keep * n_hz) % n_hz
+                pid_m = DEFER - 1 - (t - keep * n_hz) // n_hz
         else:
             off_hz = t // num_pid_m
             r = t % num_pid_m
@@ -260,13 +266,11 @@ if HAVE_GLUON:
         conv, hz, heads, N, N_PAD, arrivals, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr,
         dtype: gl.constexpr,
     ):  # fmt: skip
-        """Kernel body, after ``gl.warp_specialize`` has joined (every consumer past
-        :func:`_bulk_writes_done`): count this CTA in for head hz (``arrivals``: the head's key
-        blocks, one CTA each); the last one in converts the head's dQ_acc rows [0, N) to dq
-        (dense or PACKED) and resets the counter for the next launch. Here, not at the end of a
-        consumer: any branch on the counter after the consumers' loops moved ptxas to spill in
-        their hot loop at d = 128 (window, documents). ``conv``: (dQ_acc as a pointer, dq, the
-        per-head int32 counters)."""
+        """Kernel body, after ``gl.warp_specialize`` has joined: count this CTA in for head hz
+        (``arrivals``: its key blocks); the last one in converts the head's dQ_acc rows [0, N) to
+        dq (dense or PACKED) and resets the counter. Not at the end of a consumer: a branch on the
+        counter there made ptxas spill in their hot loop at d = 128 (window, documents).
+        ``conv``: (dQ_acc as a pointer, dq, the per-head int32 counters)."""
         acc_ptr, dq_ptr, count_ptr = conv
         gl.thread_barrier()
         before = gl.atomic_add(count_ptr + hz, 1, sem="acq_rel", scope="gpu")
@@ -321,12 +325,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _edge_range(mid, hi, unseen, reach, BM: gl.constexpr):
-        """A causal range (masked diagonal [lo, mid), then [mid, hi)) cut at the far edge of what
-        the key block sees: ``unseen``, the first query that the block's first key does not see;
-        ``reach``, one past the last query that its last key sees. Returns (mid, far, hi): blocks
-        from hi on are not visited, [far, hi) are masked, [mid, far) need no mask. For a sliding
-        window (session 12's formulas, commit 3ba6f67) and for documents (session 14). Plain
-        integer code: the CPU tests run it on Python ints."""
+        """A causal range (masked [lo, mid), then [mid, hi)) cut at the far edge of what the key
+        block sees: ``unseen``, the first query its first key does not see; ``reach``, one past
+        the last query its last key sees. Returns (mid, far, hi): [far, hi) masked, [mid, far)
+        unmasked, none from hi on. Windows (session 12) and documents (session 14); plain ints."""
         reach = (reach + BM - 1) // BM
         if reach < hi:
             hi = reach

@@ -85,6 +85,7 @@ def build(
     PINGPONG=None,
     DOCS=None,
     PACKED=None,
+    DEFER=None,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
@@ -109,15 +110,24 @@ def build(
         SECTION=SECTION,
         ROW_MASK=ROW_MASK,
     )
-    if O_STAGE is not None or WINDOW is not None or PINGPONG is not None or DOCS is not None:
+    later = DEFER is not None  # (constexprs go by position: a later one needs every earlier)
+    if (
+        O_STAGE is not None
+        or WINDOW is not None
+        or PINGPONG is not None
+        or DOCS is not None
+        or later
+    ):
         consts["O_STAGE"] = bool(O_STAGE)  # (given whenever WINDOW is: constexprs go by position)
-    if WINDOW is not None or PINGPONG is not None or DOCS is not None:  # session 11's switches
+    if WINDOW is not None or PINGPONG is not None or DOCS is not None or later:  # session 11's
         consts["WINDOW"] = bool(WINDOW)
-    if PINGPONG is not None or DOCS is not None:
+    if PINGPONG is not None or DOCS is not None or later:
         consts["PINGPONG"] = bool(PINGPONG)
-    if DOCS is not None:  # session 15's switches
-        consts["DOCS"] = DOCS
+    if DOCS is not None or later:  # session 15's switches
+        consts["DOCS"] = bool(DOCS)
         consts["PACKED"] = bool(PACKED)
+    if later:  # session 29: a head's lightest tiles last
+        consts["DEFER"] = DEFER
     for kk in consts:
         s[kk] = "constexpr"
     src = GluonASTSource(
@@ -202,6 +212,10 @@ CONFIGS = [
     dict(S19, CAUSAL=True, LPT=True, SKIP_DEAD=True, SECTION=8, ROW_MASK=True, dt="bf16"),
     dict(S19, CAUSAL=True, LPT=True, SKIP_DEAD=True, SECTION=8, WINDOW=True),
     dict(S19, CAUSAL=True, LPT=True, SKIP_DEAD=True, SECTION=8, DOCS=True, PACKED=True),
+    # session 29: the d = 64 causal default with each head's 4 lightest tiles last (DEFER), 60
+    dict(S8, DEFER=4),
+    dict(S8, DEFER=4, dt="bf16"),
+    dict(S8, DEFER=6),
 ]
 
 

@@ -11,6 +11,9 @@ Orders: ``plain`` (the grid (key blocks, heads), key blocks fastest: each head's
 block first, the last head's last), ``sectionS`` (``scheduler._bwd_tile`` with SECTION = S:
 heads innermost in sections of S), ``tailS`` (TAIL = S: the last S heads together).
 
+Session 29: ``DEFER`` (each head's lightest tiles moved to the end of the forward's order, the rest
+head-major as before), which the model puts at 1.003 at 4K (head-major 1.052).
+
 Session 23 added the causal forward (``forward_tiles``, ``forward_order``): its dynamic
 scheduler hands tiles of NUM_CONSUMERS x 64 query rows to 132 persistent CTAs in
 ``scheduler._tile_coords``' order, each CTA drawing the next when it finishes, which is the same
@@ -79,13 +82,18 @@ def forward_tiles(n, consumers=3, bm=64, bn=128, align_end=True, overhead=2):
     return costs
 
 
-def forward_order(costs, heads, lpt=False, section=0):
+def forward_order(costs, heads, lpt=False, section=0, defer=0):
     """The tiles' costs in the order the scheduler hands them out: head-major, each head's
-    heaviest (last) tile first (the default), or LPT: the heaviest tiles of all heads first,
-    within sections of ``section`` heads if given (FA3's L2 sections, LPT_SECTION_MB)."""
+    heaviest (last) tile first (the default); with ``defer`` (DEFER, session 29) each head's
+    ``defer`` lightest tiles after all the others, heaviest of them first, heads innermost; or
+    LPT: the heaviest tiles of all heads first, within sections of ``section`` heads if given
+    (FA3's L2 sections, LPT_SECTION_MB)."""
     last = len(costs) - 1
     if not lpt:
-        return [costs[last - r] for _ in range(heads) for r in range(len(costs))]
+        keep = len(costs) - defer
+        return [costs[last - r] for _ in range(heads) for r in range(keep)] + [
+            costs[defer - 1 - r] for r in range(defer) for _ in range(heads)
+        ]
     size = section or heads
     return [costs[last - r] for f in range(0, heads, size)
             for r in range(len(costs)) for _ in range(min(size, heads - f))]  # fmt: skip
@@ -111,6 +119,7 @@ def main():
             ideal = sum(costs) * bh / SMS
             cols = {"head-major": forward_order(costs, bh), "LPT": forward_order(costs, bh, True)}
             cols.update({f"LPT section{s}": forward_order(costs, bh, True, s) for s in (8, 16)})
+            cols.update({f"DEFER={k}": forward_order(costs, bh, defer=k) for k in (2, 4, 6)})
             print(
                 f"  d={d} N={n:<6}",
                 "  ".join(f"{k} {makespan(v) / ideal:.4f}" for k, v in cols.items()),
