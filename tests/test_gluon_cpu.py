@@ -342,6 +342,28 @@ def test_causal_calls_add_the_causal_schedule_and_overrides_win():
     assert launch.DEFAULT_CONFIG[64].get("SKIP_DEAD", False) is False  # non-causal: unchanged
 
 
+def test_defer_is_the_d64_causal_default_where_a_head_has_few_tiles():
+    """Session 29 (an H100, h100_fwd_defer_session29_*): each head's 6 lightest tiles last
+    (DEFER) gained at N = 4K (22 tiles of 192 rows a head) in every process and was mixed at
+    8K, so the default takes it up to DEFER_MAX_TILES tiles only; causal d = 64 only, no window,
+    no documents; a caller's override is kept at any N (the experiments)."""
+    from course_kernels.gluon import launch
+
+    assert launch.DEFER_MAX_TILES == 22 and launch.CAUSAL_CONFIG[64]["DEFER"] == 6
+    for n in (2, 192, 3000, 4096, 22 * 192):
+        assert launch.schedule_config(64, True, n)["DEFER"] == 6, n
+    for n in (22 * 192 + 1, 8192, 16384):
+        assert "DEFER" not in launch.schedule_config(64, True, n), n
+    assert "DEFER" not in launch.schedule_config(64, True, 4096, window=True)
+    assert "DEFER" not in launch.schedule_config(64, True, 4096, docs=True)
+    for d in (128, 256):
+        assert "DEFER" not in launch.schedule_config(d, True, 4096)
+    for d in launch.DEFAULT_CONFIG:
+        assert "DEFER" not in launch.schedule_config(d, False, 4096)
+    assert launch.schedule_config(64, True, 16384, DEFER=4)["DEFER"] == 4
+    assert "DEFER" in launch.SCHEDULE_KEYS
+
+
 def test_lpt_section_fits_the_budget_in_powers_of_two_of_kv_heads():
     """Session 9: heads per section of the sectioned LPT order (FA3's L2-sized sections)."""
     from course_kernels.gluon.launch import lpt_section
@@ -453,9 +475,11 @@ def test_sweep_forward_script_adds_a_variant_to_the_rows_default_and_checks_it()
 
     assert sw.parse("0") == {} and sw.parse("STAGES=2+QSTAGES=1") == {"STAGES": 2, "QSTAGES": 1}
     causal64 = dict(mask="causal", d=64, n=4096, dtype="float16")
-    assert sw.overrides(causal64, "0") == launch.CAUSAL_CONFIG[64]
+    assert sw.overrides(causal64, "0") == launch.schedule_config(64, True, 4096)
+    assert sw.overrides(causal64, "0")["DEFER"] == 6  # session 29: the default at 4K ...
+    assert "DEFER" not in sw.overrides(dict(causal64, n=8192), "0")  # ... not at 8K
     cfg = sw.overrides(dict(causal64, mask="full"), "NUM_CONSUMERS=2")
-    assert cfg == {**launch.NONCAUSAL_CONFIG[64], "NUM_CONSUMERS": 2}
+    assert cfg == {**launch.DEFAULT_CONFIG[64], **launch.NONCAUSAL_CONFIG[64], "NUM_CONSUMERS": 2}
     cfg = sw.overrides(dict(causal64, d=128), "ROW_MASK=0")
     assert cfg["ROW_MASK"] == 0 and cfg["SKIP_DEAD"] and cfg["LPT"]
     with pytest.raises(ValueError):
@@ -630,8 +654,8 @@ def test_a_window_call_leaves_row_mask_out():
     """ROW_MASK's one compare covers block 0; a window's first block is another one."""
     for d in G.DEFAULT_CONFIG:
         cfg = G.schedule_config(d, True, 4096, True)
-        want = {k: v for k, v in G.CAUSAL_CONFIG[d].items() if k != "ROW_MASK"}
-        assert {k: cfg[k] for k in want} == want and "ROW_MASK" not in cfg
+        want = {k: v for k, v in G.CAUSAL_CONFIG[d].items() if k not in ("ROW_MASK", "DEFER")}
+        assert {k: cfg[k] for k in want} == want and "ROW_MASK" not in cfg and "DEFER" not in cfg
         with pytest.raises(ValueError, match="ROW_MASK cannot be combined"):
             G.schedule_config(d, True, 4096, True, ROW_MASK=True)
     assert G.schedule_config(128, True, 4096)["ROW_MASK"]  # without a window: unchanged
@@ -759,9 +783,10 @@ def test_a_documents_call_leaves_row_mask_and_align_end_out():
     ROW_MASK); asking for either with documents is an error."""
     for d in G.DEFAULT_CONFIG:
         cfg = G.schedule_config(d, True, 4096, False, True)
-        want = {k: v for k, v in G.CAUSAL_CONFIG[d].items() if k not in ("ROW_MASK", "ALIGN_END")}
+        off = ("ROW_MASK", "ALIGN_END", "DEFER")
+        want = {k: v for k, v in G.CAUSAL_CONFIG[d].items() if k not in off}
         assert {k: cfg[k] for k in want} == want
-        assert "ROW_MASK" not in cfg and "ALIGN_END" not in cfg
+        assert not any(k in cfg for k in off)
         for switch in ("ROW_MASK", "ALIGN_END"):
             with pytest.raises(ValueError, match=f"{switch} cannot be combined with"):
                 G.schedule_config(d, True, 4096, False, True, **{switch: True})

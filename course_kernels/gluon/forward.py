@@ -42,7 +42,10 @@ one's softmax runs under another's GEMMs; measured in session 12, on for d = 64 
 only, ``launch.NONCAUSAL_CONFIG``). Session 15: ``DOCS`` (causal documents packed into one
 sequence: a row sees the keys of its own document, ``doc_start`` holding each token's document
 start; the window's block ranges with that left edge) and ``PACKED`` (flash-attn's (total, H, d)
-layout read and written in place). The switches reach the roles as one :class:`Schedule`.
+layout read and written in place). Session 29: ``DEFER`` (causal, head-major order: each head's
+DEFER lightest tiles handed out after all the others, so the launch ends on short tiles; on for
+d = 64 causal calls of at most ``launch.DEFER_MAX_TILES`` tiles a head). The switches reach the
+roles as one :class:`Schedule`.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is

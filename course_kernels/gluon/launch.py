@@ -56,9 +56,8 @@ def why_unavailable() -> str:
     if not HAVE_GLUON:
         return f"triton.experimental.gluon did not import ({IMPORT_ERROR!r})"
     if not _triton_version_ok():
-        import triton as _t
-
-        return f"Triton {_t.__version__} installed; this kernel is written for Triton {GLUON_TRITON_VERSION}.x"
+        got = __import__("triton").__version__
+        return f"Triton {got} installed; this kernel is written for Triton {GLUON_TRITON_VERSION}.x"
     return "needs a CUDA GPU of compute capability 9.x (Hopper: H100/H200)"
 
 
@@ -80,20 +79,19 @@ DEFAULT_CONFIG = {
     # the tl forward, 0.89-1.07x cuDNN): `auto` takes it (triton/launch.GLUON_FORWARD_AUTO).
     256: dict(_SCHEDULE, BN=64, NUM_CONSUMERS=2, STAGES=2, QSTAGES=1),
 }
-# Added for causal calls (session 8, course_kernels/data/gluon/h200_session8_levers.json, 44/44
-# float64 checks): a consumer warpgroup skips the K/V blocks wholly masked for its own rows
-# (SKIP_DEAD), and at d = 64 the partial 192-row tile is the first of its head (ALIGN_END). At
-# N = 4K causal: d = 64 0.88 -> 0.98x cuDNN (fp16), 0.87 -> 0.96 (bf16); d = 128 1.03 -> 1.08.
-# Session 10: at d = 128 causal calls also take the longest-processing-time tile order within L2
-# sections of heads whose K and V fit in 8 MiB (LPT_SECTION_MB, FA3's scheduler) and ROW_MASK
-# (block 0 masked by one compare per score). Timed beside the session-8 schedule in one process
-# on the weakest N = 4K rows (four passes, course_kernels/data/gluon/h200_session9_forward.json
-# and h200_session10_forward.json): ahead in 6 of 8 pairs at d = 128 causal (+0.02 to +0.11x
-# cuDNN, two pairs -0.05 and -0.003); behind at d = 64 (causal and not) and for ROW_MASK alone on
-# non-causal rows, which therefore keep the session-8 schedule. Session 24 (an H100, three
-# processes, h100_fwd_lpt_session24_*): LPT at d = 64 causal -15.8 to +2.8%, not taken.
+# Added for causal calls (session 8, h200_session8_levers.json, 44/44 float64 checks): a consumer
+# skips the K/V blocks wholly masked for its rows (SKIP_DEAD); at d = 64 the partial 192-row tile
+# is its head's first (ALIGN_END): N = 4K causal d = 64 0.88 -> 0.98x cuDNN (fp16), 0.87 -> 0.96
+# (bf16). Session 10 (h200_session9_forward.json, h200_session10_forward.json): at d = 128 FA3's
+# longest-processing-time order within L2 sections of 8 MiB of K/V (LPT_SECTION_MB) and block 0
+# masked by one compare a score (ROW_MASK), ahead in 6 of 8 pairs; slower at d = 64, where LPT
+# also lost in session 24 (-15.8 to +2.8%, h100_fwd_lpt_session24_*). Session 29 (an H100, three
+# processes a dtype, h100_fwd_defer_session29_*): at d = 64 each head's 6 lightest tiles last
+# (DEFER), +1.8 to +4.2% at N = 4K in 6 of 6 pairs, mixed at 8K (-1.4 to +2.5%): so only where a
+# head has at most DEFER_MAX_TILES tiles (N <= 4224 at d = 64), and not for windows or documents.
+DEFER_MAX_TILES = 22
 CAUSAL_CONFIG = {
-    64: dict(SKIP_DEAD=True, ALIGN_END=True),
+    64: dict(SKIP_DEAD=True, ALIGN_END=True, DEFER=6),
     128: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),
     256: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),  # d = 128's (2 consumers)
 }
@@ -191,6 +189,8 @@ def schedule_config(
         cfg.update(overrides)
     else:
         cfg.update(CAUSAL_CONFIG[d] if causal else NONCAUSAL_CONFIG[d])
+        if window or docs or -(-n // (64 * cfg["NUM_CONSUMERS"])) > DEFER_MAX_TILES:
+            cfg.pop("DEFER", None)
     for switch, on in (("ROW_MASK", window or docs), ("ALIGN_END", docs)):
         if on and overrides.get(switch):
             what = "a sliding window (window_left) or " if switch == "ROW_MASK" else ""
@@ -355,8 +355,7 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
     section = 0
     if lpt and cfg.get("LPT_SECTION_MB"):
         section = lpt_section(N, d, H // H_kv, B * H, q.element_size(), cfg["LPT_SECTION_MB"])
-    defer = int(cfg.get("DEFER", 0))  # a head's lightest tiles last: causal, not LPT, some left
-    defer = defer if causal and not lpt and 0 < defer < num_pid_m else 0
+    defer = cfg.get("DEFER", 0) if causal and not lpt and 0 < cfg.get("DEFER", 0) < num_pid_m else 0
     grid = (min(num_tiles, _sm_count(q.device)) if persistent else num_tiles,)
     _attn_fwd_kernel[grid](
         desc_q,

@@ -3,7 +3,7 @@
 ncu --clock-control none -k regex:'attn_fwd|fprop|sdpa' --metrics ... python experiments/gluon/ncu_forward.py --d 128
 
 ``--config '{"LPT": true, "LPT_SECTION_MB": 16}'``: switches added to the call's default schedule
-(CAUSAL_CONFIG / NONCAUSAL_CONFIG kept, as experiments/gluon/sweep_forward.py does).
+(``launch.schedule_config`` at the call's N kept, as experiments/gluon/sweep_forward.py does).
 """
 
 import argparse
@@ -23,7 +23,7 @@ ap.add_argument("--N", type=int, default=8192, help="sequence length")
 ap.add_argument("--causal", action="store_true", help="causal masking")
 ap.add_argument("--config", default="{}", help="JSON: switches added to the default schedule")
 a = ap.parse_args()
-cfg = {**(G.CAUSAL_CONFIG if a.causal else G.NONCAUSAL_CONFIG)[a.d], **json.loads(a.config)}
+cfg = {**G.schedule_config(a.d, a.causal, a.N), **json.loads(a.config)}
 q = torch.randn(4, 2048 // a.d, a.N, a.d, device="cuda", dtype=torch.float16)
 k, v = torch.randn_like(q), torch.randn_like(q)
 G.gluon_attention_forward(q, k, v, causal=a.causal, **cfg)

@@ -7,8 +7,9 @@ same inputs, the forward's counterpart of bench_section.py (whose sweep found th
 
 Rows: causal and no mask (``--masks``), B = 4, H * d = 2048, N in --ns, d in --dims, fp16 (or
 --dtype bfloat16). A variant is ``KEY=V[+KEY=V...]`` (integers; 0 / 1 for the switches) added to
-the row's default schedule (``launch._schedule``: CAUSAL_CONFIG or NONCAUSAL_CONFIG of its head
-dim), ``0`` the default itself (the baseline, first), ``cudnn`` SDPA's cuDNN forward. A variant
+the row's default schedule (``launch.schedule_config`` at the row's N: DEFAULT_CONFIG and
+CAUSAL_CONFIG or NONCAUSAL_CONFIG of its head dim, DEFER only where a head has at most
+DEFER_MAX_TILES tiles), ``0`` the default itself (the baseline, first), ``cudnn`` SDPA's cuDNN forward. A variant
 that does not apply to a row (a key the head dim's schedule cannot take) or fails to compile is
 left out of that row with its error. Each variant is checked against the default on the same
 inputs (O within 4 ulps of the largest |O|, the logsumexp within 1e-3: another BN or tile order
@@ -50,7 +51,7 @@ def overrides(row, variant):
     """The schedule the variant runs for the row: the row's default switches plus its own."""
     from course_kernels.gluon import launch as G
 
-    base = G.CAUSAL_CONFIG[row["d"]] if row["mask"] == "causal" else G.NONCAUSAL_CONFIG[row["d"]]
+    base = G.schedule_config(row["d"], row["mask"] == "causal", row["n"])  # at the row's N
     return {**base, **parse(variant)}
 
 
