@@ -11,6 +11,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh masked_stages | docs128 | wg_mask   (24) | pdl (26)
 #   OUT=/some/dir scripts/gpu_session.sh host_docs   (27: experiments/gluon/host_docs.py)
 #   OUT=/some/dir scripts/gpu_session.sh fwd_defer   (29: DEFER, a head's lightest tiles last)
+#   OUT=/some/dir scripts/gpu_session.sh profile_convert   (30: DQ_CONVERT, ZERO_ACC kernel by kernel)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -59,6 +60,9 @@
 #                            tiles deferred to the end (DEFER) beside the default (since session 29
 #                            DEFER = 6 up to 22 tiles a head, so at 4K) and cuDNN, three processes a
 #                            dtype (experiments/gluon/tail_model.py's prediction)
+#   profile_convert.json     step profile_convert: torch.profiler's CUDA time of each kernel of one
+#                            backward call, the default beside DQ_CONVERT = 1 and ZERO_ACC = 1, on
+#                            the window (4K, 16K) and documents rows at d = 128 (notes, session 30)
 #   host_docs.json           step host_docs: the documents calls' host time a step, and the first
 #                            line of this package where each call waits for the GPU (if any)
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -293,6 +297,12 @@ fi
 if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
   echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"
   timeout 120 "$PY" experiments/gluon/host_docs.py --out "$OUT"
+fi
+if has profile_convert; then  # session 30: what the in-kernel conversion costs the main kernel
+  echo "== Gluon backward kernel by kernel (torch.profiler): DQ_CONVERT, ZERO_ACC beside the default"
+  timeout "${PROFILE_LIMIT:-150}" "$PY" experiments/gluon/profile_backward.py --out "$OUT" \
+    --tag profile_convert --rows window:128:4096 window:128:16384 documents:128:16384 \
+    --variants ZERO_ACC=0 DQ_CONVERT=1 ZERO_ACC=1
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's

@@ -1324,3 +1324,30 @@ def test_host_docs_needs_a_gpu_and_says_so(monkeypatch, capsys):
     with pytest.raises(SystemExit) as err:
         hd.main(["--out", "unused"])
     assert err.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_profile_backward_profiles_each_row_once_a_variant(monkeypatch, tmp_path):
+    """experiments/gluon/profile_backward.py (session 30): --rows and --variants give one record
+    row per (row, variant), in that order, each naming its variant; a malformed row is refused
+    with the accepted form (the profiling itself, torch.profiler on a GPU, is stood in for)."""
+    pb = _experiment("profile_backward")
+    calls = []
+
+    def fake(row, n_calls, variant="0"):
+        calls.append((row["mask"], row["d"], row["n"], variant, n_calls))
+        return dict(row, wall_us=1.0, kernels_us={}, kernels_total_us=0.0, share={})
+
+    monkeypatch.setattr(pb, "profile_row", fake)
+    pb.main(["--out", str(tmp_path), "--tag", "t", "--calls", "3", "--rows", "window:128:4096",
+             "documents:64:16384", "--variants", "0", "DQ_CONVERT=1"])  # fmt: skip
+    assert calls == [
+        ("window", 128, 4096, "0", 3), ("window", 128, 4096, "DQ_CONVERT=1", 3),
+        ("documents", 64, 16384, "0", 3), ("documents", 64, 16384, "DQ_CONVERT=1", 3),
+    ]  # fmt: skip
+    rec = json.loads((tmp_path / "t.json").read_text())
+    assert [r["variant"] for r in rec["rows"]] == ["0", "DQ_CONVERT=1"] * 2
+    assert rec["rows"][0]["bytes_beside_main_MB"] == round(4 * 16 * 4096 * 128 * 14 / 1e6, 1)
+    assert "--variants 0 DQ_CONVERT=1" in rec["command"]
+    for bad in ("window:128", "win:128:4096"):
+        with pytest.raises(SystemExit, match="MASK:D:N"):
+            pb._row(bad)

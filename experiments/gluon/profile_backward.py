@@ -10,6 +10,13 @@ kernel move O(N d) bytes, the main kernel does O(N^2 d) (or O(N w d) under a win
 short windows and short N their share is largest. Each row: --calls calls after a warm-up, the
 CUDA time of each kernel summed over the calls and divided by their number (microseconds), and
 the wall time of a call from CUDA events. fp16, B = 4, H * d = 2048.
+
+Session 30: ``--rows`` (MASK:D:N, e.g. window:128:4096) and ``--variants`` (schedule overrides as
+in bench_section.py, e.g. ``0 DQ_CONVERT=1 ZERO_ACC=1``: each row profiled once per variant) show
+what an in-kernel change costs the main kernel beside the small kernels it removes:
+
+    PYTHONPATH=. python experiments/gluon/profile_backward.py --out DIR --tag convert \
+        --rows window:128:4096 window:128:16384 --variants 0 DQ_CONVERT=1 ZERO_ACC=1
 """
 
 from __future__ import annotations
@@ -31,13 +38,13 @@ ROWS = [
 ]
 
 
-def profile_row(row, calls):
+def profile_row(row, calls, variant="0"):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from bench_section import make_call
 
-    fn = make_call(row, "0")
+    fn = make_call(row, variant)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -67,19 +74,44 @@ def main(argv=None):
     ap.add_argument("--out", default="results", help="directory for the JSON file")
     ap.add_argument("--tag", default="h100_profile_backward_session18", help="JSON file stem")
     ap.add_argument("--calls", type=int, default=10, help="calls profiled per row")
+    ap.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        help="MASK:D:N rows (mask window, causal, full or documents; default: the five)",
+    )
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["0"],
+        help="schedule overrides, bench_section.py's form ('0': SECTION = 0, the default "
+        "but for documents, whose default a no-op override such as ZERO_ACC=0 keeps)",
+    )
     args = ap.parse_args(argv)
+    rows = ROWS if args.rows is None else [_row(r) for r in args.rows]
     from course_kernels.bench.speed import environment
 
     record = dict(environment(), command="PYTHONPATH=. python experiments/gluon/"
                   + " ".join([os.path.basename(__file__)] + (argv or sys.argv[1:])), rows=[])  # fmt: skip
-    for row in ROWS:
-        out = profile_row(row, args.calls)
-        out["bytes_beside_main_MB"] = round(_side_bytes(row) / 1e6, 1)
-        record["rows"].append(out)
-        print(json.dumps(out), flush=True)
+    for row in rows:
+        for variant in args.variants:
+            out = dict(profile_row(row, args.calls, variant), variant=variant)
+            out["bytes_beside_main_MB"] = round(_side_bytes(row) / 1e6, 1)
+            record["rows"].append(out)
+            print(json.dumps(out), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
         json.dump(record, f, indent=1)
+
+
+def _row(text):
+    """'window:128:4096' -> dict(mask="window", d=128, n=4096); an error naming the form."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in ("window", "causal", "full", "documents"):
+        raise SystemExit(
+            f"--rows takes MASK:D:N (mask window, causal, full or documents), got {text!r}"
+        )
+    return dict(mask=parts[0], d=int(parts[1]), n=int(parts[2]))
 
 
 def _side_bytes(row):
