@@ -12,6 +12,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh host_docs   (27: experiments/gluon/host_docs.py)
 #   OUT=/some/dir scripts/gpu_session.sh fwd_defer   (29: DEFER, a head's lightest tiles last)
 #   OUT=/some/dir scripts/gpu_session.sh profile_convert   (30: DQ_CONVERT, ZERO_ACC kernel by kernel)
+#   OUT=/some/dir scripts/gpu_session.sh keep_acc   (31: KEEP_ACC's GPU tests, then timed, 3 processes)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -62,7 +63,10 @@
 #                            dtype (experiments/gluon/tail_model.py's prediction)
 #   profile_convert.json     step profile_convert: torch.profiler's CUDA time of each kernel of one
 #                            backward call, the default beside DQ_CONVERT = 1 and ZERO_ACC = 1, on
-#                            the window (4K, 16K) and documents rows at d = 128 (notes, session 30)
+#                            the window (4K, 16K) and documents rows at d = 128 (notes, session 30),
+#                            and DQ_CONVERT = 1 with KEEP_ACC = 1 (session 31)
+#   keep_acc_{float16,bfloat16}_run{1,2,3}.json   step keep_acc: the default, DQ_CONVERT = 1 and
+#                            DQ_CONVERT + KEEP_ACC on window 4K/16K and documents at d = 128
 #   host_docs.json           step host_docs: the documents calls' host time a step, and the first
 #                            line of this package where each call waits for the GPU (if any)
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -294,6 +298,14 @@ if has pdl; then  # session 26: programmatic dependent launch of the backward's 
     --dims ${PDL_DIMS:-128} --ns ${PDL_NS:-4096 16384} \
     --sections ${PDL_VARIANTS:-0 PDL=1 PDL=1+ZERO_ACC=1} --rounds 7 --budget-s "${PDL_BUDGET:-55}"
 fi
+if has keep_acc; then  # session 31: dQ_acc kept zero between calls (no fill), with DQ_CONVERT
+  echo "== Gluon backward: KEEP_ACC (dQ_acc cleared by DQ_CONVERT's last CTAs): tests, timed"
+  timeout 240 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
+    -n "${TEST_WORKERS:-8}" -k "keep_acc or KEEP_ACC" 2>&1 | tail -15
+  three_processes "${KEEP_LIMIT:-70}" bench_section.py keep_acc --masks window documents \
+    --dims 128 --ns ${KEEP_NS:-4096 16384} --sections 0 DQ_CONVERT=1 DQ_CONVERT=1+KEEP_ACC=1 \
+    --rounds 7 --budget-s "${KEEP_BUDGET:-55}"
+fi
 if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
   echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"
   timeout 120 "$PY" experiments/gluon/host_docs.py --out "$OUT"
@@ -302,7 +314,7 @@ if has profile_convert; then  # session 30: what the in-kernel conversion costs 
   echo "== Gluon backward kernel by kernel (torch.profiler): DQ_CONVERT, ZERO_ACC beside the default"
   timeout "${PROFILE_LIMIT:-150}" "$PY" experiments/gluon/profile_backward.py --out "$OUT" \
     --tag profile_convert --rows window:128:4096 window:128:16384 documents:128:16384 \
-    --variants ZERO_ACC=0 DQ_CONVERT=1 ZERO_ACC=1
+    --variants ZERO_ACC=0 DQ_CONVERT=1 DQ_CONVERT=1+KEEP_ACC=1 ZERO_ACC=1
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's

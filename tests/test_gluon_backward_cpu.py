@@ -963,6 +963,26 @@ def test_dq_convert_is_off_and_needs_dq_tma():
         GB._check_config(64, dict(DQ_CONVERT="yes"))
 
 
+def test_keep_acc_is_off_and_needs_dq_convert_without_zero_acc():
+    """KEEP_ACC (session 31: dQ_acc kept zero from call to call, cleared by DQ_CONVERT's last
+    CTAs, so no fill): off in every kind of call, taken where DQ_CONVERT runs (non-causal d = 128
+    turns it on by default; causal calls pass it), refused without DQ_CONVERT or with ZERO_ACC
+    (whose zeros would be a second clearing), each message naming what it got."""
+    assert GB.BACKWARD_DQ_DEFAULTS["KEEP_ACC"] is False
+    for args in ((64, False, False, False), (128, False, False, False), (128, True, True, False)):
+        assert GB._schedule(*args, {})["KEEP_ACC"] is False
+    assert GB._schedule(128, False, False, False, dict(KEEP_ACC=True))["KEEP_ACC"] is True
+    on = GB._schedule(128, True, True, False, dict(KEEP_ACC=True, DQ_CONVERT=True))
+    assert on["KEEP_ACC"] is True and on["DQ_CONVERT"] is True
+    need = "KEEP_ACC's dQ_acc is cleared by DQ_CONVERT's last CTAs: it needs DQ_CONVERT=True"
+    with pytest.raises(ValueError, match=need + ".*got DQ_CONVERT=False, ZERO_ACC=False"):
+        GB.gluon_attention_backward(**_args(), causal=True, KEEP_ACC=True)  # causal: no DQ_CONVERT
+    with pytest.raises(ValueError, match="got DQ_CONVERT=True, ZERO_ACC=True"):
+        GB.gluon_attention_backward(**_args(d=128), KEEP_ACC=True, ZERO_ACC=True)
+    with pytest.raises(ValueError, match=r"KEEP_ACC=1.5 not supported; accepted: \(False, True\)"):
+        GB.gluon_attention_backward(**_args(), KEEP_ACC=1.5)
+
+
 def test_empty_sequences_and_dq_chunks_without_dq_shared():
     """N = 0 is refused with its own message; without DQ_SHARED each consumer's dQ chunk spans
     d // DQ_SPLIT columns (not split across the consumers), and DQ_TMA stays off."""

@@ -293,7 +293,7 @@ if HAVE_GLUON:
         ROTATE: gl.constexpr = False, WINDOW: gl.constexpr = False, DOCS: gl.constexpr = False,
         PACKED: gl.constexpr = False, SECTION: gl.constexpr = 0, TAIL: gl.constexpr = 0,
         DQ_CONVERT: gl.constexpr = False, GROUP: gl.constexpr = 1, PERSIST: gl.constexpr = False,
-        WG_MASK: gl.constexpr = False, PDL: gl.constexpr = False,
+        WG_MASK: gl.constexpr = False, PDL: gl.constexpr = False, KEEP_ACC: gl.constexpr = False,
     ):  # fmt: skip
         """dq_ptr: the fp32 dQ accumulator, a pointer; with DQ_TMA a tensor descriptor of
         [BM, HEAD_DIM // NUM_CONSUMERS // DQ_SPLIT] blocks over it (N_PAD rows a head).
@@ -306,7 +306,9 @@ if HAVE_GLUON:
         calls pass any tensors there (unused). GROUP (session 19): query heads a K/V head serves
         (GQA): K, V read from head hz // GROUP, dK, dV written per query head (the host sums).
         PERSIST (session 21): a grid of at most one CTA an SM, n_heads (B x H) x key blocks tiles.
-        WG_MASK (session 24, causal): masked steps chosen per consumer (``_bwd_step``)."""
+        WG_MASK (session 24, causal): masked steps chosen per consumer (``_bwd_step``).
+        KEEP_ACC (with DQ_CONVERT, session 31): dQ_acc and the counters come in zero and leave
+        zero (``_dq_convert_last`` clears each head's rows), so the launcher keeps the buffer."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
@@ -386,5 +388,5 @@ if HAVE_GLUON:
             conv = (dq_acc_ptr, dq_final_ptr, count_ptr)
             _dq_convert_last(
                 conv, hz, heads, N, gl.cdiv(N, BM) * BM, gl.cdiv(N, BN), sm_scale, HEAD_DIM,
-                PACKED, dk_ptr.dtype.element_ty,
+                PACKED, dk_ptr.dtype.element_ty, KEEP_ACC,
             )  # fmt: skip

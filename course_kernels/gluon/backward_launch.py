@@ -26,16 +26,13 @@ if HAVE_GLUON:
     from .backward import _attn_bwd_kernel, _bwd_dq_epilogue, _bwd_dq_epilogue_rows
     from .backward import _bwd_preprocess
 
-# head_dim -> schedule. BM: query rows per block; NUM_CONSUMERS: consumer warpgroups of 64 keys
-# each (BN = 64 x NUM_CONSUMERS keys per CTA); STAGES: depth of the (Q, dO, L, D) ring;
-# DQ_SPLIT: the dQ partial computed and added in DQ_SPLIT column chunks (fewer live registers).
-# Chosen from the offline compile (registers / spills / shared memory; notes/gluon_backward.md);
-# calls at d = 64 take BM = 128 (BACKWARD_BM; dense since 22, masked since 24). Session 9's dQ
-# switches: DQ_VEC = 4 (4 contiguous dQ columns a thread: red.global.add.v4.f32, not the
-# accumulator layout's .v2; measured +0 to +5%, not the default), DQ_SHARED (one [BM, d] dQ
-# partial per CTA step, split by columns across the consumers: half the atomic bytes; measured
-# 1.19-1.26x the first version on the H200, every check passed: the default since session 9,
-# course_kernels/data/gluon/h200_gluon_backward_session9_dq.json).
+# head_dim -> schedule. BM: query rows a block; NUM_CONSUMERS: consumer warpgroups of 64 keys
+# (BN = 64 x NUM_CONSUMERS keys a CTA); STAGES: depth of the (Q, dO, L, D) ring; DQ_SPLIT: dQ
+# added in DQ_SPLIT column chunks (fewer live registers). From the offline compile (registers,
+# spills, shared memory; notes/gluon_backward.md); d = 64 calls take BM = 128 (BACKWARD_BM).
+# Session 9: DQ_VEC = 4 (red.global.add.v4.f32; +0 to +5%, off), DQ_SHARED (a [BM, d] dQ partial a
+# step split by columns across the consumers: half the atomic bytes; 1.19-1.26x on the H200, the
+# default: course_kernels/data/gluon/h200_gluon_backward_session9_dq.json).
 BACKWARD_CONFIG = {
     64: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=1),
     128: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=2),
@@ -61,6 +58,7 @@ _ACCEPTED = {
     "ZERO_ACC": (False, True),
     "WG_MASK": (False, True, 2),
     "PDL": (False, True),
+    "KEEP_ACC": (False, True),
 }
 # OVERLAP_DQ (session 9): block i's last dQ chunk left in flight while block i+1's S^T / dP^T
 # wgmmas run (needs DQ_SHARED). Session 10 (data/gluon/h200_gluon_backward_session10.json, 8K,
@@ -68,8 +66,9 @@ _ACCEPTED = {
 # 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (22: dQ_acc zeroed by the
 # preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
 # WG_MASK (masked steps per consumer: 1 a step at a time, 24; 2 in runs, _wg_cuts, 25): off,
-# slower on every window row (26). PDL (26: the main kernel and the dq conversion launched while
-# the kernel before them runs, scheduler._grid_dependency): not yet run on a GPU, off.
+# slower on every window row (26). PDL (26: each kernel launched while the one before it runs,
+# scheduler._grid_dependency): lost in some (row, process) pairs (27), off. KEEP_ACC (31, with
+# DQ_CONVERT: dQ_acc kept zero from call to call, _kept_zeros; no fill): not run on a GPU, off.
 # DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
 # reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
 # registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
@@ -78,7 +77,7 @@ _ACCEPTED = {
 # With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
-    DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False, WG_MASK=False, PDL=False,
+    DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False, WG_MASK=False, PDL=False, KEEP_ACC=False,
 )  # fmt: skip
 # DQ_CONVERT (18): dq converted in the main kernel by each head's last CTA (scheduler.
 # _dq_convert_last), not by a kernel of its own; no gain on masked rows (21); without a mask
@@ -108,6 +107,7 @@ BACKWARD_SECTION = {"dense": {64: 0, 128: 0}, "documents": {64: 8, 128: 4}}  # k
 BACKWARD_TAIL = {"dense": 0, "documents": 0}
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
 _ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
+_KEPT: dict = {}  # (device, stream) -> KEEP_ACC's zeroed dQ_acc and counters (_kept_zeros)
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
 
 
@@ -201,9 +201,8 @@ def shared_bytes(d: int, cfg: dict) -> int:
 def _sum_over_groups(x, h_kv: int):
     """GQA: per-query-head dK or dV, (B, H, N, d) or packed (total, H, d), -> per K/V head, the
     sum over each head's H // h_kv consecutive query heads (SDPA's ``enable_gqa`` grouping, the
-    kernel's hz // GROUP), accumulated in fp32 and rounded once (as flash-attn 2 sums them):
-    torch's fp16/bf16 sums accumulate in fp32 and write x's dtype, one pass (a ``dtype=float32``
-    sum and a cast would write and read an fp32 copy as well)."""
+    kernel's hz // GROUP), in fp32 and rounded once, as flash-attn 2 does (torch's fp16/bf16 sums
+    accumulate in fp32, one pass; no fp32 copy written and read)."""
     return x.unflatten(1, (h_kv, -1)).sum(2)
 
 
@@ -214,35 +213,24 @@ def _row_layout(BM: int):
 
 
 def gluon_attention_backward(
-    do,
-    q,
-    k,
-    v,
-    o,
-    lse,
-    causal: bool = False,
-    scale=None,
-    window_left=None,
-    cu_seqlens=None,
+    do, q, k, v, o, lse, causal: bool = False, scale=None, window_left=None, cu_seqlens=None,
     **config,
-):
+):  # fmt: skip
     """Gradients (dq, dk, dv) of attention with the FA3-style Gluon backward (first version).
 
     q, o, do: (B, H, N, d), k, v: (B, H_kv, N, d) with H_kv dividing H (GQA, session 19: dK, dV
     per query head, summed on the host), fp16 or bf16, d in {64, 128}; lse: the forward's
     natural-log logsumexp, float32 (B, H, N), as :func:`.launch.gluon_attention_forward`
-    returns it; causal is top-left aligned (SDPA's
-    ``is_causal``); scale defaults to 1/sqrt(d); window_left (with causal): row i sees keys
-    [i - window_left, i], as in :func:`.launch.gluon_attention_forward` (session 14; its GPU
-    tests passed on an H100 in session 15); cu_seqlens (with causal, B = 1): documents packed
+    returns it; causal is top-left aligned (SDPA's ``is_causal``); scale defaults to 1/sqrt(d);
+    window_left (with causal): row i sees keys [i - window_left, i], as in
+    :func:`.launch.gluon_attention_forward`; cu_seqlens (with causal, B = 1): documents packed
     into one sequence, [0, n_1, n_1 + n_2, ..., N] as flash-attn's varlen calls take it, each
-    query seeing only the keys of its own document (session 14, as window_left).
+    query seeing only the keys of its own document (both session 14).
     Keyword overrides of the schedule (for experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT,
     CONSUMER_REGS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION,
-    TAIL, DQ_CONVERT, PERSIST, ZERO_ACC (see BACKWARD_CONFIG and _schedule).
-    dq is summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
-    bit-reproducible.
-    """
+    TAIL, DQ_CONVERT, PERSIST, ZERO_ACC, KEEP_ACC (see BACKWARD_CONFIG and _schedule). dq is
+    summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
+    bit-reproducible."""
     tensors = (do, q, k, v, o, lse)
     win, kend, cfg = _check_all(tensors, causal, window_left, cu_seqlens, config)
     contiguous = (x.contiguous() for x in tensors)
@@ -287,7 +275,25 @@ def _schedule(d, causal, windowed, docs, config):
         raise ValueError("SECTION, TAIL and PERSIST are three CTA orders: pass one of them at most")
     if cfg["PERSIST"] and cfg["DQ_CONVERT"]:  # DQ_CONVERT's count is one a tile and CTA
         raise ValueError("DQ_CONVERT needs a CTA per tile: not with PERSIST (tiles share CTAs)")
+    if cfg["KEEP_ACC"] and (cfg["ZERO_ACC"] or not cfg["DQ_CONVERT"]):
+        why = "KEEP_ACC's dQ_acc is cleared by DQ_CONVERT's last CTAs: it needs DQ_CONVERT=True, "
+        got = f"got DQ_CONVERT={cfg['DQ_CONVERT']}, ZERO_ACC={cfg['ZERO_ACC']}"
+        raise ValueError(why + "ZERO_ACC=False; " + got)
     return cfg
+
+
+def _kept_zeros(n: int, device, dtype):
+    """KEEP_ACC's dQ_acc and counters: ``n`` zeros kept from call to call (each leaves them zero),
+    one buffer a (device, stream, dtype), never two calls at once; a fresh one in graph capture."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, device=device, dtype=dtype)
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream, dtype)
+    buf = _KEPT.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _KEPT[key] = torch.zeros(n, device=device, dtype=dtype)
+    return buf[:n]
 
 
 def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
@@ -311,6 +317,7 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     rows = n_pad if dq_tma else N
     # dQ_acc, then one int32 a head (DQ_CONVERT's counters): zeroed by a fill or (ZERO_ACC) below
     n_acc, new = B * H * rows * d, torch.empty if cfg["ZERO_ACC"] else torch.zeros
+    new = _kept_zeros if cfg["KEEP_ACC"] else new  # KEEP_ACC: zero since the last call
     flat, pdl = new(n_acc + B * H, device=q.device, dtype=torch.float32), bool(cfg["PDL"])
     _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
         o, do, lse, delta, lse2, N, n_pad, flat, flat[n_acc:], rows, HEAD_DIM=d, PACKED=packed,
@@ -342,23 +349,16 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     _attn_bwd_kernel[grid](
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_out, dk, dv, N, n_pad,
         scale * LOG2E, scale, win, kend,  # c = scale log2(e): P = exp2(S c - L log2 e)
-        dq_acc, dq, flat[n_acc:].view(torch.int32),  # DQ_CONVERT's counters
-        heads,
-        BM=BM,
-        HEAD_DIM=d,
-        NUM_CONSUMERS=NC,
-        STAGES=cfg["STAGES"],
-        CAUSAL=bool(causal),
-        CONSUMER_REGS=cfg["CONSUMER_REGS"],
-        DQ_SPLIT=cfg["DQ_SPLIT"], DQ_VEC=cfg["DQ_VEC"],
-        DQ_SHARED=bool(cfg["DQ_SHARED"]),
-        OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]),
-        DQ_TMA=dq_tma,
+        dq_acc, dq, flat[n_acc:].view(torch.int32), heads,  # DQ_CONVERT's counters, B x H
+        BM=BM, HEAD_DIM=d, NUM_CONSUMERS=NC, STAGES=cfg["STAGES"], CAUSAL=bool(causal),
+        CONSUMER_REGS=cfg["CONSUMER_REGS"], DQ_SPLIT=cfg["DQ_SPLIT"], DQ_VEC=cfg["DQ_VEC"],
+        DQ_SHARED=bool(cfg["DQ_SHARED"]), OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]), DQ_TMA=dq_tma,
         MASKED_LAST=bool(cfg["MASKED_LAST"]), DV_EARLY=bool(cfg["DV_EARLY"]),
-        ROTATE=bool(cfg["ROTATE"]),
-        WINDOW=win >= 0, DOCS=docs, PACKED=packed, WG_MASK=cfg["WG_MASK"],
+        ROTATE=bool(cfg["ROTATE"]), WINDOW=win >= 0, DOCS=docs, PACKED=packed,
+        WG_MASK=cfg["WG_MASK"],
         SECTION=section, TAIL=tail, DQ_CONVERT=bool(cfg["DQ_CONVERT"]), GROUP=H // H_kv,
-        PERSIST=bool(cfg["PERSIST"]), PDL=pdl, launch_pdl=pdl, num_warps=4,
+        PERSIST=bool(cfg["PERSIST"]), PDL=pdl, KEEP_ACC=bool(cfg["KEEP_ACC"]), launch_pdl=pdl,
+        num_warps=4,
     )  # fmt: skip
     if H_kv < H:
         dk, dv = _sum_over_groups(dk, H_kv), _sum_over_groups(dv, H_kv)

@@ -12,10 +12,9 @@ out on a second counter and the last one out resets both (launches on one stream
 
 The backward's last CTA of a head (``DQ_CONVERT``, session 18): the same counting, per head,
 after the CTA's reduce-adds have completed (``_bulk_writes_done``); the last one in converts the
-head's fp32 dQ to dq there and then, not in a kernel of its own (notes/gluon_backward.md).
-
-The backward's walk over query blocks (``_q_range``, ``_edge_range``, ``_bwd_runs``,
-``_bwd_block``; ``_after`` for PERSIST), read by the producer and the consumers alike.
+head's fp32 dQ to dq there and then, not in a kernel of its own (notes/gluon_backward.md). Its
+walk over query blocks (``_q_range``, ``_edge_range``, ``_bwd_runs``, ``_bwd_block``; ``_after``
+for PERSIST) is read by the producer and the consumers alike.
 """
 
 from __future__ import annotations
@@ -38,11 +37,10 @@ if HAVE_GLUON:
         share one head's K/V in L2; causal: each head's heaviest block (its last rows) first.
         DEFER (causal, 0 < DEFER < num_pid_m; session 29): each head's DEFER lightest tiles come
         after all the others, the heaviest of them first, heads innermost, so that the launch
-        ends on its shortest tiles.  LPT (causal): heaviest blocks of ALL heads first
-        (longest-processing-time order: better balance, less L2 sharing); SECTION > 0: FA3's
-        sectioned order, heads in sections of SECTION (the last may hold fewer), heaviest first
-        within one, heads innermost (a section's K/V sized to stay in L2). Plain integer
-        arithmetic: the CPU tests run it on Python ints (``.fn``)."""
+        ends on its shortest tiles.  LPT (causal): heaviest blocks of ALL heads first (better
+        balance, less L2 sharing); SECTION > 0: FA3's sectioned order, heads in sections of
+        SECTION (the last may hold fewer), heaviest first within one, heads innermost (a
+        section's K/V sized to stay in L2). Plain integer arithmetic (CPU tests run it on ints)."""
         if LPT:
             n_hz = num_tiles // num_pid_m
             if SECTION > 0:
@@ -79,11 +77,10 @@ if HAVE_GLUON:
     def _bwd_tile(N, BN: gl.constexpr, SECTION: gl.constexpr, TAIL: gl.constexpr):
         """The backward's CTA -> (first key n0, batch*head hz, batch*heads). Default: the grid
         (key blocks, batch*heads), key blocks fastest, so each head's key block 0 (under causal
-        masking its heaviest: it sees every query) starts first, and the last head's starts
-        last (the tail). SECTION > 0: a 1-D grid in :func:`_tile_coords`' sectioned order, heads
-        innermost in sections of SECTION heads, key block 0 of each section's heads first.
-        TAIL > 0: a 1-D grid, head after head as by default except the last TAIL heads, taken
-        together with heads innermost (only the tail pays for the wider set of heads in L2)."""
+        masking its heaviest: it sees every query) starts first, the last head's last (the tail).
+        SECTION > 0: a 1-D grid in :func:`_tile_coords`' sectioned order, heads innermost in
+        sections of SECTION heads, key block 0 of each section's heads first. TAIL > 0: a 1-D
+        grid, head after head except the last TAIL heads, taken together, heads innermost."""
         if SECTION == 0 and TAIL == 0:
             return gl.program_id(0) * BN, gl.program_id(1), gl.num_programs(1)
         else:
@@ -232,7 +229,6 @@ if HAVE_GLUON:
         return gl.max(tile_ids.index(qs).load(_ID_LAYOUT), axis=0)
 
     # ------------------------------------------- the backward's last CTA of a head (DQ_CONVERT)
-
     @gluon.constexpr_function
     def _convert_layout(HEAD_DIM):
         """[rows, HEAD_DIM] fp32 over one warpgroup, 4 contiguous columns (16 bytes) a thread."""
@@ -264,13 +260,14 @@ if HAVE_GLUON:
     @gluon.jit
     def _dq_convert_last(
         conv, hz, heads, N, N_PAD, arrivals, scale, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr,
-        dtype: gl.constexpr,
+        dtype: gl.constexpr, KEEP_ACC: gl.constexpr = False,
     ):  # fmt: skip
         """Kernel body, after ``gl.warp_specialize`` has joined: count this CTA in for head hz
         (``arrivals``: its key blocks); the last one in converts the head's dQ_acc rows [0, N) to
         dq (dense or PACKED) and resets the counter. Not at the end of a consumer: a branch on the
         counter there made ptxas spill in their hot loop at d = 128 (window, documents).
-        ``conv``: (dQ_acc as a pointer, dq, the per-head int32 counters)."""
+        ``conv``: (dQ_acc as a pointer, dq, the counters). KEEP_ACC (session 31): it zeroes the
+        head's N_PAD rows too (in L2): the buffer is zero again for the launcher's next call."""
         acc_ptr, dq_ptr, count_ptr = conv
         gl.thread_barrier()
         before = gl.atomic_add(count_ptr + hz, 1, sem="acq_rel", scope="gpu")
@@ -280,7 +277,7 @@ if HAVE_GLUON:
             layout: gl.constexpr = _convert_layout(HEAD_DIM)
             ROWS: gl.constexpr = 16384 // HEAD_DIM  # 64 KB of fp32 a pass
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :]
-            for r0 in range(0, N, ROWS):
+            for r0 in range(0, N_PAD if KEEP_ACC else N, ROWS):
                 r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
                 ok = (r < N)[:, None]
                 src = acc_ptr + (hz * N_PAD + r).to(gl.int64)[:, None] * HEAD_DIM + cols
@@ -291,6 +288,9 @@ if HAVE_GLUON:
                     rows = hz * N + r
                 out = dq_ptr + rows.to(gl.int64)[:, None] * HEAD_DIM + cols
                 gl.store(out, (acc * scale).to(dtype), mask=ok)
+                if KEEP_ACC:  # padding rows included: they hold reduce-adds of zeros
+                    zero = gl.full([ROWS, HEAD_DIM], 0.0, gl.float32, layout=layout)
+                    gl.store(src, zero, mask=(r < N_PAD)[:, None])
 
     # ------------------------------------------- the backward: a key block's query blocks
     @gluon.jit

@@ -233,7 +233,8 @@ CONFIGS = (
     + [  # session 18: dq converted in the kernel by each head's last consumer (DQ_CONVERT)
         _masked_last(d, None, c, DQ_CONVERT=True) for d in (64, 128) for c in (False, True)
     ]
-    + [_masked_last(128, None, True, WINDOW=True, DQ_CONVERT=True)]
+    + [_masked_last(128, None, True, WINDOW=True, DQ_CONVERT=True, KEEP_ACC=k) for k in (0, 1)]
+    + [_masked_last(128, None, True, DOCS=True, PACKED=True, DQ_CONVERT=True, KEEP_ACC=True)]
     + [
         _masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8, DQ_CONVERT=True)
         for d in (64, 128)

@@ -89,6 +89,7 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(PDL=True, ZERO_ACC=True),  # the zeros written by the kernel the main one waits on
         dict(PDL=True, DQ_TMA=False),  # the flat dq conversion
         dict(PDL=True, DQ_CONVERT=True),  # no conversion kernel after the main one
+        dict(KEEP_ACC=True, DQ_CONVERT=True),  # session 31: dQ_acc kept zero, no fill
     ],  # fmt: skip
     ids=str,
 )
@@ -161,6 +162,39 @@ def test_pdl_changes_no_bit_of_dk_dv(shape):
         )  # fmt: skip
         assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), zero_acc
         assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp, zero_acc
+
+
+def _kept_buffers_zero():
+    assert GB._KEPT, "KEEP_ACC kept no buffer"
+    for key, buf in GB._KEPT.items():
+        assert torch.count_nonzero(buf).item() == 0, f"KEEP_ACC's buffer {key} left non-zero"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_keep_acc_leaves_its_buffer_zero_call_after_call(d):
+    """KEEP_ACC (session 31): dQ_acc and the counters come from a buffer kept between calls, not
+    a fill; each head's last CTA clears its rows, padding included, so the buffer is zero after
+    every call and the next call (another shape: its heads' rows fall where other heads' and
+    padding rows were) starts from zeros. Calls of growing and shrinking size, ragged N, the
+    window and plain causal rows, GQA: flash-attn's rule against float64 and an all-zero buffer
+    after each; at a large window row dK, dV equal the default's bit for bit, dq within 4 ulps."""
+    GB._KEPT.clear()
+    for B, H, N, causal in ((2, 3, 333, False), (1, 2, 1000, True), (2, 3, 70, False)):
+        _check(B, H, N, d, torch.float16, causal, seed=N + d, KEEP_ACC=True, DQ_CONVERT=True)
+        _kept_buffers_zero()
+    q, k, v, do = _inputs(4, 16, 4096, d, torch.bfloat16, seed=31 + d)
+    k, v = k[:, :4].contiguous(), v[:, :4].contiguous()  # GQA: 4 query heads a K/V head
+    o, lse = G.gluon_attention_forward(q, k, v, causal=True, window_left=1024)
+    want = GB.gluon_attention_backward(do, q, k, v, o, lse, True, window_left=1024)
+    ulp = torch.finfo(torch.bfloat16).eps * want[0].abs().max().item()
+    for _ in range(3):
+        _poison(16 * q.numel() * q.element_size())
+        got = GB.gluon_attention_backward(
+            do, q, k, v, o, lse, True, window_left=1024, KEEP_ACC=True, DQ_CONVERT=True
+        )  # fmt: skip
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp
+        _kept_buffers_zero()
 
 
 def test_dq_tma_with_128_query_rows():
@@ -462,6 +496,7 @@ def _check_documents_backward(lengths, d, dtype, n_seed, **schedule):
         dict(packed=False, WG_MASK=2, SECTION=4),
         dict(packed=True, PDL=True),  # session 26: programmatic dependent launch
         dict(packed=False, PDL=True, ZERO_ACC=True),
+        dict(packed=True, KEEP_ACC=True, DQ_CONVERT=True),  # session 31
     ],
     ids=str,
 )
