@@ -64,9 +64,10 @@
 #   profile_convert.json     step profile_convert: torch.profiler's CUDA time of each kernel of one
 #                            backward call, the default beside DQ_CONVERT = 1 and ZERO_ACC = 1, on
 #                            the window (4K, 16K) and documents rows at d = 128 (notes, session 30),
-#                            and DQ_CONVERT = 1 with KEEP_ACC = 1 (session 31)
-#   keep_acc_{float16,bfloat16}_run{1,2,3}.json   step keep_acc: the default, DQ_CONVERT = 1 and
-#                            DQ_CONVERT + KEEP_ACC on window 4K/16K and documents at d = 128
+#                            and DQ_CONVERT = 1 and 2 with KEEP_ACC = 1 (session 31)
+#   keep_acc_{float16,bfloat16}_run{1,2,3}.json   step keep_acc: the default beside DQ_CONVERT =
+#                            1 and 2, each with and without KEEP_ACC, window 4K/16K and documents
+#                            at d = 128 (session 31)
 #   host_docs.json           step host_docs: the documents calls' host time a step, and the first
 #                            line of this package where each call waits for the GPU (if any)
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -298,13 +299,14 @@ if has pdl; then  # session 26: programmatic dependent launch of the backward's 
     --dims ${PDL_DIMS:-128} --ns ${PDL_NS:-4096 16384} \
     --sections ${PDL_VARIANTS:-0 PDL=1 PDL=1+ZERO_ACC=1} --rounds 7 --budget-s "${PDL_BUDGET:-55}"
 fi
-if has keep_acc; then  # session 31: dQ_acc kept zero between calls (no fill), with DQ_CONVERT
-  echo "== Gluon backward: KEEP_ACC (dQ_acc cleared by DQ_CONVERT's last CTAs): tests, timed"
-  timeout 240 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
-    -n "${TEST_WORKERS:-8}" -k "keep_acc or KEEP_ACC" 2>&1 | tail -15
+if has keep_acc; then  # session 31: KEEP_ACC (no fill) and DQ_CONVERT = 2 (conversion by blocks)
+  echo "== Gluon backward: KEEP_ACC and DQ_CONVERT = 2: GPU tests, then timed"
+  timeout 300 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
+    -n "${TEST_WORKERS:-8}" -k "keep_acc or KEEP_ACC or DQ_CONVERT or dq_convert" 2>&1 | tail -15
   three_processes "${KEEP_LIMIT:-70}" bench_section.py keep_acc --masks window documents \
-    --dims 128 --ns ${KEEP_NS:-4096 16384} --sections 0 DQ_CONVERT=1 DQ_CONVERT=1+KEEP_ACC=1 \
-    --rounds 7 --budget-s "${KEEP_BUDGET:-55}"
+    --dims 128 --ns ${KEEP_NS:-4096 16384} --sections ${KEEP_VARIANTS:-0 DQ_CONVERT=1 \
+    DQ_CONVERT=1+KEEP_ACC=1 DQ_CONVERT=2 DQ_CONVERT=2+KEEP_ACC=1} --rounds 7 \
+    --budget-s "${KEEP_BUDGET:-55}"
 fi
 if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
   echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"
@@ -314,7 +316,8 @@ if has profile_convert; then  # session 30: what the in-kernel conversion costs 
   echo "== Gluon backward kernel by kernel (torch.profiler): DQ_CONVERT, ZERO_ACC beside the default"
   timeout "${PROFILE_LIMIT:-150}" "$PY" experiments/gluon/profile_backward.py --out "$OUT" \
     --tag profile_convert --rows window:128:4096 window:128:16384 documents:128:16384 \
-    --variants ZERO_ACC=0 DQ_CONVERT=1 DQ_CONVERT=1+KEEP_ACC=1 ZERO_ACC=1
+    --variants ZERO_ACC=0 DQ_CONVERT=1 DQ_CONVERT=1+KEEP_ACC=1 DQ_CONVERT=2 DQ_CONVERT=2+KEEP_ACC=1 \
+    ZERO_ACC=1
 fi
 echo "== done $(date -u +%FT%TZ)"
 # The device sends back at most 8 files from $OUT (session 24 lost ncu_lpt's and zero_acc_window's

@@ -574,6 +574,65 @@ def test_masked_ranges_and_runs_visit_exactly_the_blocks_a_key_block_needs(mask,
             assert (i in unmasked) == whole, (case, i)
 
 
+class _Ptr:
+    """An int32 pointer as ``_visits`` uses it: ``ptr + offsets`` (an array), then ``gl.load``."""
+
+    def __init__(self, values, at=0):
+        self.values, self.at = np.asarray(values), at
+
+    def __add__(self, offsets):
+        return _Ptr(self.values, self.at + offsets)
+
+    def __sub__(self, offsets):
+        return _Ptr(self.values, self.at - offsets)
+
+
+def _numpy_gl():
+    def load(p, mask, other):
+        return np.where(mask, p.values[np.clip(p.at, 0, len(p.values) - 1)], other)
+
+    return types.SimpleNamespace(
+        cdiv=lambda a, b: -(-a // b), zeros=lambda shape, dtype, layout: np.zeros(shape, int),
+        arange=lambda a, b, layout: np.arange(a, b), minimum=np.minimum, load=load,
+        where=np.where, sum=lambda x, axis: int(x.sum()), int32=int,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mask", ["full", "causal", "window", "documents"])
+def test_visits_counts_the_key_blocks_that_add_to_each_query_block(monkeypatch, mask):
+    """DQ_CONVERT = 2 (session 31): the preprocessing sets each query block's counter to minus
+    ``_visits``; each key block's CTA counts itself in on the query blocks it visited, and the
+    one that brings a counter to 0 converts that block. One visit too many and dq is never
+    converted; one too few and it is converted before the last reduce-adds. ``_visits`` (the
+    kernel's code, on NumPy) against brute force over the mask: the key blocks of BN keys holding
+    a pair (key, query of the block, query < N) the mask shows, ragged N, N past 64 key blocks
+    (a second pass), BM 64/128, BN 64/128."""
+    if not GB_kernel.HAVE_GLUON:
+        pytest.skip("triton.experimental.gluon not importable here")
+    monkeypatch.setattr(GB_sched, "gl", _numpy_gl())
+    visits = GB_sched._visits.fn
+    rng = np.random.default_rng(31)
+    for case in range(300):
+        BM, BN = int(rng.choice([64, 128])), int(rng.choice([64, 128]))
+        N = int(rng.integers(1, 900)) if case % 10 else int(rng.integers(64 * BN, 70 * BN))
+        keys, rows = np.arange(N), np.arange(N)
+        shown = np.ones((N, N), bool) if mask == "full" else keys[:, None] <= rows[None, :]
+        left, end = -1, np.zeros(N, int)
+        if mask == "window":
+            left = int(rng.choice([1, 63, 64, 65, 127, 128, 1000]))
+            shown &= rows[None, :] - keys[:, None] <= left
+        if mask == "documents":
+            _cu, end = _random_documents(rng, N)
+            shown &= rows[None, :] < end[keys][:, None]
+        n_kb, n_qb = -(-N // BN), -(-N // BM)
+        want = [sum(shown[kb * BN:(kb + 1) * BN, i * BM:(i + 1) * BM].any()
+                    for kb in range(n_kb)) for i in range(n_qb)]  # fmt: skip
+        flags = (mask != "full", mask == "window", mask == "documents")
+        got = [visits(i, N, left, _Ptr(end), BM, BN, *flags, None) for i in range(n_qb)]
+        assert got == want, (mask, BM, BN, N, left)
+        assert min(got) >= 1 and max(got) <= n_kb
+
+
 @pytest.mark.parametrize("mask", ["causal", "window", "documents"])
 def test_wg_cuts_split_a_masked_run_exactly_into_dead_masked_and_unmasked_blocks(mask):
     """Session 25 (WG_MASK = 2): _wg_cuts (the kernel's code, on Python ints) cuts a run of
@@ -974,13 +1033,26 @@ def test_keep_acc_is_off_and_needs_dq_convert_without_zero_acc():
     assert GB._schedule(128, False, False, False, dict(KEEP_ACC=True))["KEEP_ACC"] is True
     on = GB._schedule(128, True, True, False, dict(KEEP_ACC=True, DQ_CONVERT=True))
     assert on["KEEP_ACC"] is True and on["DQ_CONVERT"] is True
-    need = "KEEP_ACC's dQ_acc is cleared by DQ_CONVERT's last CTAs: it needs DQ_CONVERT=True"
+    need = "KEEP_ACC's dQ_acc is cleared by DQ_CONVERT's converting CTAs: it needs DQ_CONVERT"
     with pytest.raises(ValueError, match=need + ".*got DQ_CONVERT=False, ZERO_ACC=False"):
         GB.gluon_attention_backward(**_args(), causal=True, KEEP_ACC=True)  # causal: no DQ_CONVERT
     with pytest.raises(ValueError, match="got DQ_CONVERT=True, ZERO_ACC=True"):
         GB.gluon_attention_backward(**_args(d=128), KEEP_ACC=True, ZERO_ACC=True)
     with pytest.raises(ValueError, match=r"KEEP_ACC=1.5 not supported; accepted: \(False, True\)"):
         GB.gluon_attention_backward(**_args(), KEEP_ACC=1.5)
+    # DQ_CONVERT = 2 (each query block converted by the CTA that completes it): taken with
+    # KEEP_ACC, refused with ZERO_ACC (the preprocessing sets its counters), 3 refused
+    two = GB._schedule(128, True, True, False, dict(DQ_CONVERT=2, KEEP_ACC=True))
+    assert two["DQ_CONVERT"] == 2 and two["KEEP_ACC"] is True
+    assert GB._schedule(64, False, False, False, dict(DQ_CONVERT=2))["DQ_CONVERT"] == 2
+    with pytest.raises(ValueError, match="DQ_CONVERT=2's counters are set by the preprocessing"):
+        GB.gluon_attention_backward(**_args(), DQ_CONVERT=2, ZERO_ACC=True)
+    with pytest.raises(
+        ValueError, match=r"DQ_CONVERT=3 not supported; accepted: \(False, True, 2\)"
+    ):
+        GB.gluon_attention_backward(**_args(), DQ_CONVERT=3)
+    with pytest.raises(ValueError, match="DQ_CONVERT needs a CTA per tile: not with PERSIST"):
+        GB.gluon_attention_backward(**_args(), DQ_CONVERT=2, PERSIST=True)
 
 
 def test_empty_sequences_and_dq_chunks_without_dq_shared():

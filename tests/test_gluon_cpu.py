@@ -598,12 +598,12 @@ def test_schedule_options_are_checked_by_name():
 
 
 def _window_fns(monkeypatch):
-    from course_kernels.gluon import scheduler
+    from course_kernels.gluon import producer
 
-    if not scheduler.HAVE_GLUON:
+    if not producer.HAVE_GLUON:
         pytest.skip("triton.experimental.gluon not importable here")
-    monkeypatch.setattr(scheduler, "_edge_mid", scheduler._edge_mid.fn)  # called by _window_mid
-    return scheduler._window_first.fn, scheduler._window_mid.fn  # the kernel's code, on ints
+    monkeypatch.setattr(producer, "_edge_mid", producer._edge_mid.fn)  # called by _window_mid
+    return producer._window_first.fn, producer._window_mid.fn  # the kernel's code, on ints
 
 
 @pytest.mark.parametrize("bn", [64, 128])
@@ -733,14 +733,14 @@ class _Tokens:
 def _doc_fns(monkeypatch):
     import types
 
-    from course_kernels.gluon import scheduler
+    from course_kernels.gluon import producer
 
-    if not scheduler.HAVE_GLUON:
+    if not producer.HAVE_GLUON:
         pytest.skip("triton.experimental.gluon not importable here")
     shim = types.SimpleNamespace(load=lambda p: p.values[p.at], minimum=min)
-    monkeypatch.setattr(scheduler, "gl", shim)
-    monkeypatch.setattr(scheduler, "_edge_mid", scheduler._edge_mid.fn)
-    return scheduler._left_first.fn, scheduler._left_mid.fn
+    monkeypatch.setattr(producer, "gl", shim)
+    monkeypatch.setattr(producer, "_edge_mid", producer._edge_mid.fn)
+    return producer._left_first.fn, producer._left_mid.fn
 
 
 @pytest.mark.parametrize("bn", [64, 128])

@@ -7,21 +7,16 @@ One CTA per (key block of ``BN = 64 * NUM_CONSUMERS`` keys, batch x head). Roles
                      CTA's K and V once, then the (Q_i, dO_i) pairs of every query block the
                      key block needs, into a ``STAGES``-deep ring guarded by mbarriers
                      (``q_ready`` filled by TMA, ``q_empty`` released by the consumers).
-* ``_bwd_consumer``  ``NUM_CONSUMERS`` warpgroups, each owning 64 keys: dK and dV stay in
-                     registers for the whole CTA; per query block (``_bwd_step``)
-                     S^T = K Q^T, P^T = exp2(S^T c - L log2 e), dP^T = V dO^T,
-                     dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q, and dQ += dS K added
-                     to an fp32 dQ in global memory with relaxed atomics (dS^T goes through
-                     shared memory, its transpose is the wgmma's A operand; ``_bwd_dq``, with
-                     session 9's switches DQ_VEC (v4 reductions), DQ_SHARED (one dQ
-                     partial per CTA step, split by columns across the consumers) and
-                     OVERLAP_DQ (dQ's atomics during the dV/dK wgmmas); both functions in
-                     :mod:`.backward_steps`).
+* ``_bwd_consumer``  ``NUM_CONSUMERS`` warpgroups of 64 keys each, dK and dV in registers for
+                     the whole CTA; per query block (``_bwd_step``) S^T = K Q^T, P^T =
+                     exp2(S^T c - L log2 e), dP^T = V dO^T, dS^T = P^T (dP^T - D), dV += P^T dO,
+                     dK += dS^T Q, and dQ += dS K into an fp32 dQ_acc in global memory
+                     (``_bwd_dq``: dS^T through shared memory, the wgmma's A operand; session
+                     9's DQ_VEC, DQ_SHARED, OVERLAP_DQ; both in :mod:`.backward_steps`).
 * ``_bwd_epilogue``  dK *= scale; dK, dV stored in the input dtype (rows < N).
-* ``_bwd_preprocess`` D = rowsum(dO * O) (a separate small kernel, FA2's preprocessing);
-  ``_bwd_dq_epilogue`` dq = (scale * dQ_acc).to(dtype) (another one), or with ``DQ_CONVERT``
-  (session 18, off) inside this kernel by each head's last CTA
-  (:func:`.scheduler._dq_convert_last`).
+* ``_bwd_preprocess`` D = rowsum(dO * O) (FA2's preprocessing); ``_bwd_dq_epilogue`` dq = (scale
+  x dQ_acc).to(dtype), or ``DQ_CONVERT`` in this kernel, by each head's last CTA (1) or each
+  query block's (2, session 31; :mod:`.scheduler`).
 
 L is the forward's NATURAL-log logsumexp (:func:`.launch.gluon_attention_forward`). The math is
 FA2's Algorithm 2 transposed, as in :mod:`course_kernels.triton.backward`; the split into roles
@@ -29,12 +24,11 @@ follows FA3 (arXiv 2407.08608), except that dQ leaves from the consumers themsel
 the default: a TMA bulk reduce-add of a shared-memory tile, as FA3's; else atomics), not from
 FA3's dedicated dQ warp. Host side: :mod:`.backward_launch`.
 
-Masks beyond causal (session 14; run on an H100 in session 15): ``WINDOW`` (a causal sliding
-window) and ``DOCS`` (causal documents packed into one sequence), each key block visiting only
-the query blocks that see one of its keys, in three runs (the unmasked middle first); ``PACKED``
-reads flash-attn's (total, H, d) layout in place. The switches reach the roles as one
-:class:`BwdSchedule` (session 15; no ``from __future__ import annotations`` in this module: an
-``aggregate`` reads its fields' annotations as objects).
+Masks beyond causal (session 14): ``WINDOW`` (a causal sliding window) and ``DOCS`` (causal
+documents packed into one sequence), each key block visiting only the query blocks that see one
+of its keys, in three runs (the unmasked middle first); ``PACKED`` reads flash-attn's (total, H,
+d) layout in place. The switches reach the roles as one :class:`BwdSchedule` (no ``from
+__future__ import annotations`` here: an ``aggregate`` reads its fields' annotations as objects).
 """
 
 from ._lang import HAVE_GLUON
@@ -45,8 +39,9 @@ if HAVE_GLUON:
     from ._lang import aggregate, gl, gluon, mbarrier, set_fields, tma
     from .backward_steps import _bwd_step
     from .producer import KEYS, _bwd_producer, _mma_layout
-    from .scheduler import _after, _bulk_writes_done, _bwd_block, _bwd_runs, _bwd_tile
-    from .scheduler import _ID_LAYOUT, _dq_convert_last, _grid_dependency, _q_range, _wg_cuts
+    from .scheduler import _ID_LAYOUT, _after, _bulk_writes_done, _bwd_block, _bwd_runs, _bwd_tile
+    from .scheduler import _dq_convert_blocks, _dq_convert_last, _grid_dependency, _q_range
+    from .scheduler import _visits, _wg_cuts
 
     LOG2E_ = gl.constexpr(1.4426950408889634)  # log2(e) (course_kernels.numpy.reference.LOG2E)
     _ROW_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0]))  # 8 warps
@@ -69,8 +64,10 @@ if HAVE_GLUON:
     @gluon.jit
     def _bwd_preprocess(
         o_ptr, do_ptr, lse_ptr, delta_ptr, lse2_ptr, N, N_PAD, acc_ptr, cnt_ptr, ACC_ROWS,
-        HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False, ZERO_ACC: gl.constexpr = False,
-        PDL: gl.constexpr = False,
+        win_left, kend_ptr, HEAD_DIM: gl.constexpr, PACKED: gl.constexpr = False,
+        ZERO_ACC: gl.constexpr = False, PDL: gl.constexpr = False, COUNT_BM: gl.constexpr = 0,
+        BN: gl.constexpr = 128, CAUSAL: gl.constexpr = False, WINDOW: gl.constexpr = False,
+        DOCS: gl.constexpr = False,
     ):  # fmt: skip
         """Per (batch, head), 64 rows a program, into buffers padded to N_PAD rows a head (a
         multiple of the backward's BM, so TMA reads whole blocks of one head): D = rowsum(dO * O)
@@ -78,7 +75,8 @@ if HAVE_GLUON:
         ZERO_ACC (session 22) it also zeroes the head's rows of the fp32 dQ_acc (``acc_ptr``,
         ACC_ROWS a head) and, in its first program, the head's DQ_CONVERT counter (``cnt_ptr``,
         fp32 0.0 has int32 0's bits): no fill kernel before it (FA3's preprocessing clears its
-        dQaccum too: ``Clear_dQaccum``). PDL: the main kernel may launch once all programs run."""
+        dQaccum too: ``Clear_dQaccum``). PDL: the main kernel may launch once all programs run.
+        COUNT_BM (DQ_CONVERT = 2's BM): each query block's counter at minus its ``_visits``."""
         r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, _ROW_LAYOUT))
         if PDL:
             r = _grid_dependency(r, False)
@@ -96,7 +94,14 @@ if HAVE_GLUON:
             zero = gl.full([64, HEAD_DIM], 0.0, gl.float32, layout=_ROW_LAYOUT)
             acc = (hz * ACC_ROWS + r).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
             gl.store(acc_ptr + acc, zero, mask=(r < ACC_ROWS)[:, None])
-            gl.store(cnt_ptr + hz + 0 * r, gl.sum(zero, axis=1), mask=r == 0)
+            gl.store(cnt_ptr + hz + 0 * r, 0 * r, mask=r == 0)
+        if COUNT_BM > 0:  # noqa: SIM102 (a constexpr test, then a runtime one)
+            if (gl.program_id(0) * 64) % COUNT_BM == 0:  # the program of block i's first rows
+                i = gl.program_id(0) * 64 // COUNT_BM
+                lay: gl.constexpr = gl.SliceLayout(1, _ROW_LAYOUT)
+                seen = _visits(i, N, win_left, kend_ptr, COUNT_BM, BN, CAUSAL, WINDOW, DOCS, lay)
+                cnt = cnt_ptr + hz * (N_PAD // COUNT_BM) + i + 0 * r
+                gl.store(cnt, 0 * r - seen, mask=r == gl.program_id(0) * 64)
 
     @gluon.jit
     def _bwd_dq_epilogue(dq_acc_ptr, dq_ptr, n_elems, scale, PDL: gl.constexpr = False):
@@ -301,25 +306,21 @@ if HAVE_GLUON:
         sequence of packed documents): query q sees the keys of its own document, kend_ptr[k]
         the end (exclusive) of key k's; PACKED: q, k, v, do (descriptors over (total, H x d)) and
         dk, dv in flash-attn's (total, H, d) layout, B = 1 (all three session 14). DQ_CONVERT
-        (with DQ_TMA): dq_acc_ptr (dQ_acc as a pointer), dq_final_ptr (dq) and count_ptr (an
-        int32 a head, zero at launch, zero again after it) for the in-kernel conversion; other
-        calls pass any tensors there (unused). GROUP (session 19): query heads a K/V head serves
+        (with DQ_TMA): dq_acc_ptr (dQ_acc as a pointer), dq_final_ptr (dq) and count_ptr (int32:
+        one a head, zero at launch and after it; with DQ_CONVERT = 2 one a query block, set by the
+        preprocessing) for the in-kernel conversion. GROUP (session 19): query heads a K/V head serves
         (GQA): K, V read from head hz // GROUP, dK, dV written per query head (the host sums).
         PERSIST (session 21): a grid of at most one CTA an SM, n_heads (B x H) x key blocks tiles.
         WG_MASK (session 24, causal): masked steps chosen per consumer (``_bwd_step``).
-        KEEP_ACC (with DQ_CONVERT, session 31): dQ_acc and the counters come in zero and leave
-        zero (``_dq_convert_last`` clears each head's rows), so the launcher keeps the buffer."""
+        KEEP_ACC (with DQ_CONVERT, session 31): dQ_acc comes in zero and leaves zero (cleared
+        where it is converted), so the launcher keeps the buffer."""
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_q.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES, BM, HEAD_DIM], desc_do.layout)
         l_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM], desc_lse.layout)
         d_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BM], desc_d.layout)
-        k_bufs = gl.allocate_shared_memory(
-            dtype, [NUM_CONSUMERS, KEYS, HEAD_DIM], desc_k.layout
-        )  # fmt: skip
-        v_bufs = gl.allocate_shared_memory(
-            dtype, [NUM_CONSUMERS, KEYS, HEAD_DIM], desc_v.layout
-        )  # fmt: skip
+        k_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, KEYS, HEAD_DIM], desc_k.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [NUM_CONSUMERS, KEYS, HEAD_DIM], desc_v.layout)
         ds_bufs = gl.allocate_shared_memory(
             dtype, [NUM_CONSUMERS, KEYS, BM], _ds_smem_layout(BM, dtype)
         )  # fmt: skip
@@ -382,11 +383,16 @@ if HAVE_GLUON:
                 [4, 4],
                 [CONSUMER_REGS, CONSUMER_REGS],
             )  # fmt: skip
-        if DQ_CONVERT:  # every role done: the head's last CTA converts its dq (scheduler)
+        if DQ_CONVERT:  # every role done: each head's last CTA (2: block's) converts dq
             BN: gl.constexpr = KEYS * NUM_CONSUMERS
-            _n0, hz, heads = _bwd_tile(N, BN, SECTION, TAIL)
+            n0, hz, heads = _bwd_tile(N, BN, SECTION, TAIL)
             conv = (dq_acc_ptr, dq_final_ptr, count_ptr)
-            _dq_convert_last(
-                conv, hz, heads, N, gl.cdiv(N, BM) * BM, gl.cdiv(N, BN), sm_scale, HEAD_DIM,
-                PACKED, dk_ptr.dtype.element_ty, KEEP_ACC,
-            )  # fmt: skip
+            if DQ_CONVERT == 2:
+                _dq_convert_blocks(conv, hz, heads, n0, N, gl.cdiv(N, BM) * BM, win_left, kend_ptr,
+                                   sm_scale, BM, BN, HEAD_DIM, CAUSAL, WINDOW, DOCS, PACKED,
+                                   dk_ptr.dtype.element_ty, KEEP_ACC)  # fmt: skip
+            else:
+                _dq_convert_last(
+                    conv, hz, heads, N, gl.cdiv(N, BM) * BM, gl.cdiv(N, BN), sm_scale, HEAD_DIM,
+                    PACKED, dk_ptr.dtype.element_ty, KEEP_ACC,
+                )  # fmt: skip

@@ -53,7 +53,7 @@ _ACCEPTED = {
     "ROTATE": (False, True),
     "SECTION": (0, 2, 4, 8, 16, 32),
     "TAIL": (0, 2, 4, 8, 16, 32),
-    "DQ_CONVERT": (False, True),
+    "DQ_CONVERT": (False, True, 2),
     "PERSIST": (False, True),
     "ZERO_ACC": (False, True),
     "WG_MASK": (False, True, 2),
@@ -67,14 +67,14 @@ _ACCEPTED = {
 # preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
 # WG_MASK (masked steps per consumer: 1 a step at a time, 24; 2 in runs, _wg_cuts, 25): off,
 # slower on every window row (26). PDL (26: each kernel launched while the one before it runs,
-# scheduler._grid_dependency): lost in some (row, process) pairs (27), off. KEEP_ACC (31, with
-# DQ_CONVERT: dQ_acc kept zero from call to call, _kept_zeros; no fill): not run on a GPU, off.
-# DQ_TMA (session 12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk
-# reduce-add (FA3's dQ path, issued by the consumer itself) instead of fp32 atomics from
-# registers; needs DQ_SHARED and chunks of 16 or 32 columns (one 128-byte swizzle row).
-# Session 12 (data/gluon/h200_gluon_backward_session12_dqtma.json, 8K, fp16, one process): d = 64
-# +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%; on wherever it applies (_check_config).
-# With OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
+# scheduler._grid_dependency): lost in some (row, process) pairs (27), off. Session 31, not run on
+# a GPU, off: KEEP_ACC (with DQ_CONVERT: dQ_acc kept zero between calls, _kept_zeros; no fill),
+# DQ_CONVERT = 2 (each query block converted by the CTA that completes it, scheduler).
+# DQ_TMA (12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk reduce-add
+# (FA3's dQ path) instead of fp32 atomics; needs DQ_SHARED and chunks of 16 or 32 columns (one
+# 128-byte swizzle row). data/gluon/h200_gluon_backward_session12_dqtma.json (8K, fp16): d = 64
+# +4.8 / +5.2% (full / causal), d = 128 +11.2 / +16.8%: on wherever it applies (_check_config);
+# with OVERLAP_DQ at d = 128 it lost 11-16%, so d = 128 keeps OVERLAP_DQ off.
 BACKWARD_DQ_DEFAULTS = dict(
     DQ_VEC=2, DQ_SHARED=True, OVERLAP_DQ=False, MASKED_LAST=True, DV_EARLY=False, ROTATE=False,
     DQ_CONVERT=False, PERSIST=False, ZERO_ACC=False, WG_MASK=False, PDL=False, KEEP_ACC=False,
@@ -89,25 +89,20 @@ BACKWARD_DQ_CONVERT = {64: False, 128: True}  # non-causal calls, unless the cal
 # documents +0.8 to +5.9% in 24/24 (23, h100_bwd_bm128_masked_session23_*; their GPU tests passed
 # in 24). Causal on top: STAGES = 3 +1.9 to +5.6% in 18/18 (24, h100_bwd_stages_session24_*).
 BACKWARD_BM, BACKWARD_CAUSAL_STAGES = {64: 128}, {64: 3}
-# MASKED_LAST (13): the unmasked query blocks first, the masked ones (causal diagonal, key tail)
-# after, so ptxas spills in the short masked loop, not the hot one (h200_gluon_backward_session13*,
-# two processes, N = 4K-16K): d = 128 +9.3 to +16.2%, d = 64 +0.9 to +3.1%; the default since.
-# DV_EARLY (session 13, FA3's order): dV += P^T dO issued before the wait for dP^T; -5.5 to +3.0%
-# at d = 128, -5.1 to -2.4% at d = 64; off. ROTATE (session 13): each key block's CTA starts its
-# unmasked run at its own keys' query block and wraps round (CTAs of a head out of step); session
-# 14 (data/gluon/h200_gluon_backward_session14_rotate.json): -3.6 to +3.0% without a mask; off.
-# SECTION (session 17): CTAs in the forward's sectioned order (``scheduler._bwd_tile``): heads
-# innermost in sections of SECTION heads, every head's key block 0 (the heaviest under causal
-# masking) first, against the plain grid's tail (a list-scheduling model of 132 SMs: 6.5-7.4%).
-# Measured on an H100 (data/gluon/h100_bwd_order_session17_docs.json, notes/gluon_backward.md):
-# packed documents +2-4% (d = 128) and +1-1.5% (d = 64) with SECTION = 8; plain causal rows -1 to
-# +2.5% (-11.5% with 16 heads at 16K): dense calls keep the plain grid; TAIL no better, off.
-# Session 24: documents at d = 128 SECTION = 4, +1.2 to +2.3% in 6/6 (h100_docs128_section_*).
+# MASKED_LAST (13): unmasked query blocks first, masked ones (causal diagonal, key tail) after, so
+# ptxas spills in the short masked loop (h200_gluon_backward_session13*, N = 4K-16K): d = 128 +9.3
+# to +16.2%, d = 64 +0.9 to +3.1%; the default. DV_EARLY (13, FA3's order: dV += P^T dO before the
+# wait for dP^T): -5.5 to +3.0%, off. ROTATE (13: each CTA's unmasked run starts at its own keys'
+# query block; data/gluon/h200_gluon_backward_session14_rotate.json): -3.6 to +3.0%, off.
+# SECTION (17): CTAs in the forward's sectioned order (scheduler._bwd_tile): heads innermost in
+# sections of SECTION heads, each head's key block 0 (causal's heaviest) first. H100 (data/gluon/
+# h100_bwd_order_session17_docs.json): packed documents +2-4% (d = 128), +1-1.5% (d = 64) with
+# SECTION = 8; plain causal -1 to +2.5% (-11.5% with 16 heads at 16K): dense calls keep the plain
+# grid; TAIL no better, off. 24: documents d = 128 SECTION = 4, +1.2 to +2.3% in 6/6.
 BACKWARD_SECTION = {"dense": {64: 0, 128: 0}, "documents": {64: 8, 128: 4}}  # kind -> d -> heads
 BACKWARD_TAIL = {"dense": 0, "documents": 0}
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
-_ROW_LAYOUTS: dict = {}  # BM -> the 1-D NVMMA layout of the L and D blocks
-_KEPT: dict = {}  # (device, stream) -> KEEP_ACC's zeroed dQ_acc and counters (_kept_zeros)
+_ROW_LAYOUTS, _KEPT = {}, {}  # BM -> L's and D's 1-D NVMMA layout; KEEP_ACC's (_kept_zeros)
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
 
 
@@ -275,8 +270,10 @@ def _schedule(d, causal, windowed, docs, config):
         raise ValueError("SECTION, TAIL and PERSIST are three CTA orders: pass one of them at most")
     if cfg["PERSIST"] and cfg["DQ_CONVERT"]:  # DQ_CONVERT's count is one a tile and CTA
         raise ValueError("DQ_CONVERT needs a CTA per tile: not with PERSIST (tiles share CTAs)")
+    if cfg["DQ_CONVERT"] == 2 and cfg["ZERO_ACC"]:  # (DQ_CONVERT=True is 1, not 2)
+        raise ValueError("DQ_CONVERT=2's counters are set by the preprocessing: not with ZERO_ACC")
     if cfg["KEEP_ACC"] and (cfg["ZERO_ACC"] or not cfg["DQ_CONVERT"]):
-        why = "KEEP_ACC's dQ_acc is cleared by DQ_CONVERT's last CTAs: it needs DQ_CONVERT=True, "
+        why = "KEEP_ACC's dQ_acc is cleared by DQ_CONVERT's converting CTAs: it needs DQ_CONVERT, "
         got = f"got DQ_CONVERT={cfg['DQ_CONVERT']}, ZERO_ACC={cfg['ZERO_ACC']}"
         raise ValueError(why + "ZERO_ACC=False; " + got)
     return cfg
@@ -311,17 +308,20 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     BM, NC = cfg["BM"], cfg["NUM_CONSUMERS"]
     BN = 64 * NC
     n_pad = triton.cdiv(N, BM) * BM  # L and D padded per head to whole query blocks
-    delta = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
-    lse2 = torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32)
+    delta, lse2 = (torch.empty(B * H * n_pad, device=q.device, dtype=torch.float32) for _ in "DL")
     dq_tma = bool(cfg["DQ_TMA"])  # dQ_acc then padded to n_pad rows a head, like L and D
     rows = n_pad if dq_tma else N
-    # dQ_acc, then one int32 a head (DQ_CONVERT's counters): zeroed by a fill or (ZERO_ACC) below
+    # dQ_acc, then DQ_CONVERT's int32 counters (one a head; 2: a query block, set by _visits)
     n_acc, new = B * H * rows * d, torch.empty if cfg["ZERO_ACC"] else torch.zeros
+    count_bm = BM if cfg["DQ_CONVERT"] == 2 else 0
+    blocks = n_pad // BM if count_bm else 1
     new = _kept_zeros if cfg["KEEP_ACC"] else new  # KEEP_ACC: zero since the last call
-    flat, pdl = new(n_acc + B * H, device=q.device, dtype=torch.float32), bool(cfg["PDL"])
+    flat, pdl = new(n_acc + B * H * blocks, device=q.device, dtype=torch.float32), bool(cfg["PDL"])
+    counters = flat[n_acc:].view(torch.int32)
     _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
-        o, do, lse, delta, lse2, N, n_pad, flat, flat[n_acc:], rows, HEAD_DIM=d, PACKED=packed,
-        ZERO_ACC=bool(cfg["ZERO_ACC"]), PDL=pdl, num_warps=8,
+        o, do, lse, delta, lse2, N, n_pad, flat, counters, rows, win, kend, HEAD_DIM=d,
+        PACKED=packed, ZERO_ACC=bool(cfg["ZERO_ACC"]), PDL=pdl, COUNT_BM=count_bm,
+        BN=BN, CAUSAL=bool(causal), WINDOW=win >= 0, DOCS=docs, num_warps=8,
     )  # fmt: skip
     dq_acc = flat[:n_acc].view(B, H, rows, d)
     dq = torch.empty_like(q)
@@ -349,14 +349,14 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     _attn_bwd_kernel[grid](
         desc_q, desc_k, desc_v, desc_do, desc_lse, desc_d, dq_out, dk, dv, N, n_pad,
         scale * LOG2E, scale, win, kend,  # c = scale log2(e): P = exp2(S c - L log2 e)
-        dq_acc, dq, flat[n_acc:].view(torch.int32), heads,  # DQ_CONVERT's counters, B x H
+        dq_acc, dq, counters, heads,
         BM=BM, HEAD_DIM=d, NUM_CONSUMERS=NC, STAGES=cfg["STAGES"], CAUSAL=bool(causal),
         CONSUMER_REGS=cfg["CONSUMER_REGS"], DQ_SPLIT=cfg["DQ_SPLIT"], DQ_VEC=cfg["DQ_VEC"],
         DQ_SHARED=bool(cfg["DQ_SHARED"]), OVERLAP_DQ=bool(cfg["OVERLAP_DQ"]), DQ_TMA=dq_tma,
         MASKED_LAST=bool(cfg["MASKED_LAST"]), DV_EARLY=bool(cfg["DV_EARLY"]),
         ROTATE=bool(cfg["ROTATE"]), WINDOW=win >= 0, DOCS=docs, PACKED=packed,
         WG_MASK=cfg["WG_MASK"],
-        SECTION=section, TAIL=tail, DQ_CONVERT=bool(cfg["DQ_CONVERT"]), GROUP=H // H_kv,
+        SECTION=section, TAIL=tail, DQ_CONVERT=int(cfg["DQ_CONVERT"]), GROUP=H // H_kv,
         PERSIST=bool(cfg["PERSIST"]), PDL=pdl, KEEP_ACC=bool(cfg["KEEP_ACC"]), launch_pdl=pdl,
         num_warps=4,
     )  # fmt: skip

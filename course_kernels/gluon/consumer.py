@@ -9,16 +9,9 @@ from ._lang import HAVE_GLUON
 
 if HAVE_GLUON:
     from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma_wait
-    from .producer import _a_operand_layout, _mma_layout
-    from .scheduler import (
-        _kv_range,
-        _left_first,
-        _left_mid,
-        _live_blocks,
-        _read_tile,
-        _tile_coords,
-        _tile_start,
-    )
+    from .producer import _a_operand_layout, _kv_range, _left_first, _left_mid, _live_blocks
+    from .producer import _mma_layout, _tile_start
+    from .scheduler import _read_tile, _tile_coords
     from .steps import (
         _mask_first,
         _overlap_blocks,

@@ -1,7 +1,9 @@
-"""The producer's side of FA3's schedule: layouts, and the producer warpgroups that only issue TMA
-loads: the forward's (Q per tile, K/V into the ring; :mod:`.forward`) and the backward's (K/V
-per key block, then Q, dO, L, D into the ring; :mod:`.backward`). The tile order, the dynamic
-scheduler and the backward's query-block ranges are in :mod:`.scheduler`."""
+"""The producer's side of FA3's schedule: layouts, the K/V blocks a forward tile visits (which the
+producer loads and its consumers compute: ``_kv_range``, the window's and documents' first and
+masked blocks), and the producer warpgroups that only issue TMA loads: the forward's (Q per
+tile, K/V into the ring; :mod:`.forward`) and the backward's (K/V per key block, then Q, dO,
+L, D into the ring; :mod:`.backward`). The tile order, the dynamic scheduler and the backward's
+query-block ranges are in :mod:`.scheduler`."""
 
 from __future__ import annotations
 
@@ -9,16 +11,8 @@ from ._lang import HAVE_GLUON
 
 if HAVE_GLUON:
     from ._lang import gl, gluon, mbarrier, tma
-    from .scheduler import (
-        _draw_tile,
-        _kv_range,
-        _publish_stop,
-        _publish_tile,
-        _retire_scheduler,
-        _tile_coords,
-        _tile_start,
-        _left_first,
-    )
+    from .scheduler import _draw_tile, _publish_stop, _publish_tile, _retire_scheduler
+    from .scheduler import _tile_coords
     from .scheduler import _after, _bwd_block, _bwd_runs, _bwd_tile, _q_range
 
     KEYS = gl.constexpr(64)  # the backward: keys per consumer warpgroup (the wgmma's M)
@@ -38,6 +32,91 @@ if HAVE_GLUON:
         return gl.DotOperandLayout(
             operand_index=0, parent=parent, k_width=32 // dtype.primitive_bitwidth
         )
+
+    # ------------------------------------------- the K/V blocks of a forward tile
+    @gluon.jit
+    def _tile_start(
+        pid_m, N, num_pid_m, BM: gl.constexpr, BM_TILE: gl.constexpr, ALIGN_END: gl.constexpr
+    ):
+        """First row of query tile pid_m.  ALIGN_END: the tiles end at the last 64-row block
+        instead of starting at row 0, so the partial tile is the first (under causal masking
+        the lightest) one, and its first warpgroups' rows lie before row 0 (they skip the tile)."""
+        off = pid_m * BM_TILE
+        if ALIGN_END:
+            off -= num_pid_m * BM_TILE - gl.cdiv(N, BM) * BM
+        return off
+
+    @gluon.jit
+    def _live_blocks(off_m, N, n_blocks, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """K/V blocks [0, n) a warpgroup with rows [off_m, off_m + BM) has to compute: none if
+        all its rows lie outside [0, N), under causal masking none past its last row."""
+        n = n_blocks
+        if CAUSAL:
+            n = gl.minimum(n, gl.cdiv(gl.minimum(N, off_m + BM), BN))
+        live = (off_m >= 0) & (off_m < N)
+        return n * live.to(gl.int32)
+
+    @gluon.jit
+    def _kv_range(off_m_tile, N, BM_TILE: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """Number of K/V blocks a Q tile visits."""
+        if CAUSAL:  # noqa: SIM108
+            hi = gl.minimum(N, off_m_tile + BM_TILE)
+        else:
+            hi = N
+        return gl.cdiv(hi, BN)
+
+    @gluon.jit
+    def _window_first(off_m, win_left, BN: gl.constexpr):
+        """Sliding window (causal, row i sees keys [i - win_left, i]): the first K/V block that
+        rows [off_m, ...) can see. Plain integer arithmetic (CPU tests run it on ints)."""
+        first = off_m - win_left
+        if first < 0:
+            first = 0
+        return first // BN
+
+    @gluon.jit
+    def _window_mid(off_m, win_left, j0, n_live, BM: gl.constexpr, BN: gl.constexpr):
+        """Sliding window: the end of the blocks [j0, j_mid) masked on their left for rows
+        [off_m, off_m + BM) (those that hold a key before the last row's first one; block j0,
+        the prologue's, is always masked), clipped to [j0 + 1, n_live]. Plain integer arithmetic."""
+        last_first = off_m + BM - 1 - win_left  # the last row's first visible key
+        if last_first < 0:
+            last_first = 0
+        return _edge_mid(last_first, j0, n_live, BN)
+
+    @gluon.jit
+    def _edge_mid(last_first, j0, n_live, BN: gl.constexpr):
+        """The end of the left-masked blocks [j0, j_mid) of rows whose last row sees keys from
+        ``last_first`` on (a window's or a document's left edge: every earlier row's first key
+        is at or before it), clipped to [j0 + 1, n_live]. Plain integer arithmetic."""
+        j_mid = (last_first + BN - 1) // BN
+        if j_mid < j0 + 1:
+            j_mid = j0 + 1
+        if j_mid > n_live:
+            j_mid = n_live
+        return j_mid
+
+    @gluon.jit
+    def _left_first(off_m, left, N, BN: gl.constexpr, DOCS: gl.constexpr):
+        """The first K/V block rows [off_m, ...) can see: a sliding window's (``left[0]`` keys
+        before the diagonal) or, with DOCS (documents packed into one sequence), the block of the
+        first row's document start (``left[1]``: each token's document start, int32)."""
+        if DOCS:
+            first = gl.load(left[1] + gl.minimum(off_m, N - 1)) // BN
+        else:
+            first = _window_first(off_m, left[0], BN)
+        return first
+
+    @gluon.jit
+    def _left_mid(
+        off_m, left, N, j0, n_live, BM: gl.constexpr, BN: gl.constexpr, DOCS: gl.constexpr
+    ):
+        """:func:`_window_mid`, or with DOCS :func:`_edge_mid` of the last row's document start."""
+        if DOCS:
+            j_mid = _edge_mid(gl.load(left[1] + gl.minimum(off_m + BM - 1, N - 1)), j0, n_live, BN)
+        else:
+            j_mid = _window_mid(off_m, left[0], j0, n_live, BM, BN)
+        return j_mid
 
     # ---------------------------------------------------------------- producer
     @gluon.jit

@@ -1,6 +1,7 @@
 """Which tile a CTA works on: the tile order (head-major, heaviest causal tile first, a head's
-lightest tiles deferred, or longest-processing-time first), the K/V range of a tile, FA3's dynamic
-persistent scheduler, and which CTA of the backward converts a head's dq (the last one out).
+lightest tiles deferred, or longest-processing-time first; a forward tile's K/V blocks are
+:mod:`.producer`'s), FA3's dynamic persistent scheduler, and which CTA of the backward converts
+dq: a head's last one out, or each query block's (``DQ_CONVERT = 2``).
 
 Dynamic scheduling (``DYNAMIC``): a grid of #SMs CTAs; each CTA's producer takes its first tile
 from ``program_id`` and every next one from a global atomic counter (``num_programs +
@@ -101,90 +102,6 @@ if HAVE_GLUON:
                 last, hz = _tile_coords(pid, n_kb, n_tiles, True, True, SECTION)
                 return (n_kb - 1 - last) * BN, hz, n_tiles // n_kb
 
-    @gluon.jit
-    def _tile_start(
-        pid_m, N, num_pid_m, BM: gl.constexpr, BM_TILE: gl.constexpr, ALIGN_END: gl.constexpr
-    ):
-        """First row of query tile pid_m.  ALIGN_END: the tiles end at the last 64-row block
-        instead of starting at row 0, so the partial tile is the first (under causal masking
-        the lightest) one, and its first warpgroups' rows lie before row 0 (they skip the tile)."""
-        off = pid_m * BM_TILE
-        if ALIGN_END:
-            off -= num_pid_m * BM_TILE - gl.cdiv(N, BM) * BM
-        return off
-
-    @gluon.jit
-    def _live_blocks(off_m, N, n_blocks, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
-        """K/V blocks [0, n) a warpgroup with rows [off_m, off_m + BM) has to compute: none if
-        all its rows lie outside [0, N), under causal masking none past its last row."""
-        n = n_blocks
-        if CAUSAL:
-            n = gl.minimum(n, gl.cdiv(gl.minimum(N, off_m + BM), BN))
-        live = (off_m >= 0) & (off_m < N)
-        return n * live.to(gl.int32)
-
-    @gluon.jit
-    def _kv_range(off_m_tile, N, BM_TILE: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
-        """Number of K/V blocks a Q tile visits."""
-        if CAUSAL:  # noqa: SIM108
-            hi = gl.minimum(N, off_m_tile + BM_TILE)
-        else:
-            hi = N
-        return gl.cdiv(hi, BN)
-
-    @gluon.jit
-    def _window_first(off_m, win_left, BN: gl.constexpr):
-        """Sliding window (causal, row i sees keys [i - win_left, i]): the first K/V block that
-        rows [off_m, ...) can see. Plain integer arithmetic (CPU tests run it on ints)."""
-        first = off_m - win_left
-        if first < 0:
-            first = 0
-        return first // BN
-
-    @gluon.jit
-    def _window_mid(off_m, win_left, j0, n_live, BM: gl.constexpr, BN: gl.constexpr):
-        """Sliding window: the end of the blocks [j0, j_mid) masked on their left for rows
-        [off_m, off_m + BM) (those that hold a key before the last row's first one; block j0,
-        the prologue's, is always masked), clipped to [j0 + 1, n_live]. Plain integer arithmetic."""
-        last_first = off_m + BM - 1 - win_left  # the last row's first visible key
-        if last_first < 0:
-            last_first = 0
-        return _edge_mid(last_first, j0, n_live, BN)
-
-    @gluon.jit
-    def _edge_mid(last_first, j0, n_live, BN: gl.constexpr):
-        """The end of the left-masked blocks [j0, j_mid) of rows whose last row sees keys from
-        ``last_first`` on (a window's or a document's left edge: every earlier row's first key
-        is at or before it), clipped to [j0 + 1, n_live]. Plain integer arithmetic."""
-        j_mid = (last_first + BN - 1) // BN
-        if j_mid < j0 + 1:
-            j_mid = j0 + 1
-        if j_mid > n_live:
-            j_mid = n_live
-        return j_mid
-
-    @gluon.jit
-    def _left_first(off_m, left, N, BN: gl.constexpr, DOCS: gl.constexpr):
-        """The first K/V block rows [off_m, ...) can see: a sliding window's (``left[0]`` keys
-        before the diagonal) or, with DOCS (documents packed into one sequence), the block of the
-        first row's document start (``left[1]``: each token's document start, int32)."""
-        if DOCS:
-            first = gl.load(left[1] + gl.minimum(off_m, N - 1)) // BN
-        else:
-            first = _window_first(off_m, left[0], BN)
-        return first
-
-    @gluon.jit
-    def _left_mid(
-        off_m, left, N, j0, n_live, BM: gl.constexpr, BN: gl.constexpr, DOCS: gl.constexpr
-    ):
-        """:func:`_window_mid`, or with DOCS :func:`_edge_mid` of the last row's document start."""
-        if DOCS:
-            j_mid = _edge_mid(gl.load(left[1] + gl.minimum(off_m + BM - 1, N - 1)), j0, n_live, BN)
-        else:
-            j_mid = _window_mid(off_m, left[0], j0, n_live, BM, BN)
-        return j_mid
-
     # ------------------------------------------------ dynamic persistent scheduler
     @gluon.jit
     def _alloc_tile_ids(QSTAGES: gl.constexpr):
@@ -268,29 +185,94 @@ if HAVE_GLUON:
         counter there made ptxas spill in their hot loop at d = 128 (window, documents).
         ``conv``: (dQ_acc as a pointer, dq, the counters). KEEP_ACC (session 31): it zeroes the
         head's N_PAD rows too (in L2): the buffer is zero again for the launcher's next call."""
-        acc_ptr, dq_ptr, count_ptr = conv
         gl.thread_barrier()
-        before = gl.atomic_add(count_ptr + hz, 1, sem="acq_rel", scope="gpu")
+        before = gl.atomic_add(conv[2] + hz, 1, sem="acq_rel", scope="gpu")
         if before == arrivals - 1:
             gl.thread_barrier()
-            gl.atomic_xchg(count_ptr + hz, 0)
-            layout: gl.constexpr = _convert_layout(HEAD_DIM)
-            ROWS: gl.constexpr = 16384 // HEAD_DIM  # 64 KB of fp32 a pass
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :]
-            for r0 in range(0, N_PAD if KEEP_ACC else N, ROWS):
-                r = r0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-                ok = (r < N)[:, None]
-                src = acc_ptr + (hz * N_PAD + r).to(gl.int64)[:, None] * HEAD_DIM + cols
-                acc = gl.load(src, mask=ok, cache_modifier=".cg")
-                if PACKED:  # noqa: SIM108
-                    rows = r * heads + hz
-                else:
-                    rows = hz * N + r
-                out = dq_ptr + rows.to(gl.int64)[:, None] * HEAD_DIM + cols
-                gl.store(out, (acc * scale).to(dtype), mask=ok)
-                if KEEP_ACC:  # padding rows included: they hold reduce-adds of zeros
-                    zero = gl.full([ROWS, HEAD_DIM], 0.0, gl.float32, layout=layout)
-                    gl.store(src, zero, mask=(r < N_PAD)[:, None])
+            gl.atomic_xchg(conv[2] + hz, 0)
+            stop = N_PAD if KEEP_ACC else N
+            _convert_rows(conv, hz, heads, 0, stop, N, N_PAD, scale, 16384 // HEAD_DIM, HEAD_DIM,
+                          PACKED, dtype, KEEP_ACC)  # fmt: skip
+
+    @gluon.jit
+    def _convert_rows(
+        conv, hz, heads, r0, r1, N, N_PAD, scale, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr,
+        PACKED: gl.constexpr, dtype: gl.constexpr, KEEP_ACC: gl.constexpr,
+    ):  # fmt: skip
+        """dq rows [r0, min(r1, N)) of head hz (dense or PACKED) = scale x its dQ_acc rows (N_PAD
+        a head), ROWS a pass; KEEP_ACC: then dQ_acc rows [r0, r1) zeroed (padding rows included:
+        they hold reduce-adds of zeros, and another shape maps other heads' rows there)."""
+        acc_ptr, dq_ptr, _counters = conv
+        layout: gl.constexpr = _convert_layout(HEAD_DIM)
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))[None, :]
+        for a in range(r0, r1, ROWS):
+            r = a + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+            ok = ((r < r1) & (r < N))[:, None]
+            src = acc_ptr + (hz * N_PAD + r).to(gl.int64)[:, None] * HEAD_DIM + cols
+            acc = gl.load(src, mask=ok, cache_modifier=".cg")
+            if PACKED:  # noqa: SIM108
+                rows = r * heads + hz
+            else:
+                rows = hz * N + r
+            out = dq_ptr + rows.to(gl.int64)[:, None] * HEAD_DIM + cols
+            gl.store(out, (acc * scale).to(dtype), mask=ok)
+            if KEEP_ACC:
+                zero = gl.full([ROWS, HEAD_DIM], 0.0, gl.float32, layout=layout)
+                gl.store(src, zero, mask=(r < r1)[:, None])
+
+    @gluon.jit
+    def _dq_convert_blocks(
+        conv, hz, heads, n0, N, N_PAD, win_left, kend_ptr, scale, BM: gl.constexpr,
+        BN: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+        DOCS: gl.constexpr, PACKED: gl.constexpr, dtype: gl.constexpr, KEEP_ACC: gl.constexpr,
+    ):  # fmt: skip
+        """DQ_CONVERT = 2 (session 31), after the join: count this CTA in on each query block it
+        visited (its ``_q_range``: one atomic a block, 128 at once; the preprocessing set each
+        block's counter to minus its visitors, ``_visits``) and convert (KEEP_ACC: and clear)
+        the blocks it came in last on: the conversion spread over a head's CTAs, no head's
+        conversion on one SM at its end. Each counter ends at 0."""
+        lo, _mid, _far, hi = _q_range(n0, N, win_left, kend_ptr, BM, BN, CAUSAL, WINDOW, DOCS)
+        counters = conv[2] + hz * (N_PAD // BM)
+        gl.thread_barrier()
+        for b0 in range(lo, hi, 128):
+            i = b0 + gl.arange(0, 128, layout=_ID_LAYOUT)  # one block a thread, no copies
+            one = gl.full([128], 1, gl.int32, layout=_ID_LAYOUT)
+            before = gl.atomic_add(counters + i, one, mask=i < hi, sem="acq_rel", scope="gpu")
+            mine = (i < hi) & (before == -1)
+            todo = gl.sum(gl.where(mine, 1, 0), axis=0)
+            gl.thread_barrier()  # the acquiring threads' view, the whole CTA's
+            for _ in range(todo):
+                j = gl.min(gl.where(mine, i, hi), axis=0)
+                _convert_rows(conv, hz, heads, j * BM, j * BM + BM, N, N_PAD, scale, BM,
+                              HEAD_DIM, PACKED, dtype, KEEP_ACC)  # fmt: skip
+                mine = mine & (i != j)
+
+    @gluon.jit
+    def _visits(
+        i, N, win_left, kend_ptr, BM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+        WINDOW: gl.constexpr, DOCS: gl.constexpr, layout: gl.constexpr,
+    ):  # fmt: skip
+        """DQ_CONVERT = 2: how many of a head's key blocks have query block i in their
+        ``_q_range`` [lo, hi): lo = n0 // BM under causal masking (else 0), hi = the blocks, cut
+        at the last key's reach (n0 + BN + win_left with a WINDOW, its document's end with DOCS).
+        64 key blocks a pass over ``layout`` (1-D; the CPU test runs it on NumPy)."""
+        n_kb = gl.cdiv(N, BN)
+        seen = gl.zeros([64], gl.int32, layout=layout)
+        for k0 in range(0, n_kb, 64):
+            kb = k0 + gl.arange(0, 64, layout=layout)
+            n0 = kb * BN
+            hi = gl.zeros([64], gl.int32, layout=layout) + gl.cdiv(N, BM)
+            if WINDOW:
+                hi = gl.minimum(hi, (n0 + BN + win_left + BM - 1) // BM)
+            if DOCS:
+                end = gl.load(kend_ptr + gl.minimum(n0 + BN, N) - 1, mask=kb < n_kb, other=0)
+                hi = gl.minimum(hi, (end + BM - 1) // BM)
+            if CAUSAL:  # noqa: SIM108
+                lo = n0 // BM
+            else:
+                lo = n0 * 0
+            seen += gl.where((kb < n_kb) & (lo <= i) & (i < hi), 1, 0)
+        return gl.sum(seen, axis=0)
 
     # ------------------------------------------- the backward: a key block's query blocks
     @gluon.jit

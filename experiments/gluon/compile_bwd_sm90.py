@@ -85,26 +85,14 @@ def build(d=128, dt="fp16", CAUSAL=False, **overrides):
     cfg.setdefault("CONSUMER_REGS", BACKWARD_CONSUMER_REGS[cfg["NUM_CONSUMERS"]])
     BM = cfg["BM"]
     sig = {
-        "desc_q": _desc(dt, BM, d),
-        "desc_k": _desc(dt, 64, d),
-        "desc_v": _desc(dt, 64, d),
-        "desc_do": _desc(dt, BM, d),
-        "desc_lse": _rows(BM),
-        "desc_d": _rows(BM),
-        "dq_ptr": "*fp32",
-        "dk_ptr": f"*{dt}",
-        "dv_ptr": f"*{dt}",
-        "N": "i32",
-        "N_PAD": "i32",
-        "qk_scale": "fp32",
-        "sm_scale": "fp32",
-        "win_left": "i32",
-        "kend_ptr": "*i32",
-        "dq_acc_ptr": "*fp32",  # session 18: DQ_CONVERT's dQ_acc, dq and per-head counters
-        "dq_final_ptr": f"*{dt}",
-        "count_ptr": "*i32",
+        "desc_q": _desc(dt, BM, d), "desc_k": _desc(dt, 64, d), "desc_v": _desc(dt, 64, d),
+        "desc_do": _desc(dt, BM, d), "desc_lse": _rows(BM), "desc_d": _rows(BM),
+        "dq_ptr": "*fp32", "dk_ptr": f"*{dt}", "dv_ptr": f"*{dt}", "N": "i32", "N_PAD": "i32",
+        "qk_scale": "fp32", "sm_scale": "fp32", "win_left": "i32", "kend_ptr": "*i32",
+        "dq_acc_ptr": "*fp32",  # session 18: DQ_CONVERT's dQ_acc, dq and counters
+        "dq_final_ptr": f"*{dt}", "count_ptr": "*i32",
         "n_heads": "i32",  # session 21: B x H (PERSIST's tile count is n_heads x key blocks)
-    }
+    }  # fmt: skip
     if cfg.get("DQ_TMA"):  # session 12: dQ_acc through a TMA descriptor of fp32 chunk blocks
         cols = d // cfg["NUM_CONSUMERS"] // cfg["DQ_SPLIT"]
         lay = gl.NVMMASharedLayout.get_default_for([BM, cols], gl.float32)
@@ -233,8 +221,7 @@ CONFIGS = (
     + [  # session 18: dq converted in the kernel by each head's last consumer (DQ_CONVERT)
         _masked_last(d, None, c, DQ_CONVERT=True) for d in (64, 128) for c in (False, True)
     ]
-    + [_masked_last(128, None, True, WINDOW=True, DQ_CONVERT=True, KEEP_ACC=k) for k in (0, 1)]
-    + [_masked_last(128, None, True, DOCS=True, PACKED=True, DQ_CONVERT=True, KEEP_ACC=True)]
+    + [_masked_last(128, None, True, WINDOW=True, DQ_CONVERT=True)]
     + [
         _masked_last(d, None, True, DOCS=True, PACKED=True, SECTION=8, DQ_CONVERT=True)
         for d in (64, 128)
@@ -271,10 +258,24 @@ CONFIGS = (
         _masked_last(128, None, True, PERSIST=True, **m)
         for m in (dict(WINDOW=True), dict(DOCS=True, PACKED=True))
     ]
+    + [  # session 31: KEEP_ACC, and DQ_CONVERT = 2 (each query block converted by its last CTA)
+        _masked_last(d, None, c, DQ_CONVERT=v, KEEP_ACC=k, **m)
+        for d, c, m in (
+            (128, True, dict(WINDOW=True)),
+            (128, True, dict(DOCS=True, PACKED=True)),
+            (128, False, {}),
+            (64, True, {}),
+        )
+        for v in (1, 2)
+        for k in (0, 1)
+    ]  # fmt: skip
 )
 
 
 PRE_SHAPES = ((64, False), (128, False), (64, True), (128, True))  # (HEAD_DIM, PACKED)
+PRE_SIG = dict(lse_ptr="*fp32", delta_ptr="*fp32", lse2_ptr="*fp32", N="i32", N_PAD="i32",
+               acc_ptr="*fp32", cnt_ptr="*i32", ACC_ROWS="i32", win_left="i32",
+               kend_ptr="*i32")  # fmt: skip
 
 
 def loops(ptx):
@@ -356,23 +357,17 @@ def main():
         for (d, packed), zero in itertools.product(PRE_SHAPES, (False, True)):  # zero: ZERO_ACC
             k = _compile(
                 B._bwd_preprocess,
-                {
-                    "o_ptr": f"*{dt}",
-                    "do_ptr": f"*{dt}",
-                    "lse_ptr": "*fp32",
-                    "delta_ptr": "*fp32",
-                    "lse2_ptr": "*fp32",
-                    "N": "i32",
-                    "N_PAD": "i32",
-                    "acc_ptr": "*fp32",
-                    "cnt_ptr": "*fp32",
-                    "ACC_ROWS": "i32",
-                },
+                {"o_ptr": f"*{dt}", "do_ptr": f"*{dt}", **PRE_SIG},  # fmt: skip
                 dict(HEAD_DIM=d, PACKED=packed, ZERO_ACC=zero),
                 num_warps=8,
             )
             what = "PACKED" * packed + " ZERO_ACC" * zero
             print("preprocess", dt, d, what, ptxas_info(k.asm["ptx"]))
+        for bm, mask in itertools.product((64, 128), ("full", "causal", "window", "documents")):
+            flags = dict(CAUSAL=mask != "full", WINDOW=mask == "window", DOCS=mask == "documents")
+            sig = {"o_ptr": f"*{dt}", "do_ptr": f"*{dt}", **PRE_SIG}  # session 31: DQ_CONVERT=2
+            k = _compile(B._bwd_preprocess, sig, dict(HEAD_DIM=128, COUNT_BM=bm, **flags), 8)
+            print("preprocess", dt, 128, "COUNT_BM", bm, mask, ptxas_info(k.asm["ptx"]))
         k = _compile(
             B._bwd_dq_epilogue,
             {"dq_acc_ptr": "*fp32", "dq_ptr": f"*{dt}", "n_elems": "i32", "scale": "fp32"},

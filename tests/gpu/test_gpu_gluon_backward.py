@@ -90,6 +90,9 @@ def test_backward_matches_float64(N, causal, d, dtype):
         dict(PDL=True, DQ_TMA=False),  # the flat dq conversion
         dict(PDL=True, DQ_CONVERT=True),  # no conversion kernel after the main one
         dict(KEEP_ACC=True, DQ_CONVERT=True),  # session 31: dQ_acc kept zero, no fill
+        dict(DQ_CONVERT=2),  # session 31: each query block converted by the CTA completing it
+        dict(DQ_CONVERT=2, KEEP_ACC=True),
+        dict(DQ_CONVERT=2, SECTION=4, PDL=True),
     ],  # fmt: skip
     ids=str,
 )
@@ -164,23 +167,50 @@ def test_pdl_changes_no_bit_of_dk_dv(shape):
         assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp, zero_acc
 
 
+@pytest.mark.parametrize(
+    "shape", [(4, 16, 4096, 128, True, 1024), (2, 16, 3000, 128, False, None),
+              (2, 32, 4096, 64, True, None), (1, 8, 16384, 128, True, 4000)],
+)  # fmt: skip
+def test_dq_convert_by_blocks_gives_the_default_gradients(shape):
+    """DQ_CONVERT = 2 (session 31): each query block's dq converted by the CTA whose count-in
+    completes it (counters set to minus ``_visits`` by the preprocessing). At issue 22's sizes
+    (window, non-causal ragged N, causal; many CTAs a block, blocks finishing in any order),
+    three calls over memory filled with NaN: a block converted before its last reduce-add, or
+    never, gives NaN or a moved value; dK, dV the default's bit for bit, dq within 4 ulps."""
+    B, H, N, d, causal, left = shape
+    q, k, v, do = _inputs(B, H, N, d, torch.bfloat16, seed=N + d + 31)
+    o, lse = G.gluon_attention_forward(q, k, v, causal=causal, window_left=left)
+    want = GB.gluon_attention_backward(do, q, k, v, o, lse, causal, window_left=left)
+    ulp = torch.finfo(torch.bfloat16).eps * want[0].abs().max().item()
+    for _ in range(3):
+        _poison(16 * q.numel() * q.element_size())
+        got = GB.gluon_attention_backward(
+            do, q, k, v, o, lse, causal, window_left=left, DQ_CONVERT=2
+        )  # fmt: skip
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp
+
+
 def _kept_buffers_zero():
     assert GB._KEPT, "KEEP_ACC kept no buffer"
     for key, buf in GB._KEPT.items():
         assert torch.count_nonzero(buf).item() == 0, f"KEEP_ACC's buffer {key} left non-zero"
 
 
+@pytest.mark.parametrize("convert", [True, 2])
 @pytest.mark.parametrize("d", [64, 128])
-def test_keep_acc_leaves_its_buffer_zero_call_after_call(d):
+def test_keep_acc_leaves_its_buffer_zero_call_after_call(d, convert):
     """KEEP_ACC (session 31): dQ_acc and the counters come from a buffer kept between calls, not
     a fill; each head's last CTA clears its rows, padding included, so the buffer is zero after
     every call and the next call (another shape: its heads' rows fall where other heads' and
     padding rows were) starts from zeros. Calls of growing and shrinking size, ragged N, the
     window and plain causal rows, GQA: flash-attn's rule against float64 and an all-zero buffer
-    after each; at a large window row dK, dV equal the default's bit for bit, dq within 4 ulps."""
+    after each; at a large window row dK, dV equal the default's bit for bit, dq within 4 ulps.
+    Both conversions: each head's last CTA (True) and each query block's (2: the counters set by
+    the preprocessing must come back to 0 as well)."""
     GB._KEPT.clear()
     for B, H, N, causal in ((2, 3, 333, False), (1, 2, 1000, True), (2, 3, 70, False)):
-        _check(B, H, N, d, torch.float16, causal, seed=N + d, KEEP_ACC=True, DQ_CONVERT=True)
+        _check(B, H, N, d, torch.float16, causal, seed=N + d, KEEP_ACC=True, DQ_CONVERT=convert)
         _kept_buffers_zero()
     q, k, v, do = _inputs(4, 16, 4096, d, torch.bfloat16, seed=31 + d)
     k, v = k[:, :4].contiguous(), v[:, :4].contiguous()  # GQA: 4 query heads a K/V head
@@ -190,7 +220,7 @@ def test_keep_acc_leaves_its_buffer_zero_call_after_call(d):
     for _ in range(3):
         _poison(16 * q.numel() * q.element_size())
         got = GB.gluon_attention_backward(
-            do, q, k, v, o, lse, True, window_left=1024, KEEP_ACC=True, DQ_CONVERT=True
+            do, q, k, v, o, lse, True, window_left=1024, KEEP_ACC=True, DQ_CONVERT=convert
         )  # fmt: skip
         assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
         assert (got[0].float() - want[0].float()).abs().max().item() <= 4 * ulp
@@ -497,6 +527,8 @@ def _check_documents_backward(lengths, d, dtype, n_seed, **schedule):
         dict(packed=True, PDL=True),  # session 26: programmatic dependent launch
         dict(packed=False, PDL=True, ZERO_ACC=True),
         dict(packed=True, KEEP_ACC=True, DQ_CONVERT=True),  # session 31
+        dict(packed=True, DQ_CONVERT=2),
+        dict(packed=False, DQ_CONVERT=2, KEEP_ACC=True),
     ],
     ids=str,
 )
