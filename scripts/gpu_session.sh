@@ -303,7 +303,7 @@ if has keep_acc; then  # session 31: KEEP_ACC (no fill) and DQ_CONVERT = 2 (conv
   echo "== Gluon backward: KEEP_ACC and DQ_CONVERT = 2: GPU tests, then timed"
   timeout 300 "$PY" -m pytest tests/gpu/test_gpu_gluon_backward.py -q -p no:cacheprovider \
     -n "${TEST_WORKERS:-8}" -k "keep_acc or KEEP_ACC or DQ_CONVERT or dq_convert" 2>&1 | tail -15
-  three_processes "${KEEP_LIMIT:-70}" bench_section.py keep_acc --masks window documents \
+  three_processes "${KEEP_LIMIT:-70}" bench_section.py keep_acc --masks ${KEEP_MASKS:-window documents} \
     --dims 128 --ns ${KEEP_NS:-4096 16384} --sections ${KEEP_VARIANTS:-0 DQ_CONVERT=1 \
     DQ_CONVERT=1+KEEP_ACC=1 DQ_CONVERT=2 DQ_CONVERT=2+KEEP_ACC=1} --rounds 7 \
     --budget-s "${KEEP_BUDGET:-55}"

@@ -67,9 +67,9 @@ _ACCEPTED = {
 # preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
 # WG_MASK (masked steps per consumer: 1 a step at a time, 24; 2 in runs, _wg_cuts, 25): off,
 # slower on every window row (26). PDL (26: each kernel launched while the one before it runs,
-# scheduler._grid_dependency): lost in some (row, process) pairs (27), off. Session 31, not run on
-# a GPU, off: KEEP_ACC (with DQ_CONVERT: dQ_acc kept zero between calls, _kept_zeros; no fill),
-# DQ_CONVERT = 2 (each query block converted by the CTA that completes it, scheduler).
+# scheduler._grid_dependency): lost in some (row, process) pairs (27), off. 31 (H100): KEEP_ACC
+# (dQ_acc kept zero between calls, _kept_zeros) with DQ_CONVERT = 2 (each query block converted
+# by the CTA completing it): window d = 128 +1.8 to +4.4%, documents -1.6 to -2.2%: off for now.
 # DQ_TMA (12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk reduce-add
 # (FA3's dQ path) instead of fp32 atomics; needs DQ_SHARED and chunks of 16 or 32 columns (one
 # 128-byte swizzle row). data/gluon/h200_gluon_backward_session12_dqtma.json (8K, fp16): d = 64

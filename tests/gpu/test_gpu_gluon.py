@@ -377,7 +377,7 @@ def test_deferred_tiles_give_the_same_bits(d, causal, n, defer):
     cfg = {**G.schedule_config(d, causal, n), "DEFER": 0}
     want = G.gluon_attention_forward(q, k, v, causal=causal, **cfg)
     _poison(8 * q.numel() * q.element_size())
-    got = G.gluon_attention_forward(q, k, v, causal=causal, **cfg, DEFER=defer)
+    got = G.gluon_attention_forward(q, k, v, causal=causal, **{**cfg, "DEFER": defer})
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
