@@ -70,31 +70,23 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=12, help="pytest-xdist workers for the tests")
     p.add_argument("--verbose-tests", action="store_true", help="pytest -v (one line a test)")
     p.add_argument("--pytest-args", default="", help="extra pytest arguments for --part tests")
-    p.add_argument(
-        "--tests-timeout-s", type=float, default=420.0, help="stop pytest after this (keeps output)"
-    )
-    p.add_argument(
-        "--gluon-masked-backward",
-        nargs="+",
-        default=[],
-        choices=("window", "documents"),
-        help="an experiment: let flash_attention take the Gluon backward for these masks at the "
-        "--d head dims (GLUON_MASKED_BACKWARD), in this process only",
-    )
-    p.add_argument(
-        "--gluon-masked-forward",
-        nargs="+",
-        default=[],
-        choices=("documents",),
-        help="the same for the Gluon forward (GLUON_MASKED_FORWARD, empty until measured)",
-    )
+    p.add_argument("--tests-timeout-s", type=float, default=420.0,
+                   help="stop pytest after this (keeps output)")  # fmt: skip
+    p.add_argument("--gluon-masked-backward", nargs="+", default=[],
+                   choices=("window", "documents"),
+                   help="an experiment: flash_attention takes the Gluon backward for these "
+                   "masks at the --d dims (this process)")  # fmt: skip
+    p.add_argument("--gluon-masked-forward", nargs="+", default=[], choices=("documents",),
+                   help="the same for the Gluon forward")  # fmt: skip
+    p.add_argument("--gluon-backward-defaults", nargs="+", default=[], metavar="KEY=V",
+                   help="an experiment: Gluon backward switches made its defaults in this "
+                   "process, e.g. DQ_CONVERT=2 KEEP_ACC=1 (BACKWARD_DQ_DEFAULTS)")  # fmt: skip
     return p.parse_args(argv)
 
 
 def enable_gluon_masked(masks, dims, table="GLUON_MASKED_BACKWARD"):
-    """--gluon-masked-backward (--gluon-masked-forward): list ``dims`` for ``masks`` in the
-    package's own launch.GLUON_MASKED_BACKWARD (_FORWARD), in this process; returns what it
-    was, for the record."""
+    """--gluon-masked-backward (--gluon-masked-forward): list ``dims`` for ``masks`` in launch.
+    GLUON_MASKED_BACKWARD (_FORWARD), in this process; returns what it was, for the record."""
     from course_kernels.triton import launch
 
     dims_of = getattr(launch, table)
@@ -123,17 +115,10 @@ def visible_pairs(mask, n, window, lengths=None):
 
 
 def rows(args):
-    out = []
-    for mask in args.masks:
-        for d in args.d:
-            ns = [args.doc_tokens] if mask == "document" else args.n
-            for n in ns:
-                for provider in args.providers:
-                    for pass_ in args.passes:
-                        out.append(
-                            {"mask": mask, "d": d, "n": n, "provider": provider, "pass": pass_}
-                        )
-    return out
+    return [{"mask": mask, "d": d, "n": n, "provider": provider, "pass": pass_}
+            for mask in args.masks for d in args.d
+            for n in ([args.doc_tokens] if mask == "document" else args.n)
+            for provider in args.providers for pass_ in args.passes]  # fmt: skip
 
 
 def flops(row, args):
@@ -167,9 +152,7 @@ def environment(args):
         "dirty": bool(git("status", "--porcelain")),
         "autotune": args.autotune,
         "forward_choice": os.environ.get("COURSE_KERNELS_FORWARD", "auto"),
-        "course_kernels_env": {
-            k: v for k, v in os.environ.items() if k.startswith("COURSE_KERNELS_")
-        },
+        "course_kernels_env": {k: v for k, v in os.environ.items() if k.startswith("COURSE_KERN")},
         "dtype": "float16",
     }
 
@@ -358,6 +341,25 @@ def run_bench(args, record, write):
     record["course_over_other"] = ratios
 
 
+def set_backward_defaults(pairs):
+    """--gluon-backward-defaults: each KEY=V (an integer, as bench_section.py's variants) made the
+    Gluon backward's default in this process; returns what they were, for the record. A key or
+    value the backward does not take stops the run before anything is timed, saying so."""
+    from course_kernels.gluon import backward_launch as GB
+
+    before = {}
+    for pair in pairs:
+        key, _, val = pair.partition("=")
+        if key not in GB.BACKWARD_DQ_DEFAULTS or not val.lstrip("-").isdigit():
+            raise SystemExit(f"--gluon-backward-defaults: {pair!r} is not KEY=integer with KEY "
+                             f"one of {sorted(GB.BACKWARD_DQ_DEFAULTS)}")  # fmt: skip
+        if int(val) not in GB._ACCEPTED[key]:
+            raise SystemExit(f"--gluon-backward-defaults: {key} takes {GB._ACCEPTED[key]}")
+        before[key] = GB.BACKWARD_DQ_DEFAULTS[key]
+        GB.BACKWARD_DQ_DEFAULTS[key] = int(val)
+    return before
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.dry_run:
@@ -374,6 +376,10 @@ def main(argv=None):
             record[f"gluon_masked_{side}_before"] = enable_gluon_masked(
                 getattr(args, f"gluon_masked_{side}"), args.d, f"GLUON_MASKED_{side.upper()}"
             )
+    if args.gluon_backward_defaults:
+        record["gluon_backward_defaults_before"] = set_backward_defaults(
+            args.gluon_backward_defaults
+        )
     out = Path(args.out)
 
     def write():

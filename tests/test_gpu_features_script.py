@@ -155,3 +155,24 @@ def test_rounds_interleave_a_groups_providers_and_keep_the_median(monkeypatch):
     assert by[128, "course"]["rounds_ms"] == [5.0] and by[128, "course"]["status"] == "ok"
     assert by[128, "flex"]["status"].startswith("error: RuntimeError")
     assert record["course_over_other"]["window d=64 N=4096 fwd vs flex"] == 4.0
+
+
+def test_gluon_backward_defaults_are_an_explicit_experiment(monkeypatch):
+    """--gluon-backward-defaults KEY=V (session 31: to time DQ_CONVERT = 2 with KEEP_ACC through
+    flash_attention beside Flex before either is a default) sets the Gluon backward's defaults
+    in this process and returns what they were; the schedule a call then runs has them; a key
+    the backward does not have, a value it does not take or a non-integer stops the run with a
+    message naming what is accepted."""
+    from course_kernels.gluon import backward_launch as GB
+
+    monkeypatch.setattr(GB, "BACKWARD_DQ_DEFAULTS", dict(GB.BACKWARD_DQ_DEFAULTS))
+    assert gpu_features.parse_args([]).gluon_backward_defaults == []
+    args = gpu_features.parse_args(["--gluon-backward-defaults", "DQ_CONVERT=2", "KEEP_ACC=1"])
+    before = gpu_features.set_backward_defaults(args.gluon_backward_defaults)
+    assert before == {"DQ_CONVERT": False, "KEEP_ACC": False}
+    cfg = GB._schedule(128, True, True, False, {})  # a window call at d = 128
+    assert cfg["DQ_CONVERT"] == 2 and cfg["KEEP_ACC"] == 1
+    for bad, says in (("NOPE=1", "is not KEY=integer"), ("KEEP_ACC=yes", "is not KEY=integer"),
+                      ("DQ_CONVERT=3", r"DQ_CONVERT takes \(False, True, 2\)")):  # fmt: skip
+        with pytest.raises(SystemExit, match=says):
+            gpu_features.set_backward_defaults([bad])
