@@ -1055,6 +1055,35 @@ def test_keep_acc_is_off_and_needs_dq_convert_without_zero_acc():
         GB.gluon_attention_backward(**_args(), DQ_CONVERT=2, PERSIST=True)
 
 
+def test_window_keep_default_takes_window_calls_only_and_yields_to_the_call(monkeypatch):
+    """BACKWARD_WINDOW_KEEP[d] (session 32: the measured decision for window calls): where on, a
+    causal sliding-window call without documents runs DQ_CONVERT = 2 with KEEP_ACC; plain causal,
+    non-causal and documents calls, other head dims, and calls that pass DQ_CONVERT, KEEP_ACC,
+    ZERO_ACC or PERSIST themselves keep what they had."""
+    monkeypatch.setitem(GB.BACKWARD_WINDOW_KEEP, 128, True)
+    on = GB._schedule(128, True, True, False, {})
+    assert on["DQ_CONVERT"] == 2 and on["KEEP_ACC"] is True
+    for args in ((128, True, False, False), (128, False, False, False), (128, True, True, True),
+                 (64, True, True, False)):  # fmt: skip
+        assert GB._schedule(*args, {})["KEEP_ACC"] is False, args
+    own = (dict(DQ_CONVERT=True), dict(KEEP_ACC=False), dict(ZERO_ACC=True), dict(PERSIST=True))
+    for config in own:
+        cfg = GB._schedule(128, True, True, False, config)
+        assert cfg["KEEP_ACC"] is False and cfg["DQ_CONVERT"] != 2, config
+    monkeypatch.setitem(GB.BACKWARD_WINDOW_KEEP, 128, False)
+    assert GB._schedule(128, True, True, False, {})["DQ_CONVERT"] is False
+
+
+def test_release_kept_buffers_frees_them_and_counts_their_bytes(monkeypatch):
+    """release_kept_buffers drops every kept dQ_acc buffer and returns their bytes (0 when none)."""
+    monkeypatch.setattr(GB, "_KEPT", {})
+    assert GB.release_kept_buffers() == 0
+    GB._KEPT[("cuda:0", 7, torch.float32)] = torch.zeros(1000)
+    GB._KEPT[("cuda:1", 7, torch.float32)] = torch.zeros(24)
+    assert GB.release_kept_buffers() == 4096 and GB._KEPT == {}
+    assert GB.release_kept_buffers() == 0
+
+
 def test_empty_sequences_and_dq_chunks_without_dq_shared():
     """N = 0 is refused with its own message; without DQ_SHARED each consumer's dQ chunk spans
     d // DQ_SPLIT columns (not split across the consumers), and DQ_TMA stays off."""

@@ -26,13 +26,11 @@ if HAVE_GLUON:
     from .backward import _attn_bwd_kernel, _bwd_dq_epilogue, _bwd_dq_epilogue_rows
     from .backward import _bwd_preprocess
 
-# head_dim -> schedule. BM: query rows a block; NUM_CONSUMERS: consumer warpgroups of 64 keys
-# (BN = 64 x NUM_CONSUMERS keys a CTA); STAGES: depth of the (Q, dO, L, D) ring; DQ_SPLIT: dQ
-# added in DQ_SPLIT column chunks (fewer live registers). From the offline compile (registers,
-# spills, shared memory; notes/gluon_backward.md); d = 64 calls take BM = 128 (BACKWARD_BM).
-# Session 9: DQ_VEC = 4 (red.global.add.v4.f32; +0 to +5%, off), DQ_SHARED (a [BM, d] dQ partial a
-# step split by columns across the consumers: half the atomic bytes; 1.19-1.26x on the H200, the
-# default: course_kernels/data/gluon/h200_gluon_backward_session9_dq.json).
+# head_dim -> schedule. BM: query rows a block; NUM_CONSUMERS: warpgroups of 64 keys (BN = 64 x
+# NUM_CONSUMERS keys a CTA); STAGES: the (Q, dO, L, D) ring's depth; DQ_SPLIT: dQ added in column
+# chunks. From the offline compile (notes/gluon_backward.md); d = 64 takes BM = 128 (BACKWARD_BM).
+# 9: DQ_VEC = 4 (+0 to +5%, off), DQ_SHARED (dQ split by columns across the consumers: 1.19-1.26x
+# on the H200, the default: course_kernels/data/gluon/h200_gluon_backward_session9_dq.json).
 BACKWARD_CONFIG = {
     64: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=1),
     128: dict(BM=64, NUM_CONSUMERS=2, STAGES=2, DQ_SPLIT=2),
@@ -66,10 +64,10 @@ _ACCEPTED = {
 # 0.742 -> 0.675: on at d = 64 only (BACKWARD_OVERLAP_DQ). ZERO_ACC (22: dQ_acc zeroed by the
 # preprocessing kernel, one launch fewer): -5.3 to +3.0% under masks (23), off.
 # WG_MASK (masked steps per consumer: 1 a step at a time, 24; 2 in runs, _wg_cuts, 25): off,
-# slower on every window row (26). PDL (26: each kernel launched while the one before it runs,
-# scheduler._grid_dependency): lost in some (row, process) pairs (27), off. 31 (H100): KEEP_ACC
-# (dQ_acc kept zero between calls, _kept_zeros) with DQ_CONVERT = 2 (each query block converted
-# by the CTA completing it): window d = 128 +1.8 to +4.4%, documents -1.6 to -2.2%: off for now.
+# slower on every window row (26). PDL (26: each kernel launched while the one before runs): lost
+# in some (row, process) pairs (27), off. KEEP_ACC (31: dQ_acc kept zero between calls) with
+# DQ_CONVERT = 2 (a query block converted by the CTA completing it): window d = 128 +1.8 to +4.4%,
+# documents -1.6 to -2.2% (H100): BACKWARD_WINDOW_KEEP.
 # DQ_TMA (12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk reduce-add
 # (FA3's dQ path) instead of fp32 atomics; needs DQ_SHARED and chunks of 16 or 32 columns (one
 # 128-byte swizzle row). data/gluon/h200_gluon_backward_session12_dqtma.json (8K, fp16): d = 64
@@ -102,6 +100,7 @@ BACKWARD_BM, BACKWARD_CAUSAL_STAGES = {64: 128}, {64: 3}
 BACKWARD_SECTION = {"dense": {64: 0, 128: 0}, "documents": {64: 8, 128: 4}}  # kind -> d -> heads
 BACKWARD_TAIL = {"dense": 0, "documents": 0}
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
+BACKWARD_WINDOW_KEEP = {64: False, 128: False}  # window calls: DQ_CONVERT = 2 with KEEP_ACC (31)
 _ROW_LAYOUTS, _KEPT = {}, {}  # BM -> L's and D's 1-D NVMMA layout; KEEP_ACC's (_kept_zeros)
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
 
@@ -116,10 +115,8 @@ def _check_backward_inputs(do, q, k, v, o, lse) -> None:
     for name, x in (("do", do), ("o", o)):
         if not isinstance(x, torch.Tensor) or x.shape != q.shape or x.dtype != q.dtype:
             got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x)
-            raise ValueError(
-                f"{name} must be a tensor of q's shape {tuple(q.shape)} and dtype {q.dtype}, "
-                f"got {got}"
-            )
+            want = f"a tensor of q's shape {tuple(q.shape)} and dtype {q.dtype}"
+            raise ValueError(f"{name} must be {want}, got {got}")
     B, H, N, _ = q.shape
     if not isinstance(lse, torch.Tensor) or lse.shape != (B, H, N) or lse.dtype != torch.float32:
         got = f"{tuple(lse.shape)} {lse.dtype}" if isinstance(lse, torch.Tensor) else type(lse)
@@ -152,9 +149,7 @@ def _check_config(d: int, config: dict) -> dict:
         raise ValueError(what + " of MASKED_LAST: it needs MASKED_LAST=True")
     if early and cfg["OVERLAP_DQ"]:
         lever = "DV_EARLY" if cfg["DV_EARLY"] else "WG_MASK"
-        raise ValueError(
-            lever + " is written for the step without OVERLAP_DQ: pass OVERLAP_DQ=False"
-        )
+        raise ValueError(lever + " is written for the step without OVERLAP_DQ: OVERLAP_DQ=False")
     if cfg["OVERLAP_DQ"] and not cfg["DQ_SHARED"]:
         raise ValueError("OVERLAP_DQ is implemented with DQ_SHARED only: it needs DQ_SHARED=True")
     cols = d // cfg["DQ_SPLIT"] // (cfg["NUM_CONSUMERS"] if cfg["DQ_SHARED"] else 1)
@@ -175,18 +170,17 @@ def _check_config(d: int, config: dict) -> dict:
     if cfg["DQ_CONVERT"] and not cfg["DQ_TMA"]:
         raise ValueError("DQ_CONVERT converts DQ_TMA's padded dQ_acc: it needs DQ_TMA=True")
     if cfg["DQ_TMA"] and not (cfg["DQ_SHARED"] and cols in (16, 32)):
+        got = f"DQ_SHARED={cfg['DQ_SHARED']}, {cols} columns (d={d}, DQ_SPLIT={cfg['DQ_SPLIT']})"
         raise ValueError(
-            f"DQ_TMA needs DQ_SHARED=True and dQ chunks of 16 or 32 columns (one 128-byte TMA "
-            f"swizzle row), got DQ_SHARED={cfg['DQ_SHARED']}, {cols} columns (d={d}, DQ_SPLIT="
-            f"{cfg['DQ_SPLIT']})"
+            "DQ_TMA needs DQ_SHARED=True and dQ chunks of 16 or 32 columns (one 128-byte TMA "
+            "swizzle row), got " + got
         )
     return cfg
 
 
 def shared_bytes(d: int, cfg: dict) -> int:
-    """Shared memory of one backward CTA in bytes (the buffers of ``_attn_bwd_kernel``; the
-    sm_90a compile adds a few hundred bytes of barriers): the (Q, dO, L, D) ring, K and V of
-    every consumer, the dS^T tiles, and DQ_TMA's fp32 staging tiles."""
+    """Shared memory of one backward CTA in bytes (``_attn_bwd_kernel``'s (Q, dO, L, D) ring, each
+    consumer's K and V, dS^T tiles, DQ_TMA's fp32 tiles; sm_90a adds ~100s of bytes of barriers)."""
     BM, NC, split = cfg["BM"], cfg["NUM_CONSUMERS"], cfg["DQ_SPLIT"]
     ring = cfg["STAGES"] * (2 * BM * d * 2 + 2 * BM * 4)
     tiles = NC * BM * (d // NC // split) * split * 4 if cfg.get("DQ_TMA") else 0
@@ -202,9 +196,7 @@ def _sum_over_groups(x, h_kv: int):
 
 
 def _row_layout(BM: int):
-    if BM not in _ROW_LAYOUTS:
-        _ROW_LAYOUTS[BM] = gl.NVMMASharedLayout.get_default_for([BM], gl.float32)
-    return _ROW_LAYOUTS[BM]
+    return _ROW_LAYOUTS.setdefault(BM, gl.NVMMASharedLayout.get_default_for([BM], gl.float32))
 
 
 def gluon_attention_backward(
@@ -221,11 +213,9 @@ def gluon_attention_backward(
     :func:`.launch.gluon_attention_forward`; cu_seqlens (with causal, B = 1): documents packed
     into one sequence, [0, n_1, n_1 + n_2, ..., N] as flash-attn's varlen calls take it, each
     query seeing only the keys of its own document (both session 14).
-    Keyword overrides of the schedule (for experiments): BM, NUM_CONSUMERS, STAGES, DQ_SPLIT,
-    CONSUMER_REGS, DQ_VEC, DQ_SHARED, OVERLAP_DQ, DQ_TMA, MASKED_LAST, DV_EARLY, ROTATE, SECTION,
-    TAIL, DQ_CONVERT, PERSIST, ZERO_ACC, KEEP_ACC (see BACKWARD_CONFIG and _schedule). dq is
-    summed in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not
-    bit-reproducible."""
+    Keyword overrides of the schedule (for experiments): the keys of ``_ACCEPTED`` (see
+    BACKWARD_CONFIG and _schedule; KEEP_ACC's buffer: :func:`release_kept_buffers`). dq is summed
+    in fp32 (TMA reduce-adds or atomics) in whatever order the CTAs finish: not bit-reproducible."""
     tensors = (do, q, k, v, o, lse)
     win, kend, cfg = _check_all(tensors, causal, window_left, cu_seqlens, config)
     contiguous = (x.contiguous() for x in tensors)
@@ -244,10 +234,8 @@ def _check_all(tensors, causal, window_left, cu_seqlens, config, offsets_checked
     if not gluon_available():
         raise RuntimeError("gluon_attention_backward is unavailable here: " + why_unavailable())
     if not all(x.is_cuda and x.device == q.device for x in tensors):
-        raise ValueError(
-            "do, q, k, v, o, lse must all be CUDA tensors on one device, got "
-            + ", ".join(str(x.device) for x in tensors)
-        )
+        got = ", ".join(str(x.device) for x in tensors)
+        raise ValueError("do, q, k, v, o, lse must all be CUDA tensors on one device, got " + got)
     return win, kend, cfg
 
 
@@ -266,6 +254,9 @@ def _schedule(d, causal, windowed, docs, config):
     cfg.setdefault("TAIL", 0)
     if "DQ_CONVERT" not in config and not cfg["PERSIST"] and not causal:  # session 22
         cfg["DQ_CONVERT"] = cfg["DQ_CONVERT"] or (BACKWARD_DQ_CONVERT[d] and cfg["DQ_TMA"])
+    own = {"DQ_CONVERT", "KEEP_ACC"} & set(config) or cfg["PERSIST"] or cfg["ZERO_ACC"]
+    if windowed and not docs and BACKWARD_WINDOW_KEEP.get(d) and not own:
+        cfg.update(DQ_CONVERT=2, KEEP_ACC=True)  # the buffer: release_kept_buffers
     if (cfg["SECTION"] and cfg["TAIL"]) or (cfg["PERSIST"] and (cfg["SECTION"] or cfg["TAIL"])):
         raise ValueError("SECTION, TAIL and PERSIST are three CTA orders: pass one of them at most")
     if cfg["PERSIST"] and cfg["DQ_CONVERT"]:  # DQ_CONVERT's count is one a tile and CTA
@@ -277,6 +268,14 @@ def _schedule(d, causal, windowed, docs, config):
         got = f"got DQ_CONVERT={cfg['DQ_CONVERT']}, ZERO_ACC={cfg['ZERO_ACC']}"
         raise ValueError(why + "ZERO_ACC=False; " + got)
     return cfg
+
+
+def release_kept_buffers() -> int:
+    """Free KEEP_ACC's dQ_acc buffers (one a device, stream and dtype: the largest such call's
+    B x H x N x d float32) and return their bytes; the next KEEP_ACC call makes a new one."""
+    freed = sum(b.numel() * b.element_size() for b in _KEPT.values())
+    _KEPT.clear()
+    return freed
 
 
 def _kept_zeros(n: int, device, dtype):

@@ -227,6 +227,16 @@ def test_keep_acc_leaves_its_buffer_zero_call_after_call(d, convert):
         _kept_buffers_zero()
 
 
+def test_release_kept_buffers_then_keep_acc_starts_again():
+    """After a KEEP_ACC call, release_kept_buffers frees the kept buffer (its bytes: at least the
+    call's dQ_acc) and the next KEEP_ACC call allocates a zeroed one and is right again."""
+    GB._KEPT.clear()
+    _check(2, 3, 333, 128, torch.float16, True, seed=32, KEEP_ACC=True, DQ_CONVERT=2)
+    assert GB.release_kept_buffers() >= 2 * 3 * 333 * 128 * 4 and not GB._KEPT
+    _check(2, 3, 333, 128, torch.float16, True, seed=33, KEEP_ACC=True, DQ_CONVERT=2)
+    _kept_buffers_zero()
+
+
 def test_dq_tma_with_128_query_rows():
     """DQ_TMA's [128, 32] staging tiles (d = 64 only: at d = 128 they do not fit)."""
     for causal in (False, True):
