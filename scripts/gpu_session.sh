@@ -13,6 +13,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh fwd_defer   (29: DEFER, a head's lightest tiles last)
 #   OUT=/some/dir scripts/gpu_session.sh profile_convert   (30: DQ_CONVERT, ZERO_ACC kernel by kernel)
 #   OUT=/some/dir scripts/gpu_session.sh keep_acc   (31: KEEP_ACC's GPU tests, then timed, 3 processes)
+#   OUT=/some/dir scripts/gpu_session.sh keep_flex  (32: the window d = 128 rows beside Flex, both ways)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -68,6 +69,9 @@
 #   keep_acc_{float16,bfloat16}_run{1,2,3}.json   step keep_acc: the default beside DQ_CONVERT =
 #                            1 and 2, each with and without KEEP_ACC, window 4K/16K and documents
 #                            at d = 128 (session 31)
+#   keep_flex_{default,keep}_run{1,2,3}.json   step keep_flex: the window d = 128 backward beside
+#                            Flex (scripts/gpu_features.py), the default and DQ_CONVERT = 2 with
+#                            KEEP_ACC in alternating fresh processes (session 32)
 #   host_docs.json           step host_docs: the documents calls' host time a step, and the first
 #                            line of this package where each call waits for the GPU (if any)
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -307,6 +311,20 @@ if has keep_acc; then  # session 31: KEEP_ACC (no fill) and DQ_CONVERT = 2 (conv
     --dims 128 --ns ${KEEP_NS:-4096 16384} --sections ${KEEP_VARIANTS:-0 DQ_CONVERT=1 \
     DQ_CONVERT=1+KEEP_ACC=1 DQ_CONVERT=2 DQ_CONVERT=2+KEEP_ACC=1} --rounds 7 \
     --budget-s "${KEEP_BUDGET:-55}"
+fi
+if has keep_flex; then  # session 32: window d = 128 beside Flex, the default and 2 + KEEP_ACC
+  echo "== window d = 128 backward beside Flex: the default, then DQ_CONVERT = 2 with KEEP_ACC"
+  for run in 1 2 3; do
+    for v in default keep; do
+      extra=()
+      [ "$v" = keep ] && extra=(--gluon-backward-defaults DQ_CONVERT=2 KEEP_ACC=1)
+      timeout "${KEEP_FLEX_LIMIT:-100}" "$PY" scripts/gpu_features.py --part bench --autotune \
+        --masks window --d 128 --providers course flex --passes bwd --rounds 5 --budget-s 80 \
+        "${extra[@]}" --out "$OUT/keep_flex_${v}_run$run.json" 2>&1 | tail -1
+      "$PY" -c "import json, sys; print(sys.argv[1][-20:], json.load(open(sys.argv[1]))[
+        'course_over_other'])" "$OUT/keep_flex_${v}_run$run.json"
+    done
+  done
 fi
 if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
   echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"
