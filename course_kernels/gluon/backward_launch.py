@@ -279,8 +279,9 @@ def release_kept_buffers() -> int:
 
 
 def _kept_zeros(n: int, device, dtype):
-    """KEEP_ACC's dQ_acc and counters: ``n`` zeros kept from call to call (each leaves them zero),
-    one buffer a (device, stream, dtype), never two calls at once; a fresh one in graph capture."""
+    """KEEP_ACC's dQ_acc (DQ_CONVERT = 1: and counters): ``n`` zeros kept from call to call (each
+    leaves them zero), one a (device, stream, dtype), fresh in graph capture. Only what main
+    kernels alone write is kept: they run in stream order however host threads interleave."""
     import torch
 
     if torch.cuda.is_current_stream_capturing():
@@ -294,8 +295,7 @@ def _kept_zeros(n: int, device, dtype):
 
 def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     """The launches, on contiguous checked tensors: (B, H, N, d), or with ``packed`` flash-attn's
-    (total, H, d) read in place (B = 1; TMA boxes of [rows, d] at column h x d of a
-    (total, H x d) view) with lse (H, total)."""
+    (total, H, d) in place, lse (H, total) (B = 1; TMA boxes [rows, d] at column h x d)."""
     import torch
 
     if packed:
@@ -317,6 +317,8 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
     new = _kept_zeros if cfg["KEEP_ACC"] else new  # KEEP_ACC: zero since the last call
     flat, pdl = new(n_acc + B * H * blocks, device=q.device, dtype=torch.float32), bool(cfg["PDL"])
     counters = flat[n_acc:].view(torch.int32)
+    if count_bm and cfg["KEEP_ACC"]:  # set by this call's preprocessing: never a kept buffer's
+        counters = torch.empty(B * H * blocks, device=q.device, dtype=torch.int32)
     _bwd_preprocess[(triton.cdiv(n_pad, 64), B * H)](
         o, do, lse, delta, lse2, N, n_pad, flat, counters, rows, win, kend, HEAD_DIM=d,
         PACKED=packed, ZERO_ACC=bool(cfg["ZERO_ACC"]), PDL=pdl, COUNT_BM=count_bm,
@@ -380,13 +382,11 @@ def _backward(do, q, k, v, o, lse, causal, scale, win, kend, docs, cfg, packed):
 def gluon_varlen_backward(
     do, q, k, v, o, lse, cu_seqlens, scale, packed=True, offsets_checked=False, **config
 ):
-    """The packed causal varlen backward: flash-attn's layout, q, k, v, o, do (total, H, d) with
-    one cu_seqlens for queries and keys, lse (H, total) natural-log; the causal documents of
-    :func:`gluon_attention_backward` (``cu_seqlens``) on one sequence of ``total`` tokens a head.
-    ``packed``: read and write the packed tensors in place (PACKED), else copy them to
-    (1, H, total, d) and back. Same checks and messages as :func:`gluon_attention_backward`;
-    ``offsets_checked``: the caller has read cu_seqlens's values already (flash_attention_varlen's
-    forward does, once per offsets tensor): skip that device-to-host copy here."""
+    """The packed causal varlen backward: flash-attn's layout, q, k, v, o, do (total, H, d), one
+    cu_seqlens for queries and keys, lse (H, total) natural-log: :func:`gluon_attention_backward`'s
+    causal documents. ``packed``: the tensors read and written in place (PACKED), else copied to
+    (1, H, total, d) and back. The same checks and messages; ``offsets_checked``: the caller has
+    read cu_seqlens's values (flash_attention_varlen's forward does): no device-to-host copy."""
     views = [x.transpose(0, 1).unsqueeze(0) for x in (do, q, k, v, o)]
     if not packed:
         grads = gluon_attention_backward(

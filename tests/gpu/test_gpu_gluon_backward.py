@@ -237,6 +237,49 @@ def test_release_kept_buffers_then_keep_acc_starts_again():
     _kept_buffers_zero()
 
 
+@pytest.mark.parametrize("convert", [True, 2])
+def test_keep_acc_calls_from_two_threads_on_one_stream(convert):
+    """Two host threads on the same stream, each calling the KEEP_ACC backward on its own shape
+    (window rows, 12 calls each): their launches interleave on the host (one thread's
+    preprocessing may be enqueued between the other's preprocessing and main kernel), yet every
+    call gives the default's dK, dV bit for bit and its dq within 4 ulps, and the kept buffer is
+    zero after both. (DQ_CONVERT = 2's counters are set by the preprocessing, so they must not
+    live in the shared buffer.)"""
+    import threading
+
+    GB._KEPT.clear()
+    cases = []
+    for B, H, N, seed in ((1, 4, 1500, 41), (2, 3, 700, 42)):
+        q, k, v, do = _inputs(B, H, N, 128, torch.float16, seed)
+        o, lse = G.gluon_attention_forward(q, k, v, causal=True, window_left=256)
+        want = GB.gluon_attention_backward(do, q, k, v, o, lse, True, window_left=256)
+        cases.append(((do, q, k, v, o, lse), want))
+    torch.cuda.synchronize()
+    bad = []
+
+    def run(args, want):  # an exception in a thread is recorded, not lost
+        ulp = torch.finfo(torch.float16).eps * want[0].abs().max().item()
+        try:
+            for _ in range(12):
+                got = GB.gluon_attention_backward(
+                    *args, True, window_left=256, KEEP_ACC=True, DQ_CONVERT=convert
+                )  # fmt: skip
+                ok = torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+                if not ok or (got[0].float() - want[0].float()).abs().max().item() > 4 * ulp:
+                    bad.append(tuple(args[1].shape))
+        except Exception as exc:  # noqa: BLE001
+            bad.append(repr(exc))
+
+    threads = [threading.Thread(target=run, args=case) for case in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not bad, f"{len(bad)} wrong or failed calls: {sorted(set(map(str, bad)))}"
+    _kept_buffers_zero()
+
+
 def test_dq_tma_with_128_query_rows():
     """DQ_TMA's [128, 32] staging tiles (d = 64 only: at d = 128 they do not fit)."""
     for causal in (False, True):
