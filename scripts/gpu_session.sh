@@ -58,7 +58,9 @@
 #   pdl_{dt}_run{1,2,3}.json   step pdl: its GPU tests (printed), then PDL and PDL with ZERO_ACC
 #                            beside the default on the window (N = 4K, 16K) and documents rows at
 #                            d = 128 (PDL_DIMS, _MASKS, _NS, _VARIANTS, _LIMIT, _BUDGET widen it)
-#   fwd_defer_{dt}_run{1,2,3}.json   step fwd_defer: causal d = 64 with each head's 0, 2, 4, 6 lightest
+#   fwd_defer_{dt}_run{1,2,3}.json   step fwd_defer (DEFER_NS and DEFER_VARIANTS change its rows
+#                            and variants, e.g. DEFER_VARIANTS="0 DEFER=0 ROW_MASK=1 cudnn"):
+#                            causal d = 64 with each head's 0, 2, 4, 6 lightest
 #                            tiles deferred to the end (DEFER) beside the default (since session 29
 #                            DEFER = 6 up to 22 tiles a head, so at 4K) and cuDNN, three processes a
 #                            dtype (experiments/gluon/tail_model.py's prediction)
@@ -259,8 +261,8 @@ fi
 if has fwd_defer; then
   echo "== Gluon forward, causal d = 64: each head's lightest tiles last (DEFER), 3 processes"
   three_processes "${DEFER_LIMIT:-90}" sweep_forward.py fwd_defer --masks causal --dims 64 \
-    --ns 4096 8192 16384 --variants 0 DEFER=0 DEFER=2 DEFER=4 DEFER=6 cudnn --rounds 5 \
-    --budget-s 70
+    --ns ${DEFER_NS:-4096 8192 16384} --variants ${DEFER_VARIANTS:-0 DEFER=0 DEFER=2 DEFER=4 \
+    DEFER=6 cudnn} --rounds 5 --budget-s 70
   "$PY" experiments/gluon/worst_of_three.py "$OUT"/fwd_defer_*_run*.json --goal 1.0 \
     --out "$OUT/fwd_defer_table.json"
 fi

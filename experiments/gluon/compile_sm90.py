@@ -216,6 +216,8 @@ CONFIGS = [
     dict(S8, DEFER=4),
     dict(S8, DEFER=4, dt="bf16"),
     dict(S8, DEFER=6),
+    # session 32: ROW_MASK on top of it (the H200's one row below cuDNN), 63
+    dict(S8, DEFER=6, ROW_MASK=True),
 ]
 
 
