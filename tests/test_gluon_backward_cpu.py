@@ -1024,12 +1024,15 @@ def test_dq_convert_is_off_and_needs_dq_tma():
 
 def test_keep_acc_is_off_and_needs_dq_convert_without_zero_acc():
     """KEEP_ACC (session 31: dQ_acc kept zero from call to call, cleared by DQ_CONVERT's last
-    CTAs, so no fill): off in every kind of call, taken where DQ_CONVERT runs (non-causal d = 128
-    turns it on by default; causal calls pass it), refused without DQ_CONVERT or with ZERO_ACC
+    CTAs, so no fill): off by default but in window calls at d = 128, taken where DQ_CONVERT runs
+    (non-causal d = 128 turns it on by default; causal calls pass it), refused without DQ_CONVERT or with ZERO_ACC
     (whose zeros would be a second clearing), each message naming what it got."""
     assert GB.BACKWARD_DQ_DEFAULTS["KEEP_ACC"] is False
-    for args in ((64, False, False, False), (128, False, False, False), (128, True, True, False)):
+    for args in ((64, False, False, False), (128, False, False, False), (128, True, True, True)):
         assert GB._schedule(*args, {})["KEEP_ACC"] is False
+    # window calls at d = 128 take it with DQ_CONVERT = 2 (BACKWARD_WINDOW_KEEP, session 33)
+    assert GB.BACKWARD_WINDOW_KEEP == {64: False, 128: True}
+    assert GB._schedule(128, True, True, False, {})["KEEP_ACC"] is True
     assert GB._schedule(128, False, False, False, dict(KEEP_ACC=True))["KEEP_ACC"] is True
     on = GB._schedule(128, True, True, False, dict(KEEP_ACC=True, DQ_CONVERT=True))
     assert on["KEEP_ACC"] is True and on["DQ_CONVERT"] is True

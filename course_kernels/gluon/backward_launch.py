@@ -67,7 +67,8 @@ _ACCEPTED = {
 # slower on every window row (26). PDL (26: each kernel launched while the one before runs): lost
 # in some (row, process) pairs (27), off. KEEP_ACC (31: dQ_acc kept zero between calls) with
 # DQ_CONVERT = 2 (a query block converted by the CTA completing it): window d = 128 +1.8 to +4.4%,
-# documents -1.6 to -2.2% (H100): BACKWARD_WINDOW_KEEP.
+# documents -1.6 to -2.2% (H100). 33 (h100_keep_*_session33_*): window d = 128 +1.3 to +3.7% in
+# 18/18 rows of 3 processes, beside Flex 1.086-1.123x -> 1.110-1.167x: BACKWARD_WINDOW_KEEP.
 # DQ_TMA (12): each dQ chunk leaves through an fp32 shared-memory tile and one TMA bulk reduce-add
 # (FA3's dQ path) instead of fp32 atomics; needs DQ_SHARED and chunks of 16 or 32 columns (one
 # 128-byte swizzle row). data/gluon/h200_gluon_backward_session12_dqtma.json (8K, fp16): d = 64
@@ -100,7 +101,7 @@ BACKWARD_BM, BACKWARD_CAUSAL_STAGES = {64: 128}, {64: 3}
 BACKWARD_SECTION = {"dense": {64: 0, 128: 0}, "documents": {64: 8, 128: 4}}  # kind -> d -> heads
 BACKWARD_TAIL = {"dense": 0, "documents": 0}
 BACKWARD_OVERLAP_DQ = {64: True, 128: False}
-BACKWARD_WINDOW_KEEP = {64: False, 128: False}  # window calls: DQ_CONVERT = 2 with KEEP_ACC (31)
+BACKWARD_WINDOW_KEEP = {64: False, 128: True}  # window calls: DQ_CONVERT = 2 with KEEP_ACC (33)
 _ROW_LAYOUTS, _KEPT = {}, {}  # BM -> L's and D's 1-D NVMMA layout; KEEP_ACC's (_kept_zeros)
 SMEM_LIMIT = 227 * 1024 - 1024  # sm_90's opt-in maximum a CTA, less the barriers' margin
 
