@@ -70,8 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=int, default=12, help="pytest-xdist workers for the tests")
     p.add_argument("--verbose-tests", action="store_true", help="pytest -v (one line a test)")
     p.add_argument("--pytest-args", default="", help="extra pytest arguments for --part tests")
-    p.add_argument("--tests-timeout-s", type=float, default=420.0,
-                   help="stop pytest after this (keeps output)")  # fmt: skip
+    p.add_argument("--tests-timeout-s", type=float, default=420.0, help="stop pytest after this")
     p.add_argument("--gluon-masked-backward", nargs="+", default=[],
                    choices=("window", "documents"),
                    help="an experiment: flash_attention takes the Gluon backward for these "
@@ -80,7 +79,8 @@ def parse_args(argv=None):
                    help="the same for the Gluon forward")  # fmt: skip
     p.add_argument("--gluon-backward-defaults", nargs="+", default=[], metavar="KEY=V",
                    help="an experiment: Gluon backward switches made its defaults in this "
-                   "process, e.g. DQ_CONVERT=2 KEEP_ACC=1 (BACKWARD_DQ_DEFAULTS)")  # fmt: skip
+                   "process, e.g. DQ_CONVERT=2 KEEP_ACC=1 (BACKWARD_DQ_DEFAULTS); WINDOW_KEEP=0: "
+                   "window calls without their own (BACKWARD_WINDOW_KEEP off)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -91,8 +91,7 @@ def enable_gluon_masked(masks, dims, table="GLUON_MASKED_BACKWARD"):
 
     dims_of = getattr(launch, table)
     before = {m: dims_of[m] for m in masks}
-    for m in masks:
-        dims_of[m] = tuple(dims)
+    dims_of.update(dict.fromkeys(masks, tuple(dims)))
     return before
 
 
@@ -239,9 +238,7 @@ def make_fn(row, args, q, k, v):
     mask, provider, n = row["mask"], row["provider"], row["n"]
     w = args.window
     lengths = doc_lengths(n) if mask == "document" else [n] * q.shape[0]
-    cu = torch.tensor(
-        [0, *__import__("itertools").accumulate(lengths)], device=DEVICE[0], dtype=torch.int32
-    )
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device=DEVICE[0], dtype=torch.int32)
     window = (w - 1, 0) if mask == "window" else (-1, 0)
 
     def packed(x):  # (B, H, N, d) -> (B * N, H, d), a leaf of its own: no copy is timed
@@ -342,14 +339,17 @@ def run_bench(args, record, write):
 
 
 def set_backward_defaults(pairs):
-    """--gluon-backward-defaults: each KEY=V (an integer, as bench_section.py's variants) made the
-    Gluon backward's default in this process; returns what they were, for the record. A key or
-    value the backward does not take stops the run before anything is timed, saying so."""
+    """--gluon-backward-defaults: each KEY=V made the Gluon backward's default in this process
+    (returns what they were, for the record); a key or value it does not take stops the run."""
     from course_kernels.gluon import backward_launch as GB
 
     before = {}
     for pair in pairs:
         key, _, val = pair.partition("=")
+        if pair == "WINDOW_KEEP=0":  # session 33: the window default before it took KEEP_ACC
+            before[key] = dict(GB.BACKWARD_WINDOW_KEEP)
+            GB.BACKWARD_WINDOW_KEEP.update(dict.fromkeys(GB.BACKWARD_WINDOW_KEEP, False))
+            continue
         if key not in GB.BACKWARD_DQ_DEFAULTS or not val.lstrip("-").isdigit():
             raise SystemExit(f"--gluon-backward-defaults: {pair!r} is not KEY=integer with KEY "
                              f"one of {sorted(GB.BACKWARD_DQ_DEFAULTS)}")  # fmt: skip

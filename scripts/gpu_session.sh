@@ -14,6 +14,7 @@
 #   OUT=/some/dir scripts/gpu_session.sh profile_convert   (30: DQ_CONVERT, ZERO_ACC kernel by kernel)
 #   OUT=/some/dir scripts/gpu_session.sh keep_acc   (31: KEEP_ACC's GPU tests, then timed, 3 processes)
 #   OUT=/some/dir scripts/gpu_session.sh keep_flex  (32: the window d = 128 rows beside Flex, both ways)
+#   OUT=/some/dir scripts/gpu_session.sh window_passes  (33: the same with the forward timed too)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -74,6 +75,10 @@
 #   keep_flex_{default,keep}_run{1,2,3}.json   step keep_flex: the window d = 128 backward beside
 #                            Flex (scripts/gpu_features.py), the default and DQ_CONVERT = 2 with
 #                            KEEP_ACC in alternating fresh processes (session 32)
+#   window_passes_{keep,old}_run{1,2,3}.json (+ .clocks.csv: SM clock, power, temperature every
+#                            250 ms)   step window_passes: keep_flex's rows with the forward timed
+#                            too (WP_PASSES, default "fwd bwd"), today's default beside WINDOW_KEEP=0
+#                            (session 33: why the whole-set run put the window backward ~8% slower)
 #   host_docs.json           step host_docs: the documents calls' host time a step, and the first
 #                            line of this package where each call waits for the GPU (if any)
 # Each step has its own time limit so that a slow step still leaves the others' data.
@@ -325,6 +330,24 @@ if has keep_flex; then  # session 32: window d = 128 beside Flex, the default an
         "${extra[@]}" --out "$OUT/keep_flex_${v}_run$run.json" 2>&1 | tail -1
       "$PY" -c "import json, sys; print(sys.argv[1][-20:], json.load(open(sys.argv[1]))[
         'course_over_other'])" "$OUT/keep_flex_${v}_run$run.json"
+    done
+  done
+fi
+if has window_passes; then  # session 33: the window d = 128 rows with the forward timed as well
+  echo "== window d = 128 beside Flex, --passes ${WP_PASSES:-fwd bwd}: the default, then WINDOW_KEEP=0"
+  for run in 1 2 3; do
+    for v in keep old; do
+      extra=()
+      [ "$v" = old ] && extra=(--gluon-backward-defaults WINDOW_KEEP=0)
+      f="$OUT/window_passes_${v}_run$run"
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv \
+        -lms 250 > "$f.clocks.csv" 2>/dev/null & smi=$!
+      timeout "${WP_LIMIT:-100}" "$PY" scripts/gpu_features.py --part bench --autotune \
+        --masks window --d 128 --providers course flex --passes ${WP_PASSES:-fwd bwd} --rounds 5 \
+        --budget-s 80 "${extra[@]}" --out "$f.json" 2>&1 | tail -1
+      kill "$smi" 2>/dev/null
+      "$PY" -c "import json, sys; print(sys.argv[1][-24:], json.load(open(sys.argv[1]))[
+        'course_over_other'])" "$f.json"
     done
   done
 fi

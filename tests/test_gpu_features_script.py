@@ -170,9 +170,26 @@ def test_gluon_backward_defaults_are_an_explicit_experiment(monkeypatch):
     args = gpu_features.parse_args(["--gluon-backward-defaults", "DQ_CONVERT=2", "KEEP_ACC=1"])
     before = gpu_features.set_backward_defaults(args.gluon_backward_defaults)
     assert before == {"DQ_CONVERT": False, "KEEP_ACC": False}
-    cfg = GB._schedule(128, True, True, False, {})  # a window call at d = 128
+    cfg = GB._schedule(128, True, False, False, {})  # a plain causal call at d = 128
     assert cfg["DQ_CONVERT"] == 2 and cfg["KEEP_ACC"] == 1
     for bad, says in (("NOPE=1", "is not KEY=integer"), ("KEEP_ACC=yes", "is not KEY=integer"),
                       ("DQ_CONVERT=3", r"DQ_CONVERT takes \(False, True, 2\)")):  # fmt: skip
         with pytest.raises(SystemExit, match=says):
             gpu_features.set_backward_defaults([bad])
+
+
+def test_window_keep_0_turns_the_window_default_off(monkeypatch):
+    """WINDOW_KEEP=0 (session 33: to time the window default against the one before it in the
+    same way) turns BACKWARD_WINDOW_KEEP off at every head dim in this process and returns what
+    it was; a window call at d = 128 then runs neither DQ_CONVERT = 2 nor KEEP_ACC; WINDOW_KEEP=1
+    is not taken (the module's table is the way to turn it on)."""
+    from course_kernels.gluon import backward_launch as GB
+
+    monkeypatch.setattr(GB, "BACKWARD_WINDOW_KEEP", {64: False, 128: True})
+    assert GB._schedule(128, True, True, False, {})["KEEP_ACC"] is True
+    before = gpu_features.set_backward_defaults(["WINDOW_KEEP=0"])
+    assert before == {"WINDOW_KEEP": {64: False, 128: True}}
+    cfg = GB._schedule(128, True, True, False, {})
+    assert cfg["KEEP_ACC"] is False and cfg["DQ_CONVERT"] is False
+    with pytest.raises(SystemExit, match="is not KEY=integer"):
+        gpu_features.set_backward_defaults(["WINDOW_KEEP=1"])
