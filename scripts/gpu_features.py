@@ -315,7 +315,9 @@ def run_bench(args, record, write):
                     row.setdefault("status", f"skipped: past --budget-s {args.budget_s}")
                     continue
                 try:
+                    at = [round(time.time(), 2)]  # the round's wall-clock span (a clock log's key)
                     row.setdefault("rounds_ms", []).append(round(measure(row, args), 4))
+                    row.setdefault("rounds_at", []).append(at + [round(time.time(), 2)])
                     row["status"] = "ok"
                 except Exception as exc:  # a provider missing in this torch, an OOM, ...
                     row["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
@@ -376,15 +378,10 @@ def main(argv=None):
             record[f"gluon_masked_{side}_before"] = enable_gluon_masked(
                 getattr(args, f"gluon_masked_{side}"), args.d, f"GLUON_MASKED_{side.upper()}"
             )
-    if args.gluon_backward_defaults:
-        record["gluon_backward_defaults_before"] = set_backward_defaults(
-            args.gluon_backward_defaults
-        )
+    if gbd := args.gluon_backward_defaults:
+        record["gluon_backward_defaults_before"] = set_backward_defaults(gbd)
     out = Path(args.out)
-
-    def write():
-        out.write_text(json.dumps(record, indent=1) + "\n")
-
+    write = lambda: out.write_text(json.dumps(record, indent=1) + "\n")  # noqa: E731
     if args.part in ("tests", "all"):
         record["tests"] = run_tests(args)
         print(record["tests"]["summary"], flush=True)

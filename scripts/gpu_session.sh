@@ -350,6 +350,8 @@ if has window_passes; then  # session 33: the window d = 128 rows with the forwa
         'course_over_other'])" "$f.json"
     done
   done
+  "$PY" experiments/gluon/clock_rounds.py "$OUT"/window_passes_*_run?.json \
+    --out "$OUT/window_passes_clocks.json"  # each row's rounds beside the clock log
 fi
 if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
   echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"

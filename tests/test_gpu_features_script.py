@@ -3,6 +3,7 @@ would measure, the unmasked work it counts, the documents it packs."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -129,7 +130,8 @@ def test_ratios_pair_each_row_with_the_course_row_of_its_shape(monkeypatch):
 def test_rounds_interleave_a_groups_providers_and_keep_the_median(monkeypatch):
     """--rounds R: each (mask, d, N) group's rows are timed round by round (course, Flex, course,
     Flex, ...), not R times in a row; a row's ms is the median of its rounds; a row that fails
-    once stays failed; past --budget-s a row with no round is skipped, one with rounds keeps them."""
+    once stays failed; past --budget-s a row with no round is skipped, one with rounds keeps them;
+    each round's start and end (wall clock) are kept beside its time."""
     calls, clock = [], [0.0]
     times = iter([4.0, 9.0, 1.0, 8.0, 2.0, 6.0] + [5.0] * 20)  # medians 2, 8; means not
 
@@ -152,6 +154,9 @@ def test_rounds_interleave_a_groups_providers_and_keep_the_median(monkeypatch):
     by = {(r["d"], r["provider"]): r for r in record["rows"]}
     assert by[64, "course"]["rounds_ms"] == [4.0, 1.0, 2.0] and by[64, "course"]["ms"] == 2.0
     assert by[64, "flex"]["ms"] == 8.0 and by[64, "flex"]["status"] == "ok"
+    # each round's wall-clock span, to be read beside a log of the card's clock (session 33)
+    assert by[64, "course"]["rounds_at"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert by[64, "flex"]["rounds_at"] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
     assert by[128, "course"]["rounds_ms"] == [5.0] and by[128, "course"]["status"] == "ok"
     assert by[128, "flex"]["status"].startswith("error: RuntimeError")
     assert record["course_over_other"]["window d=64 N=4096 fwd vs flex"] == 4.0
@@ -193,3 +198,45 @@ def test_window_keep_0_turns_the_window_default_off(monkeypatch):
     assert cfg["KEEP_ACC"] is False and cfg["DQ_CONVERT"] is False
     with pytest.raises(SystemExit, match="is not KEY=integer"):
         gpu_features.set_backward_defaults(["WINDOW_KEEP=1"])
+
+
+def test_clock_rounds_puts_each_rows_rounds_beside_the_clock_log(tmp_path):
+    """experiments/gluon/clock_rounds.py (session 33): the median SM clock, power and temperature
+    of the nvidia-smi samples inside a row's rounds (rounds_at), not outside them; the log's
+    header and non-sample lines skipped; --offset-s moves the log's times; a row none of whose
+    rounds holds a sample says so; a record without its log stops the run naming the file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "gluon" / "clock_rounds.py"
+    spec = importlib.util.spec_from_file_location("clock_rounds", path)
+    cr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cr)
+    t0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+
+    def stamp(dt):  # nvidia-smi's format, in UTC
+        when = datetime.datetime.fromtimestamp(t0 + dt, datetime.timezone.utc)
+        return when.strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+
+    lines = ["timestamp, clocks.current.sm [MHz], power.draw [W], temperature.gpu",
+             "Failed to read power: not supported"]  # fmt: skip
+    for dt, mhz, w in ((0.5, 1980, 690), (1.0, 1700, 700), (1.5, 1750, 699), (3.0, 1400, 300)):
+        lines.append(f"{stamp(dt)}, {mhz} MHz, {w}.00 W, 60")
+    rec = {"environment": {"command": "gpu_features.py"}, "rows": [
+        {"provider": "course", "pass": "bwd", "mask": "window", "d": 128, "n": 4096, "ms": 1.0,
+         "status": "ok", "rounds_at": [[t0 + 0.9, t0 + 1.6]]},
+        {"provider": "flex", "pass": "bwd", "mask": "window", "d": 128, "n": 4096, "ms": 1.1,
+         "status": "ok", "rounds_at": [[t0 + 2.0, t0 + 2.5]]}]}  # fmt: skip
+    (tmp_path / "p.json").write_text(json.dumps(rec))
+    (tmp_path / "p.clocks.csv").write_text("\n".join(lines) + "\n")
+    samples = cr.read_clocks(tmp_path / "p.clocks.csv")
+    assert [s[1] for s in samples] == [1980, 1700, 1750, 1400] and samples[0][0] == t0 + 0.5
+    course, flex = cr.row_clocks(rec, samples)
+    assert course["samples"] == 2 and course["sm_mhz"] == 1725.0 and course["watts"] == 699.5
+    assert flex["samples"] == 0 and flex["sm_mhz"] is None
+    shifted = cr.row_clocks(rec, cr.read_clocks(tmp_path / "p.clocks.csv", offset_s=-1.0))
+    assert shifted[1]["sm_mhz"] == 1400.0 and shifted[0]["sm_mhz"] is None
+    assert cr.main([str(tmp_path / "p.json"), "--out", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["p.json"]["rows"][0]["temp_c"] == 60.0
+    (tmp_path / "q.json").write_text(json.dumps(rec))
+    with pytest.raises(SystemExit, match="no clock log beside it"):
+        cr.main([str(tmp_path / "q.json")])
