@@ -15,6 +15,8 @@
 #   OUT=/some/dir scripts/gpu_session.sh keep_acc   (31: KEEP_ACC's GPU tests, then timed, 3 processes)
 #   OUT=/some/dir scripts/gpu_session.sh keep_flex  (32: the window d = 128 rows beside Flex, both ways)
 #   OUT=/some/dir scripts/gpu_session.sh window_passes  (33: the same with the forward timed too)
+#     WP_PASSES="bwd fwd" (34: each backward after the other provider's forward); WP_WARMUP=250
+#     WP_REP=250 (do_bench ms: each row timed in its own steady state, not its predecessor's)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -344,7 +346,8 @@ if has window_passes; then  # session 33: the window d = 128 rows with the forwa
         -lms 250 > "$f.clocks.csv" 2>/dev/null & smi=$!
       timeout "${WP_LIMIT:-100}" "$PY" scripts/gpu_features.py --part bench --autotune \
         --masks window --d 128 --providers course flex --passes ${WP_PASSES:-fwd bwd} --rounds 5 \
-        --budget-s 80 "${extra[@]}" --out "$f.json" 2>&1 | tail -1
+        --budget-s 80 --warmup "${WP_WARMUP:-10}" --rep "${WP_REP:-40}" "${extra[@]}" \
+        --out "$f.json" 2>&1 | tail -1
       kill "$smi" 2>/dev/null
       "$PY" -c "import json, sys; print(sys.argv[1][-24:], json.load(open(sys.argv[1]))[
         'course_over_other'])" "$f.json"
