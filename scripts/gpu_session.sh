@@ -17,6 +17,10 @@
 #   OUT=/some/dir scripts/gpu_session.sh window_passes  (33: the same with the forward timed too)
 #     WP_PASSES="bwd fwd" (34: each backward after the other provider's forward); WP_WARMUP=250
 #     WP_REP=250 (do_bench ms: each row timed in its own steady state, not its predecessor's)
+#     WP_MASKS="window document" (the documents d = 128 row as well; default window); WP_VARIANTS=keep
+#     (today's default only; default "keep old"); WP_LIMIT (seconds a process, default 100)
+#   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
+#     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -336,17 +340,18 @@ if has keep_flex; then  # session 32: window d = 128 beside Flex, the default an
   done
 fi
 if has window_passes; then  # session 33: the window d = 128 rows with the forward timed as well
-  echo "== window d = 128 beside Flex, --passes ${WP_PASSES:-fwd bwd}: the default, then WINDOW_KEEP=0"
+  echo "== ${WP_MASKS:-window} d = 128 beside Flex, --passes ${WP_PASSES:-fwd bwd}," \
+    "warm-up ${WP_WARMUP:-10} ms: the default, then WINDOW_KEEP=0"
   for run in 1 2 3; do
-    for v in keep old; do
+    for v in ${WP_VARIANTS:-keep old}; do
       extra=()
       [ "$v" = old ] && extra=(--gluon-backward-defaults WINDOW_KEEP=0)
       f="$OUT/window_passes_${v}_run$run"
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv \
         -lms 250 > "$f.clocks.csv" 2>/dev/null & smi=$!
       timeout "${WP_LIMIT:-100}" "$PY" scripts/gpu_features.py --part bench --autotune \
-        --masks window --d 128 --providers course flex --passes ${WP_PASSES:-fwd bwd} --rounds 5 \
-        --budget-s 80 --warmup "${WP_WARMUP:-10}" --rep "${WP_REP:-40}" "${extra[@]}" \
+        --masks ${WP_MASKS:-window} --d 128 --providers course flex --passes ${WP_PASSES:-fwd bwd} --rounds 5 \
+        --budget-s $(( ${WP_LIMIT:-100} - 20 )) --warmup "${WP_WARMUP:-10}" --rep "${WP_REP:-40}" "${extra[@]}" \
         --out "$f.json" 2>&1 | tail -1
       kill "$smi" 2>/dev/null
       "$PY" -c "import json, sys; print(sys.argv[1][-24:], json.load(open(sys.argv[1]))[
@@ -355,6 +360,13 @@ if has window_passes; then  # session 33: the window d = 128 rows with the forwa
   done
   "$PY" experiments/gluon/clock_rounds.py "$OUT"/window_passes_*_run?.json \
     --out "$OUT/window_passes_clocks.json"  # each row's rounds beside the clock log
+fi
+if has clock_trace; then  # session 34: how long a backward stays slow after the course's forward
+  echo "== clock trace: idle / course fwd / Flex fwd, then each backward, SM clock through NVML"
+  timeout "${CT_LIMIT:-200}" "$PY" experiments/gluon/clock_trace.py --autotune --mask window \
+    --d 128 --n ${CT_NS:-4096 8192 16384} --out "$OUT/clock_trace_window.json" | tail -8
+  [ -n "${CT_DOCS:-1}" ] && timeout "${CT_LIMIT:-200}" "$PY" experiments/gluon/clock_trace.py \
+    --autotune --mask document --d 128 --n 16384 --out "$OUT/clock_trace_document.json" | tail -4
 fi
 if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
   echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"

@@ -4,7 +4,9 @@ would measure, the unmasked work it counts, the documents it packs."""
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -240,3 +242,71 @@ def test_clock_rounds_puts_each_rows_rounds_beside_the_clock_log(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps(rec))
     with pytest.raises(SystemExit, match="no clock log beside it"):
         cr.main([str(tmp_path / "q.json")])
+
+
+def _clock_trace():
+    path = ROOT / "experiments" / "gluon" / "clock_trace.py"
+    spec = importlib.util.spec_from_file_location("clock_trace", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_clock_trace_pairs_rotate_and_windows_count_from_the_followers_start():
+    """experiments/gluon/clock_trace.py (session 34): every (predecessor, follower) pair runs
+    --repeats times in a rotating order; a window holds the calls that *start* in it (calls back
+    to back) and the clock samples whose time falls in it; the summary's last window is compared
+    with the same follower's after an idle card, at the same N."""
+    ct = _clock_trace()
+    order = ct.schedule(["idle", "a fwd"], ["a bwd", "b bwd"], repeats=3)
+    pairs = [("idle", "a bwd"), ("a fwd", "a bwd"), ("idle", "b bwd"), ("a fwd", "b bwd")]
+    assert sorted(order) == sorted(pairs * 3) and order[:4] == pairs
+    assert [order[4], order[8]] == [pairs[1], pairs[2]]  # each repeat starts one pair later
+
+    call_ms = [4.0, 4.0, 6.0, 30.0, 200.0, 1.0]  # starts 0, 4, 8, 14, 44, 244
+    assert ct.call_starts(call_ms) == [0.0, 4.0, 8.0, 14.0, 44.0, 244.0]
+    samples = [(-5.0, 1000, 700), (2.0, 1500, 650), (9.9, 1700, 640), (10.0, 1900, 500),
+               (151.0, 1980, 300)]  # fmt: skip
+    w = ct.window_medians(call_ms, samples)
+    assert [x["calls"] for x in w] == [3, 2, 0, 1]
+    assert [x["ms"] for x in w] == [4.0, 115.0, None, 1.0]
+    assert [x["mhz"] for x in w] == [1600, 1900, None, 1980]  # the -5 ms sample is before zero
+    assert w[-1]["to_ms"] is None and w[0]["watts"] == 645
+
+    def t(n, pred, follower, last):
+        return {"n": n, "pred": pred, "follower": follower,
+                "windows": [{"from_ms": 0.0, "to_ms": None, "ms": last, "mhz": None,
+                             "watts": None}]}  # fmt: skip
+
+    lines = ct.summarize([t(8, "idle", "c bwd", 2.0), t(8, "idle", "c bwd", 4.0),
+                          t(8, "c fwd", "c bwd", 3.3), t(16, "idle", "c bwd", 10.0),
+                          t(16, "c fwd", "c bwd", 10.5), t(8, "c fwd", "f bwd", 5.0)])  # fmt: skip
+    by = {(x["n"], x["pred"], x["follower"]): x for x in lines}
+    assert (
+        by[8, "idle", "c bwd"]["windows"][0]["ms"] == 3.0 and by[8, "idle", "c bwd"]["repeats"] == 2
+    )
+    assert by[8, "c fwd", "c bwd"]["last_over_idle"] == 1.1
+    assert by[16, "c fwd", "c bwd"]["last_over_idle"] == 1.05
+    assert by[8, "c fwd", "f bwd"]["last_over_idle"] is None  # no idle trace of that follower
+
+
+def test_clock_trace_runs_on_the_cpu(tmp_path):
+    """--device cpu: the course kernel's rows (Triton's interpreter), host timer, no NVML; the
+    record keeps each trace's calls and the summary pairs each follower with its idle trace."""
+    out = tmp_path / "trace.json"
+    cmd = [sys.executable, str(ROOT / "experiments" / "gluon" / "clock_trace.py"), "--device",
+           "cpu", "--providers", "course", "--mask", "window", "--d", "32", "--n", "64",
+           "--hidden", "64", "--batch", "1", "--window", "16", "--repeats", "1", "--idle-ms", "1",
+           "--pred-ms", "1", "--follow-ms", "400", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(cmd, timeout=300, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rec = json.loads(out.read_text())
+    assert rec["nvml"] is False and rec["args"]["mask"] == "window"
+    assert [(t["pred"], t["follower"]) for t in rec["traces"]] == [
+        ("idle", "course bwd"),
+        ("course fwd", "course bwd"),
+    ]
+    assert all(len(t["call_ms"]) >= 2 and min(t["call_ms"]) > 0 for t in rec["traces"])
+    assert rec["traces"][0]["pred_ms"] < rec["traces"][1]["pred_ms"]  # idle: no calls before
+    assert [x["last_over_idle"] for x in rec["summary"]][0] == 1.0
