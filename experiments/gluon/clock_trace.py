@@ -259,8 +259,9 @@ def main(argv=None) -> int:
             a = timer.mark()
             for _ in range(3):
                 fn()
-            per_call_ms[name] = max(timer.ms(a, timer.mark()) / 3, 1e-3)
-            timer.sync()
+            b = timer.mark()
+            timer.sync()  # an event's time is readable only once it has run
+            per_call_ms[name] = max(timer.ms(a, b) / 3, 1e-3)
         for pred, follower in schedule(preds, followers, args.repeats):
             t = {"n": n, **trace(calls, timer, sampler, pred, follower, args, per_call_ms)}
             record["traces"].append(t)
