@@ -20,7 +20,8 @@
 #     WP_MASKS="window document" (the documents d = 128 row as well; default window); WP_VARIANTS=keep
 #     (today's default only; default "keep old"); WP_LIMIT (seconds a process, default 100)
 #   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
-#     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200)
+#     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
+#     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -364,9 +365,10 @@ fi
 if has clock_trace; then  # session 34: how long a backward stays slow after the course's forward
   echo "== clock trace: idle / course fwd / Flex fwd, then each backward, SM clock through NVML"
   timeout "${CT_LIMIT:-200}" "$PY" experiments/gluon/clock_trace.py --autotune --mask window \
-    --d 128 --n ${CT_NS:-4096 8192 16384} --out "$OUT/clock_trace_window.json" | tail -8
-  [ -n "${CT_DOCS:-1}" ] && timeout "${CT_LIMIT:-200}" "$PY" experiments/gluon/clock_trace.py \
-    --autotune --mask document --d 128 --n 16384 --out "$OUT/clock_trace_document.json" | tail -4
+    --d 128 --n ${CT_NS:-4096 8192 16384} ${CT_ARGS:-} --out "$OUT/clock_trace_window.json" | tail -8
+  [ -n "${CT_DOCS-1}" ] && timeout "${CT_LIMIT:-200}" "$PY" experiments/gluon/clock_trace.py \
+    --autotune --mask document --d 128 --n 16384 ${CT_ARGS:-} --out "$OUT/clock_trace_document.json" \
+    | tail -4
 fi
 if has host_docs; then  # session 27: the packed-documents calls' host path, and where they wait
   echo "== host time of the documents calls, step by step (experiments/gluon/host_docs.py)"
