@@ -44,6 +44,7 @@ MASKS = ("causal", "window", "document")
 PROVIDERS = ("course", "flex", "varlen_attn")
 DOC_TOKENS, DOCS = 16_384, 6
 DEVICE = ["cuda"]  # --device cpu: a smoke test of the script in Triton's interpreter
+ROW_NAME = "{provider} {pass} {mask} d={d} N={n}"  # a row as a record's "after" names it
 SPUN_UP: list[float] = []  # the untimed first run of a process (clocks up before any row)
 
 
@@ -306,7 +307,7 @@ def measure(row, args):
 def run_bench(args, record, write):
     """A (mask, d, N) group's rows (every provider and pass) timed in --rounds interleaved rounds,
     so that a clock or thermal drift meets every provider alike; a row's time: its median round."""
-    t0 = time.time()
+    t0, last = time.time(), [None]  # last: the row timed just before (it sets the clock: s. 34)
     for _, group in itertools.groupby(rows(args), key=lambda r: (r["mask"], r["d"], r["n"])):
         group = list(group)
         for _ in range(args.rounds):
@@ -318,7 +319,8 @@ def run_bench(args, record, write):
                     at = [round(time.time(), 2)]  # the round's wall-clock span (a clock log's key)
                     row.setdefault("rounds_ms", []).append(round(measure(row, args), 4))
                     row.setdefault("rounds_at", []).append(at + [round(time.time(), 2)])
-                    row["status"] = "ok"
+                    row.setdefault("after", []).append(last[0])  # each round's predecessor
+                    last[0], row["status"] = ROW_NAME.format_map(row), "ok"
                 except Exception as exc:  # a provider missing in this torch, an OOM, ...
                     row["status"] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
         for row in group:

@@ -159,6 +159,12 @@ def test_rounds_interleave_a_groups_providers_and_keep_the_median(monkeypatch):
     # each round's wall-clock span, to be read beside a log of the card's clock (session 33)
     assert by[64, "course"]["rounds_at"] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
     assert by[64, "flex"]["rounds_at"] == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    # each round's predecessor: the row timed just before it (session 34: it sets the clock)
+    assert by[64, "course"]["after"] == [None, "flex fwd window d=64 N=4096",
+                                         "flex fwd window d=64 N=4096"]  # fmt: skip
+    assert by[64, "flex"]["after"] == ["course fwd window d=64 N=4096"] * 3
+    assert by[128, "course"]["after"] == ["flex fwd window d=64 N=4096"]  # across groups
+    assert "after" not in by[128, "flex"]  # failed rounds name none
     assert by[128, "course"]["rounds_ms"] == [5.0] and by[128, "course"]["status"] == "ok"
     assert by[128, "flex"]["status"].startswith("error: RuntimeError")
     assert record["course_over_other"]["window d=64 N=4096 fwd vs flex"] == 4.0
