@@ -19,6 +19,8 @@
 #     WP_REP=250 (do_bench ms: each row timed in its own steady state, not its predecessor's)
 #     WP_MASKS="window document" (the documents d = 128 row as well; default window); WP_VARIANTS=keep
 #     (today's default only; default "keep old"); WP_LIMIT (seconds a process, default 100)
+#   OUT=/some/dir scripts/gpu_session.sh features  (34: the whole set, gpu_features.py --part bench
+#     --autotune --rounds 3; FEAT_WARMUP, FEAT_REP do_bench ms, FEAT_LIMIT seconds, default 560)
 #   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
 #     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
 #     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
@@ -361,6 +363,17 @@ if has window_passes; then  # session 33: the window d = 128 rows with the forwa
   done
   "$PY" experiments/gluon/clock_rounds.py "$OUT"/window_passes_*_run?.json \
     --out "$OUT/window_passes_clocks.json"  # each row's rounds beside the clock log
+fi
+if has features; then  # issue 22's whole set (README's table), every round's predecessor recorded
+  echo "== the whole set: course, Flex, varlen_attn; warm-up ${FEAT_WARMUP:-10} ms, rep ${FEAT_REP:-40} ms"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 250 \
+    > "$OUT/features_bench.clocks.csv" 2>/dev/null & smi=$!
+  timeout "${FEAT_LIMIT:-560}" "$PY" scripts/gpu_features.py --part bench --autotune --rounds 3 \
+    --warmup "${FEAT_WARMUP:-10}" --rep "${FEAT_REP:-40}" --budget-s $(( ${FEAT_LIMIT:-560} - 40 )) \
+    --out "$OUT/features_bench.json" 2>&1 | tail -3
+  kill "$smi" 2>/dev/null
+  "$PY" experiments/gluon/clock_rounds.py "$OUT/features_bench.json" \
+    --out "$OUT/features_bench_clocks.json" > /dev/null  # each row's rounds beside the clock log
 fi
 if has clock_trace; then  # session 34: how long a backward stays slow after the course's forward
   echo "== clock trace: idle / course fwd / Flex fwd, then each backward, SM clock through NVML"
