@@ -18,10 +18,8 @@ count only unmasked work: 4 d H (visible pairs) forward, 2.5x that backward. Row
 ``--budget-s`` are recorded as skipped, so the run ends in time; the file is rewritten after
 every row, so an interrupted run keeps what it measured.
 
-The Serving chapter reads the H200 records from the package data,
-``course_kernels/data/bench/h200_features_bench_autotune.json`` (``--autotune``, every row) and
-``course_kernels/data/bench/h200_features_bench.json`` (autotuning off), through
-``course_kernels.bench.features``; a new record replaces them there.
+The Serving and Below Triton chapters read its records (``course_kernels/data/bench/``, e.g.
+``h200_features_bench_autotune.json``) through ``course_kernels.bench.features``.
 """
 
 from __future__ import annotations
@@ -48,8 +46,18 @@ ROW_NAME = "{provider} {pass} {mask} d={d} N={n}"  # a row as a record's "after"
 SPUN_UP: list[float] = []  # the untimed first run of a process (clocks up before any row)
 
 
+def row_options():  # a row's inputs and calls: experiments/gluon/clock_trace.py takes them too
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--batch", type=int, default=4, help="batch size of the dense rows")
+    p.add_argument("--hidden", type=int, default=2048, help="H * d")
+    p.add_argument("--window", type=int, default=1024, help="keys a row sees in 'window'")
+    p.add_argument("--autotune", action="store_true", help="autotune the course kernels")
+    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests this script")
+    return p
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[row_options()])
     p.add_argument("--out", default="gpu_features.json", help="JSON file to write")
     p.add_argument("--part", choices=("tests", "bench", "all"), default="all", help="what to run")
     p.add_argument("--dry-run", action="store_true", help="list the benchmark rows and exit")
@@ -58,11 +66,6 @@ def parse_args(argv=None):
     p.add_argument("--masks", nargs="+", choices=MASKS, default=list(MASKS), help="mask kinds")
     p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     p.add_argument("--passes", nargs="+", choices=("fwd", "bwd"), default=["fwd", "bwd"])
-    p.add_argument("--batch", type=int, default=4, help="batch size of the dense rows")
-    p.add_argument("--hidden", type=int, default=2048, help="H * d")
-    p.add_argument("--window", type=int, default=1024, help="keys a row sees in 'window'")
-    p.add_argument("--autotune", action="store_true", help="autotune the course kernels")
-    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests this script")
     p.add_argument("--doc-tokens", type=int, default=DOC_TOKENS, help="tokens of 'document'")
     p.add_argument("--budget-s", type=float, default=330.0, help="stop starting rows after this")
     p.add_argument("--warmup", type=int, default=10, help="do_bench warm-up (ms)")
@@ -193,7 +196,6 @@ def _bench(fn, args):
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e3
-
     if not SPUN_UP:  # a fresh process's first row ran slow in session 26: ~0.6 s untimed first
         SPUN_UP.append(triton.testing.do_bench(fn, warmup=300, rep=300))
     return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
@@ -376,10 +378,9 @@ def main(argv=None):
     sys.path.insert(0, str(ROOT))
     record = {"environment": environment(args), "args": vars(args), "rows": []}
     for side in ("backward", "forward"):
-        if getattr(args, f"gluon_masked_{side}"):
-            record[f"gluon_masked_{side}_before"] = enable_gluon_masked(
-                getattr(args, f"gluon_masked_{side}"), args.d, f"GLUON_MASKED_{side.upper()}"
-            )
+        if masks := getattr(args, f"gluon_masked_{side}"):
+            table = f"GLUON_MASKED_{side.upper()}"
+            record[f"{table.lower()}_before"] = enable_gluon_masked(masks, args.d, table)
     if gbd := args.gluon_backward_defaults:
         record["gluon_backward_defaults_before"] = set_backward_defaults(gbd)
     out = Path(args.out)

@@ -264,6 +264,11 @@ def test_clock_trace_pairs_rotate_and_windows_count_from_the_followers_start():
     to back) and the clock samples whose time falls in it; the summary's last window is compared
     with the same follower's after an idle card, at the same N."""
     ct = _clock_trace()
+    # the rows' options are gpu_features.py's own (one definition): same names, same defaults
+    mine, theirs = ct.parse_args(["--batch", "2"]), gpu_features.parse_args(["--batch", "2"])
+    for key in ("batch", "hidden", "window", "autotune", "device"):
+        assert getattr(mine, key) == getattr(theirs, key)
+    assert (mine.batch, mine.hidden, mine.window, mine.device) == (2, 2048, 1024, "cuda")
     order = ct.schedule(["idle", "a fwd"], ["a bwd", "b bwd"], repeats=3)
     pairs = [("idle", "a bwd"), ("a fwd", "a bwd"), ("idle", "b bwd"), ("a fwd", "b bwd")]
     assert sorted(order) == sorted(pairs * 3) and order[:4] == pairs

@@ -155,8 +155,9 @@ def make_calls(gf, args, n: int) -> dict[str, object]:
         grad = do if out.shape == do.shape else do.transpose(1, 2).reshape(out.shape)
         leaves = getattr(fn, "leaves", (q, k, v))
         calls[f"{provider} fwd"] = fwd
-        calls[f"{provider} bwd"] = (lambda out=out, leaves=leaves, grad=grad:
-                                    torch.autograd.grad(out, leaves, grad, retain_graph=True))  # fmt: skip
+        calls[f"{provider} bwd"] = lambda out=out, leaves=leaves, grad=grad: torch.autograd.grad(
+            out, leaves, grad, retain_graph=True
+        )
     return calls
 
 
@@ -213,7 +214,13 @@ def _fmt(x, spec: str) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """This script's options, after scripts/gpu_features.py's row options (--batch, --hidden,
+    --window, --autotune, --device: the same rows as that script's)."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+    import gpu_features as gf
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], parents=[gf.row_options()])
     p.add_argument("--mask", choices=("causal", "window", "document"), default="window")
     p.add_argument("--d", type=int, default=128, help="head dim")
     p.add_argument("--n", type=int, nargs="+", default=[8192, 16384], help="seq lengths")
@@ -224,20 +231,14 @@ def parse_args(argv=None):
     p.add_argument("--pred-ms", type=float, default=200.0, help="the predecessor's run (ms)")
     p.add_argument("--follow-ms", type=float, default=400.0, help="the follower's run (ms)")
     p.add_argument("--sample-ms", type=float, default=2.0, help="NVML sampling period (ms)")
-    p.add_argument("--batch", type=int, default=4, help="batch of the dense rows")
-    p.add_argument("--hidden", type=int, default=2048, help="H * d")
-    p.add_argument("--window", type=int, default=1024, help="keys a row sees in 'window'")
-    p.add_argument("--autotune", action="store_true", help="autotune the course kernels")
-    p.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests this script")
     p.add_argument("--out", default="clock_trace.json", help="JSON file to write")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv)  # puts scripts/ on sys.path
     if not args.autotune:
         os.environ["COURSE_KERNELS_AUTOTUNE"] = "0"  # read when course_kernels loads
-    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
     import gpu_features as gf
 
     gf.DEVICE[0] = args.device
