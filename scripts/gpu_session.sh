@@ -15,12 +15,12 @@
 #   OUT=/some/dir scripts/gpu_session.sh keep_acc   (31: KEEP_ACC's GPU tests, then timed, 3 processes)
 #   OUT=/some/dir scripts/gpu_session.sh keep_flex  (32: the window d = 128 rows beside Flex, both ways)
 #   OUT=/some/dir scripts/gpu_session.sh window_passes  (33: the same with the forward timed too)
-#     WP_PASSES="bwd fwd" (34: each backward after the other provider's forward); WP_WARMUP=250
-#     WP_REP=250 (do_bench ms: each row timed in its own steady state, not its predecessor's)
-#     WP_MASKS="window document" (the documents d = 128 row as well; default window); WP_VARIANTS=keep
-#     (today's default only; default "keep old"); WP_LIMIT (seconds a process, default 100)
+#     WP_PASSES="bwd fwd" (34: each backward after the other provider's forward); WP_WARMUP,
+#     WP_REP (do_bench ms, default 250 each since 35: each row in its own steady state; 34 used
+#     10 and 40); WP_MASKS="window document" (the documents d = 128 row as well; default window);
+#     WP_VARIANTS=keep (today's default only; default "keep old"); WP_LIMIT (s a process, 150)
 #   OUT=/some/dir scripts/gpu_session.sh features  (34: the whole set, gpu_features.py --part bench
-#     --autotune --rounds 3; FEAT_WARMUP, FEAT_REP do_bench ms, FEAT_LIMIT seconds, default 560)
+#     --autotune --rounds 3; FEAT_WARMUP, FEAT_REP do_bench ms (250), FEAT_LIMIT s, default 560)
 #   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
 #     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
 #     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
@@ -344,7 +344,7 @@ if has keep_flex; then  # session 32: window d = 128 beside Flex, the default an
 fi
 if has window_passes; then  # session 33: the window d = 128 rows with the forward timed as well
   echo "== ${WP_MASKS:-window} d = 128 beside Flex, --passes ${WP_PASSES:-fwd bwd}," \
-    "warm-up ${WP_WARMUP:-10} ms: the default, then WINDOW_KEEP=0"
+    "warm-up ${WP_WARMUP:-250} ms: the default, then WINDOW_KEEP=0"
   for run in 1 2 3; do
     for v in ${WP_VARIANTS:-keep old}; do
       extra=()
@@ -352,9 +352,9 @@ if has window_passes; then  # session 33: the window d = 128 rows with the forwa
       f="$OUT/window_passes_${v}_run$run"
       nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv \
         -lms 250 > "$f.clocks.csv" 2>/dev/null & smi=$!
-      timeout "${WP_LIMIT:-100}" "$PY" scripts/gpu_features.py --part bench --autotune \
+      timeout "${WP_LIMIT:-150}" "$PY" scripts/gpu_features.py --part bench --autotune \
         --masks ${WP_MASKS:-window} --d 128 --providers course flex --passes ${WP_PASSES:-fwd bwd} --rounds 5 \
-        --budget-s $(( ${WP_LIMIT:-100} - 20 )) --warmup "${WP_WARMUP:-10}" --rep "${WP_REP:-40}" "${extra[@]}" \
+        --budget-s $(( ${WP_LIMIT:-150} - 20 )) --warmup "${WP_WARMUP:-250}" --rep "${WP_REP:-250}" "${extra[@]}" \
         --out "$f.json" 2>&1 | tail -1
       kill "$smi" 2>/dev/null
       "$PY" -c "import json, sys; print(sys.argv[1][-24:], json.load(open(sys.argv[1]))[
@@ -365,11 +365,11 @@ if has window_passes; then  # session 33: the window d = 128 rows with the forwa
     --out "$OUT/window_passes_clocks.json"  # each row's rounds beside the clock log
 fi
 if has features; then  # issue 22's whole set (README's table), every round's predecessor recorded
-  echo "== the whole set: course, Flex, varlen_attn; warm-up ${FEAT_WARMUP:-10} ms, rep ${FEAT_REP:-40} ms"
+  echo "== the whole set: course, Flex, varlen_attn; warm-up ${FEAT_WARMUP:-250} ms, rep ${FEAT_REP:-250} ms"
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 250 \
     > "$OUT/features_bench.clocks.csv" 2>/dev/null & smi=$!
   timeout "${FEAT_LIMIT:-560}" "$PY" scripts/gpu_features.py --part bench --autotune --rounds 3 \
-    --warmup "${FEAT_WARMUP:-10}" --rep "${FEAT_REP:-40}" --budget-s $(( ${FEAT_LIMIT:-560} - 40 )) \
+    --warmup "${FEAT_WARMUP:-250}" --rep "${FEAT_REP:-250}" --budget-s $(( ${FEAT_LIMIT:-560} - 40 )) \
     --out "$OUT/features_bench.json" 2>&1 | tail -3
   kill "$smi" 2>/dev/null
   "$PY" experiments/gluon/clock_rounds.py "$OUT/features_bench.json" \

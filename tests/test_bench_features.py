@@ -200,3 +200,40 @@ def test_verdict_with_a_tuned_rerun():
     )
     assert "The window and document rows were not rerun with autotuning." in text
     assert "Every backward row" not in text  # the tuned backward is above FlexAttention's
+
+
+def test_worst_of_takes_each_rows_lowest_ratio_from_its_own_process():
+    a = _rec({("causal", "fwd"): 1.3, ("causal", "bwd"): 1.05, ("window", "fwd"): 1.2})
+    b = _rec({("causal", "fwd"): 1.15, ("causal", "bwd"): 1.4, ("window", "fwd"): 1.25})
+    rows = features.worst_of([a, b], "flex")
+    got = {(r["mask"], r["pass"]): r["ratio"] for r in rows}
+    assert got == pytest.approx({("causal", "fwd"): 1.15, ("causal", "bwd"): 1.05,
+                                 ("window", "fwd"): 1.2})  # fmt: skip
+    assert all(r["runs"] == 2 for r in rows)
+    # each row keeps the TFLOP/s of the process it came from, not a mix of processes
+    causal_fwd = next(r for r in rows if (r["mask"], r["pass"]) == ("causal", "fwd"))
+    assert causal_fwd["course"] == pytest.approx(11.5) and causal_fwd["other"] == 10.0
+    # the order is comparisons' order, and a record alone is its own worst
+    assert [(r["mask"], r["pass"]) for r in rows] == [("causal", "fwd"), ("causal", "bwd"),
+                                                      ("window", "fwd")]  # fmt: skip
+    assert [r["ratio"] for r in features.worst_of([a], "flex")] == [
+        r["ratio"] for r in features.comparisons(a, "flex")]  # fmt: skip
+
+
+def test_worst_of_leaves_out_a_row_some_process_skipped_and_refuses_no_records():
+    a = _rec({("causal", "fwd"): 1.3, ("window", "bwd"): 1.2})
+    b = _rec({("causal", "fwd"): 1.4})
+    assert [(r["mask"], r["pass"]) for r in features.worst_of([a, b], "flex")] == [
+        ("causal", "fwd")]  # fmt: skip
+    with pytest.raises(ValueError, match="at least one record"):
+        features.worst_of([], "flex")
+
+
+def test_worst_of_on_the_h100_steady_state_processes():
+    recs = [load_json(f"bench/h100_features_bench_session35_steady_run{r}.json") for r in (1, 2, 3)]
+    rows = features.worst_of(recs, "flex")
+    assert len(rows) == 28  # the whole set: 3 masks, d = 64 and 128, fwd and bwd
+    each = [{(r["mask"], r["d"], r["n"], r["pass"]): r["ratio"] for r in features.comparisons(
+        rec, "flex")} for rec in recs]  # fmt: skip
+    for r in rows:
+        assert r["ratio"] == min(e[(r["mask"], r["d"], r["n"], r["pass"])] for e in each)

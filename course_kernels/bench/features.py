@@ -42,6 +42,22 @@ def comparisons(record: dict, other: str) -> list[dict]:
     return out
 
 
+def worst_of(records: list[dict], other: str) -> list[dict]:
+    """The worst process of each row: :func:`comparisons` of several records of the same set
+    (fresh processes), one dict per (mask, d, N, pass) that *every* record measured, taken from
+    the record where the course's ratio to ``other`` is lowest, with ``runs``, the number of
+    records. A row that some process skipped is left out: it has no worst of all of them."""
+    if not records:
+        raise ValueError("worst_of needs at least one record")
+    per = [{(r["mask"], r["d"], r["n"], r["pass"]): r for r in comparisons(rec, other)}
+           for rec in records]  # fmt: skip
+    return [
+        min((p[key] for p in per), key=lambda r: r["ratio"]) | {"runs": len(records)}
+        for key in per[0]
+        if all(key in p for p in per)
+    ]
+
+
 def _order(key):
     mask, d, n, provider, pass_ = key
     return (MASKS.index(mask) if mask in MASKS else len(MASKS), d, n, provider, PASSES.index(pass_))

@@ -129,13 +129,18 @@ def prewarm(args):
 
 def interleaved(calls, names, rounds):
     """Time each call (triton.testing.do_bench, median) in ``rounds`` rounds, names interleaved:
-    {"ms": every round's time, "speedup": the first name's median round over each one's}."""
+    {"ms": every round's time, "speedup": the first name's median round over each one's}. The
+    warm-up and timing ms are 10 and 60 unless $BENCH_WARMUP / $BENCH_REP say otherwise (session
+    35: 250 each times every call at its own steady clock, notes/gluon_backward.md)."""
     import triton
 
+    warmup, rep = (
+        float(os.environ.get(k, v)) for k, v in (("BENCH_WARMUP", 10), ("BENCH_REP", 60))
+    )
     ms = {s: [] for s in names}
     for _ in range(rounds):
         for s in names:
-            ms[s].append(triton.testing.do_bench(calls[s], warmup=10, rep=60))
+            ms[s].append(triton.testing.do_bench(calls[s], warmup=warmup, rep=rep))
     mid = {s: sorted(v)[(len(v) - 1) // 2] for s, v in ms.items()}  # the median round
     return dict(ms={str(s): [round(x, 4) for x in v] for s, v in ms.items()},
                 speedup={str(s): round(mid[names[0]] / mid[s], 4) for s in names})  # fmt: skip
