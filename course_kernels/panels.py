@@ -38,11 +38,19 @@ def panel_images(fig, dpi: int = 110) -> tuple[str, list[bytes]]:
         lg.get_window_extent(renderer) for lg in fig.legends
     ]
     images = []
-    for box in boxes:
+    shown = [lg.get_visible() for lg in fig.legends]
+    for i, box in enumerate(boxes):
+        # savefig with a box re-anchors figure-level artists to that box, so a figure legend
+        # would be drawn inside every panel's image: each image shows only its own legend
+        for j, lg in enumerate(fig.legends):
+            lg.set_visible(shown[j] and i == len(panels) + j)
         inches = Bbox(box.transformed(fig.dpi_scale_trans.inverted()).get_points())
+        inches = inches.expanded(1.02, 1.04) if i < len(panels) else inches.padded(0.08)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi, bbox_inches=inches.expanded(1.02, 1.04))
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches=inches)
         images.append(buf.getvalue())
+    for lg, was in zip(fig.legends, shown, strict=True):
+        lg.set_visible(was)
     return title, images
 
 

@@ -46,6 +46,27 @@ def test_each_panel_and_the_figure_legend_is_its_own_image():
     plt.close(fig)
 
 
+def test_a_figure_legend_is_drawn_in_its_own_image_only():
+    # savefig with a box re-anchors a figure legend to that box: without care it lands inside
+    # every panel's image. Each panel's image must be the same with and without the legend.
+    def panels(with_legend):
+        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3))
+        a.plot([0, 1], [0, 1])
+        b.plot([0, 1], [1, 0])
+        if with_legend:
+            fig.legend(["a long legend entry", "another"], loc="lower center", ncol=2)
+        _, images = panel_images(fig, dpi=80)
+        legend_visible = [lg.get_visible() for lg in fig.legends]
+        plt.close(fig)
+        return images, legend_visible
+
+    plain, _ = panels(False)
+    legend, visible = panels(True)
+    assert len(legend) == len(plain) + 1
+    assert legend[:2] == plain  # pixel for pixel: no legend inside a panel's image
+    assert legend[2] not in plain and visible == [True]  # its own image; left visible after
+
+
 def test_a_shared_axis_label_is_repeated_on_every_panel():
     fig = _two_panels(sharey=True)
     panel_images(fig)
