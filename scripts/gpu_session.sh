@@ -24,6 +24,10 @@
 #   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
 #     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
 #     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
+#   OUT=/some/dir scripts/gpu_session.sh pack_p  (36: PACK_P's GPU tests, then PACK_P beside the
+#     forward's default and cuDNN, causal and full, d = 64 and 128, PACK_NS (4096 8192 16384),
+#     three processes a dtype; PACK_MASKS, PACK_DIMS, PACK_LIMIT (s a process, 90) narrow it;
+#     BENCH_WARMUP / BENCH_REP (ms) time each round longer)
 #
 # Results land flat in $OUT (copy them into course_kernels/data/ afterwards; more than 8 files are
 # packed into $OUT/results.tgz at the end, since the device sends back 8 at most):
@@ -266,6 +270,16 @@ if has fwd_vs_cudnn; then
     --dims 64 128 --ns 4096 8192 16384 --variants 0 cudnn --rounds 5 --budget-s "${FWD_VS_BUDGET:-70}"
   "$PY" experiments/gluon/worst_of_three.py "$OUT"/fwd_vs_cudnn_*_run*.json --goal 1.0 \
     --out "$OUT/fwd_vs_cudnn_table.json"
+fi
+if has pack_p; then  # session 36: P packed by one cvt a pair (notes/gluon.md)
+  echo "== PACK_P: GPU tests, then beside the default and cuDNN, 3 processes a dtype"
+  COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-240}" "$PY" -m pytest tests/gpu/test_gpu_gluon.py \
+    -q -p no:cacheprovider -n "${TEST_WORKERS:-15}" -k packed_p 2>&1 | tail -5
+  three_processes "${PACK_LIMIT:-90}" sweep_forward.py pack_p --masks ${PACK_MASKS:-causal full} \
+    --dims ${PACK_DIMS:-64 128} --ns ${PACK_NS:-4096 8192 16384} --variants 0 PACK_P=1 cudnn \
+    --rounds 5 --budget-s $(( ${PACK_LIMIT:-90} - 20 ))
+  "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_p_*_run*.json --goal 1.0 \
+    --out "$OUT/pack_p_table.json"
 fi
 if has fwd_lpt; then
   echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"

@@ -582,19 +582,24 @@ def test_schedule_options_are_checked_by_name():
 
     with pytest.raises(ValueError, match=r"unknown schedule option\(s\) \['ROWMASK'\]; accepted"):
         launch.schedule_config(64, True, 4096, ROWMASK=True)
-    for key in ("O_STAGE", "ROW_MASK", "LPT_SECTION_MB", "CONSUMER_REGS", "BN", "DYNAMIC"):
+    for key in ("O_STAGE", "ROW_MASK", "LPT_SECTION_MB", "CONSUMER_REGS", "BN", "DYNAMIC",
+                "PACK_P"):  # fmt: skip
         assert key in launch.SCHEDULE_KEYS
     assert launch.schedule_config(128, False, 4096, O_STAGE=True)["O_STAGE"] is True
-    # O_STAGE is a measured-later lever: off in every default
-    assert all(not launch.schedule_config(d, c, 4096).get("O_STAGE") for d in (64, 128)
-               for c in (False, True))  # fmt: skip
+    assert launch.schedule_config(64, True, 4096, PACK_P=True)["PACK_P"] is True
+    # O_STAGE and PACK_P (session 36, not yet timed) are measured-later levers: off in every
+    # default, windows and documents included
+    for lever in ("O_STAGE", "PACK_P"):
+        assert all(not launch.schedule_config(d, c, n, w and c, x and c).get(lever)
+                   for d in (64, 128, 256) for c in (False, True) for n in (4096, 16384)
+                   for w in (False, True) for x in (False, True)), lever  # fmt: skip
     import inspect
 
     from course_kernels.gluon import forward
 
     if forward.HAVE_GLUON:
         params = inspect.signature(forward._attn_fwd_kernel.fn).parameters
-        assert params["O_STAGE"].default is False
+        assert params["O_STAGE"].default is False and params["PACK_P"].default is False
 
 
 def _window_fns(monkeypatch):

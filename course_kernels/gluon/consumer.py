@@ -9,12 +9,13 @@ from ._lang import HAVE_GLUON
 
 if HAVE_GLUON:
     from ._lang import fence_async_shared, gl, gluon, mbarrier, tma, warpgroup_mma_wait
-    from .producer import _a_operand_layout, _kv_range, _left_first, _left_mid, _live_blocks
+    from .producer import _kv_range, _left_first, _left_mid, _live_blocks
     from .producer import _mma_layout, _tile_start
     from .scheduler import _read_tile, _tile_coords
     from .steps import (
         _mask_first,
         _overlap_blocks,
+        _p_operand,
         _pass_turn,
         _pv,
         _qk,
@@ -111,7 +112,7 @@ if HAVE_GLUON:
             p, alpha, m_i, l_i = _softmax(
                 qk, m_i, l_i, qk_scale, j0 * BN, off_m, N, left, not ROW_MASK, cfg, s_layout
             )
-            p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
+            p = _p_operand(p, dtype, o_layout, cfg.PACK_P)
             kc += 1
             if cfg.WINDOW or cfg.DOCS:  # the window's (a document's) left edge
                 kc, acc, p, m_i, l_i = _overlap_blocks(

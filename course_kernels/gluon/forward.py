@@ -44,8 +44,9 @@ sequence: a row sees the keys of its own document, ``doc_start`` holding each to
 start; the window's block ranges with that left edge) and ``PACKED`` (flash-attn's (total, H, d)
 layout read and written in place). Session 29: ``DEFER`` (causal, head-major order: each head's
 DEFER lightest tiles handed out after all the others, so the launch ends on short tiles; on for
-d = 64 causal calls of at most ``launch.DEFER_MAX_TILES`` tiles a head). The switches reach the
-roles as one :class:`Schedule`.
+d = 64 causal calls of at most ``launch.DEFER_MAX_TILES`` tiles a head). Session 36: ``PACK_P``
+(P packed into PV's 16-bit operand by one ``cvt`` a pair: no register half-swap before each PV
+wgmma; the same bits). The switches reach the roles as one :class:`Schedule`.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
@@ -65,7 +66,7 @@ if HAVE_GLUON:
     SWITCHES = (
         "BM", "BN", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "QSTAGES", "CAUSAL", "OVERLAP", "LPT",
         "DYNAMIC", "SKIP_DEAD", "ALIGN_END", "SECTION", "ROW_MASK", "O_STAGE", "WINDOW",
-        "PINGPONG", "DOCS", "PACKED", "DEFER",
+        "PINGPONG", "DOCS", "PACKED", "DEFER", "PACK_P",
     )  # fmt: skip
 
     @aggregate
@@ -119,6 +120,7 @@ if HAVE_GLUON:
         DOCS: gl.constexpr = False,
         PACKED: gl.constexpr = False,
         DEFER: gl.constexpr = 0,
+        PACK_P: gl.constexpr = False,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -165,6 +167,7 @@ if HAVE_GLUON:
         cfg = Schedule(
             BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT, DYNAMIC,
             SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG, DOCS, PACKED, DEFER,
+            PACK_P,
         )  # fmt: skip
         # a row's left edge: a sliding window's reach, each token's document start (DOCS)
         left = (win_left, doc_start)

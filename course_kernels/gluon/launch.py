@@ -107,7 +107,7 @@ NONCAUSAL_CONFIG = {64: dict(PINGPONG=True), 128: dict(), 256: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
     "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE", "PINGPONG",
-    "DEFER",
+    "DEFER", "PACK_P",
 }  # fmt: skip
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
@@ -248,8 +248,8 @@ def gluon_attention_forward(
     (B, H, N).
     Keyword overrides of the schedule (the lever experiments; each switch is explained in
     :mod:`.forward` and where its default is set above): BN, NUM_CONSUMERS (1-3), STAGES,
-    QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC, SKIP_DEAD, ALIGN_END,
-    LPT_SECTION_MB (:func:`lpt_section`), ROW_MASK, O_STAGE, PINGPONG (needs OVERLAP), DEFER."""
+    QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC, SKIP_DEAD, ALIGN_END, LPT_SECTION_MB
+    (:func:`lpt_section`), ROW_MASK, O_STAGE, PINGPONG (needs OVERLAP), DEFER, PACK_P."""
     _check_inputs(q, k, v)
     start = None
     if cu_seqlens is not None:  # checked on any machine, before the GPU is asked for
@@ -394,6 +394,7 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
         DOCS=docs,
         PACKED=packed,
         DEFER=defer,
+        PACK_P=bool(cfg.get("PACK_P", False)),
         num_warps=4,
     )
     return o, lse

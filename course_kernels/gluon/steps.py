@@ -71,6 +71,26 @@ if HAVE_GLUON:
         return p, alpha, m_new, l_new
 
     @gluon.jit
+    def _p_operand(p, dtype: gl.constexpr, o_layout: gl.constexpr, PACK_P: gl.constexpr):
+        """P (fp32, the QK^T accumulator's layout) as PV's A operand in registers. ``PACK_P``
+        (session 36): each pair of scores becomes one f16x2 / bf16x2 register by one ``cvt``
+        (FA3 converts so, through CUTLASS); ``p.to(dtype)`` gives 16-bit values that ptxas packs
+        in the other half-order and swaps back (a ``PRMT`` a register before every PV wgmma,
+        32 a step). The same rounding (to nearest even): the same bits."""
+        # (cvt.rn.f16x2.f32 d, a, b puts a in d's high half: p[i] = $1 goes low, as it should)
+        if PACK_P and dtype == gl.float16:
+            p = gl.inline_asm_elementwise(
+                "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [p], gl.float16, True, 2
+            )
+        elif PACK_P:
+            p = gl.inline_asm_elementwise(
+                "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [p], gl.bfloat16, True, 2
+            )
+        else:
+            p = p.to(dtype)
+        return gl.convert_layout(p, _a_operand_layout(o_layout, dtype))
+
+    @gluon.jit
     def _correction(acc, alpha, o_layout: gl.constexpr):
         """FA3's correction: the running O of each row rescaled by alpha = exp2(m_old - m_new)
         when the row's maximum grew (the online softmax's second half)."""
@@ -135,7 +155,7 @@ if HAVE_GLUON:
             qk, m_i, l_i, qk_scale, start_n, off_m, N, left, MASK, cfg, s_layout
         )
         acc = _correction(acc, alpha, o_layout)
-        p = gl.convert_layout(p.to(dtype), _a_operand_layout(o_layout, dtype))
+        p = _p_operand(p, dtype, o_layout, cfg.PACK_P)
         acc = _pv(p, acc, v_bufs, v_ready, kc, STAGES)
         acc, p = warpgroup_mma_wait(
             num_outstanding=0, deps=(acc, p)
@@ -183,7 +203,7 @@ if HAVE_GLUON:
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
         mbarrier.arrive(v_empty.index(sp), count=1)
         acc = _correction(acc, alpha, o_layout)
-        p = gl.convert_layout(p_new.to(dtype), _a_operand_layout(o_layout, dtype))
+        p = _p_operand(p_new, dtype, o_layout, cfg.PACK_P)
         return acc, p, m_i, l_i
 
     @gluon.jit

@@ -6,7 +6,8 @@ shown to leave the kernel unchanged without a GPU run.
     PYTHONPATH=/tmp/t36 python experiments/gluon/compile_sm90.py [INDEX ...]
 
 (INDEX: positions in CONFIGS to compile; all of them without. PTX_DIR=folder also writes each
-config's instructions there, for a diff before and after a change.)
+config's instructions there, for a diff before and after a change; SASS=1 prints how many of a
+few opcodes the machine code has, session 36's PRMT count.)
 
 Session 5 used it to show that passing the ring and its barriers as one tuple left the PTX
 instructions of all eight configs below byte-identical (notes/gluon.md).
@@ -86,6 +87,7 @@ def build(
     DOCS=None,
     PACKED=None,
     DEFER=None,
+    PACK_P=None,
 ):
     BM = 64
     s = sig(dt, BM, BN, BM, d)
@@ -110,7 +112,8 @@ def build(
         SECTION=SECTION,
         ROW_MASK=ROW_MASK,
     )
-    later = DEFER is not None  # (constexprs go by position: a later one needs every earlier)
+    later = DEFER is not None or PACK_P is not None  # (constexprs go by position: a later one
+    # needs every earlier)
     if (
         O_STAGE is not None
         or WINDOW is not None
@@ -127,7 +130,9 @@ def build(
         consts["DOCS"] = bool(DOCS)
         consts["PACKED"] = bool(PACKED)
     if later:  # session 29: a head's lightest tiles last
-        consts["DEFER"] = DEFER
+        consts["DEFER"] = DEFER or 0
+    if PACK_P is not None:  # session 36: P packed by one cvt a pair
+        consts["PACK_P"] = bool(PACK_P)
     for kk in consts:
         s[kk] = "constexpr"
     src = GluonASTSource(
@@ -218,7 +223,25 @@ CONFIGS = [
     dict(S8, DEFER=6),
     # session 32: ROW_MASK on top of it (the H200's one row below cuDNN), 63
     dict(S8, DEFER=6, ROW_MASK=True),
+    # session 36: P packed into PV's operand by one cvt a pair (PACK_P) on the defaults, 64
+    dict(S8, DEFER=6, PACK_P=True),
+    dict(S8, DEFER=6, PACK_P=True, dt="bf16"),
+    dict(S10, PACK_P=True),  # d = 128 causal
+    dict(S7, CAUSAL=False, PINGPONG=True, PACK_P=True),  # d = 64 non-causal
+    dict(d=128, DYNAMIC=True, PACK_P=True),  # d = 128 non-causal
+    dict(S8, DEFER=6, dt="bf16"),  # (64-68's baselines: 62, this, 33, 44, 31)
 ]
+
+
+def sass_counts(cubin: bytes, ops=("PRMT", "F2FP", "MUFU", "FFMA", "FMNMX", "HGMMA")) -> str:
+    """SASS=1: how many of each opcode the kernel's machine code has (cuobjdump -sass)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    found = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+ )?([A-Z0-9_]+)", sass, re.M)
+    return " ".join(f"{op} {found.count(op)}" for op in ops) + f" (of {len(found)})"
+
 
 
 if __name__ == "__main__":
@@ -258,6 +281,8 @@ if __name__ == "__main__":
                 info[:120],
                 f"compile {t_compile:.1f}s",
             )
+            if os.environ.get("SASS"):
+                print("  SASS:", sass_counts(k.asm["cubin"]))
             print(
                 "  setmaxnreg:",
                 sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+\d+", ptx))),
