@@ -243,7 +243,6 @@ def sass_counts(cubin: bytes, ops=("PRMT", "F2FP", "MUFU", "FFMA", "FMNMX", "HGM
     return " ".join(f"{op} {found.count(op)}" for op in ops) + f" (of {len(found)})"
 
 
-
 if __name__ == "__main__":
     import re
 
