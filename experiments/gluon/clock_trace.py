@@ -132,7 +132,7 @@ def summarize(traces: list[dict]) -> list[dict]:
         base = next((x for x in out if (x["n"], x["pred"], x["follower"])
                      == (line["n"], "idle", line["follower"])), None)  # fmt: skip
         last, ref = line["windows"][-1]["ms"], base and base["windows"][-1]["ms"]
-        line["last_over_idle"] = round(last / ref, 4) if ref else None
+        line["last_over_idle"] = round(last / ref, 4) if ref and last is not None else None
     return out
 
 
@@ -195,9 +195,16 @@ def trace(calls, timer, sampler, pred, follower, args, per_call_ms) -> dict:
         for _ in range(max(1, math.ceil(args.pred_ms / per_call_ms[pred]))):
             calls[pred]()
     marks = [timer.mark()]
-    for _ in range(max(2, math.ceil(args.follow_ms / per_call_ms[follower]))):
-        calls[follower]()
-        marks.append(timer.mark())
+    if timer.cuda:  # the calls are queued ahead of the card: a count from the measured call time
+        for _ in range(max(2, math.ceil(args.follow_ms / per_call_ms[follower]))):
+            calls[follower]()
+            marks.append(timer.mark())
+    else:  # synchronous calls: until --follow-ms have passed (an estimate taken while the CPU
+        # was busier would end the run before the last window, leaving it without a call)
+        tf = time.perf_counter()
+        while len(marks) < 3 or (time.perf_counter() - tf) * 1e3 < args.follow_ms:
+            calls[follower]()
+            marks.append(timer.mark())
     timer.sync()
     time.sleep(args.sample_ms * 2 / 1e3)
     call_ms = [timer.ms(a, b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
