@@ -24,6 +24,10 @@
 #   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
 #     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
 #     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
+#   OUT=/some/dir DTYPES=float16 scripts/gpu_session.sh pack_steady  (37: PACK_P's GPU tests
+#     unless PACK_TESTS=0, then PACK_P, the default and cuDNN on the 24 rows in 250/250 ms rounds
+#     (BENCH_WARMUP / BENCH_REP), three processes a dtype of DTYPES; STEADY_LIMIT (s, 130);
+#     pack_steady_table_{0,PACK_P}.json: the worst of three of each against cuDNN)
 #   OUT=/some/dir scripts/gpu_session.sh pack_p  (36: PACK_P's GPU tests, then PACK_P beside the
 #     forward's default and cuDNN, causal and full, d = 64 and 128, PACK_NS (4096 8192 16384),
 #     three processes a dtype; PACK_MASKS, PACK_DIMS, PACK_LIMIT (s a process, 90) narrow it;
@@ -109,7 +113,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 three_processes() {
   local limit=$1 script=$2 tag=$3; shift 3
   for run in 1 2 3; do
-    for dt in float16 bfloat16; do
+    for dt in ${DTYPES:-float16 bfloat16}; do
       timeout "$limit" "$PY" "experiments/gluon/$script" --out "$OUT" --tag "${tag}_${dt}_run$run" \
         --dtype "$dt" "$@" | grep -v '^{'
     done
@@ -280,6 +284,20 @@ if has pack_p; then  # session 36: P packed by one cvt a pair (notes/gluon.md)
     --rounds 5 --budget-s $(( ${PACK_LIMIT:-90} - 20 ))
   "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_p_*_run*.json --goal 1.0 \
     --out "$OUT/pack_p_table.json"
+fi
+if has pack_steady; then  # session 37: PACK_P, the default and cuDNN in 250/250 ms rounds
+  echo "== PACK_P beside the default and cuDNN, steady clocks, the 24 rows, 3 processes a dtype"
+  [ "${PACK_TESTS:-1}" = 1 ] && COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-240}" "$PY" -m \
+    pytest tests/gpu/test_gpu_gluon.py -q -p no:cacheprovider -n "${TEST_WORKERS:-15}" -k packed_p \
+    2>&1 | tail -5
+  ( export BENCH_WARMUP="${BENCH_WARMUP:-250}" BENCH_REP="${BENCH_REP:-250}"
+    three_processes "${STEADY_LIMIT:-130}" sweep_forward.py pack_steady --masks causal full \
+      --dims 64 128 --ns 4096 8192 16384 --variants 0 PACK_P=1 cudnn --rounds 3 \
+      --budget-s $(( ${STEADY_LIMIT:-130} - 15 )) )
+  for v in 0 PACK_P=1; do
+    "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_steady_*_run*.json --goal 1.0 \
+      --variant "$v" --out "$OUT/pack_steady_table_${v%%=*}.json"
+  done
 fi
 if has fwd_lpt; then
   echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"

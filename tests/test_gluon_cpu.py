@@ -1201,3 +1201,30 @@ def test_worst_of_three_reads_interleaved_records(tmp_path):
     bare = dict(recs[0], rows=[dict(r, speedup={"0": 1.0}) for r in recs[0]["rows"]])
     with pytest.raises(ValueError, match="no cudnn variant"):
         w3.ratios([bare])
+
+
+def test_worst_of_three_reads_another_variant_as_the_kernel(tmp_path):
+    """worst_of_three.py --variant (session 37): a variant timed in the same rounds is read
+    against cuDNN as speedup[variant] / speedup[cudnn] (its median round against cuDNN's), the
+    default's ratio is unchanged by the option, and a row without the variant is refused."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "worst_of_three", root / "experiments" / "gluon" / "worst_of_three.py"
+    )
+    w3 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(w3)
+    files = [str(root / "experiments" / "data" / "gluon" /
+                 f"h100_fwd_defer_session34_4k_float16_run{i}.json") for i in (1, 2, 3)]  # fmt: skip
+    recs = [json.loads(Path(f).read_text()) for f in files]
+    want = [r["rows"][0]["speedup"]["DEFER=4"] / r["rows"][0]["speedup"]["cudnn"] for r in recs]
+    out = w3.main([*files, "--variant", "DEFER=4", "--out", str(tmp_path / "t.json")])
+    row = out["tables"]["float16"]["rows"][0]
+    assert row["ratios"] == [round(x, 4) for x in want] and out["variant"] == "DEFER=4"
+    assert row["worst"] == round(min(want), 4) < 1.0  # DEFER = 4 lost to the default (session 34)
+    default = w3.table(recs, 1.0)["rows"][0]["ratios"]
+    assert default == [round(1 / r["rows"][0]["speedup"]["cudnn"], 4) for r in recs]
+    assert default != row["ratios"]
+    with pytest.raises(ValueError, match="no PACK_P=1 variant"):
+        w3.ratios(recs, variant="PACK_P=1")

@@ -6,7 +6,8 @@ the table and writes it as JSON with the records' GPU, versions, dates and comma
 
     python experiments/gluon/worst_of_three.py --goal 1.0 --out table.json RUN1.json RUN2.json ...
 
-A row missing from a process (skipped or failed there) is reported as incomplete, not dropped
+``--variant KEY=V`` reads another timed variant of the same records as the kernel (session 37:
+``PACK_P=1`` beside the default and cuDNN in the same rounds). A row missing from a process (skipped or failed there) is reported as incomplete, not dropped
 from the count; records from different GPUs are refused."""
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import json
 from pathlib import Path
 
 
-def ratios(records: list[dict], baseline: str = "0") -> dict[tuple, list[float]]:
-    """(dtype, mask, d, n) -> the kernel over cuDNN in each record that timed the row: the
-    record's speedup of ``cudnn`` is baseline time / cuDNN time, so the kernel's ratio is its
-    inverse. ValueError if the records come from different GPUs or lack a cuDNN variant."""
+def ratios(
+    records: list[dict], baseline: str = "0", variant: str = "0"
+) -> dict[tuple, list[float]]:
+    """(dtype, mask, d, n) -> the kernel (``variant``; the baseline by default) over cuDNN in
+    each record that timed the row: a speedup is baseline time / that variant's time, so the
+    ratio is speedup[variant] / speedup[cudnn] (median rounds). ValueError if the records come
+    from different GPUs, or a row lacks a cuDNN variant or ``variant``."""
     gpus = {r.get("gpu") for r in records}
     if len(gpus) != 1:
         raise ValueError(f"records from more than one GPU: {sorted(map(str, gpus))}")
@@ -31,15 +35,17 @@ def ratios(records: list[dict], baseline: str = "0") -> dict[tuple, list[float]]
             speed = row["speedup"]
             if "cudnn" not in speed or speed.get(baseline) != 1.0:
                 raise ValueError(f"row {row.get('mask')} d={row.get('d')} has no cudnn variant")
+            if variant not in speed:
+                raise ValueError(f"row {row.get('mask')} d={row.get('d')} has no {variant} variant")
             key = (row["dtype"], row["mask"], row["d"], row["n"])
-            out.setdefault(key, []).append(1.0 / speed["cudnn"])
+            out.setdefault(key, []).append(speed[variant] / speed["cudnn"])
     return out
 
 
-def table(records: list[dict], goal: float) -> dict:
+def table(records: list[dict], goal: float, variant: str = "0") -> dict:
     """Per row: each process's ratio, the worst, whether it reaches ``goal`` and whether every
     record timed it; and the count of rows at the goal among the complete ones."""
-    per = ratios(records)
+    per = ratios(records, variant=variant)
     rows = []
     for key in sorted(per, key=lambda k: (k[2], k[1] != "full", k[3], k[0])):
         xs = per[key]
@@ -57,6 +63,8 @@ def main(argv=None):
     ap.add_argument("files", nargs="+", help="one JSON record a process (and dtype)")
     ap.add_argument("--goal", type=float, default=1.0, help="the target ratio to cuDNN")
     ap.add_argument("--out", help="write the table here as JSON")
+    ap.add_argument("--variant", default="0", help="the timed variant read as the kernel ('0': "
+                    "the default schedule; e.g. PACK_P=1)")  # fmt: skip
     args = ap.parse_args(argv)
     records = [json.loads(Path(f).read_text()) for f in args.files]
     by_dtype: dict[str, list] = {}
@@ -69,7 +77,9 @@ def main(argv=None):
     result = dict(sources=[dict(file=f, gpu=r.get("gpu"), date=r.get("date"), triton=r.get("triton"),
                                 torch=r.get("torch"), cudnn=r.get("cudnn"), command=r.get("command"))
                            for f, r in zip(args.files, records, strict=True)],  # fmt: skip
-                  tables={dt: table(recs, args.goal) for dt, recs in by_dtype.items()})  # fmt: skip
+                  variant=args.variant,
+                  tables={dt: table(recs, args.goal, args.variant)
+                          for dt, recs in by_dtype.items()})  # fmt: skip
     for dt, t in result["tables"].items():
         print(f"{dt}: {t['at_goal']} of {t['complete_rows']} complete rows >= {t['goal']}x cuDNN "
               f"in the worst of {t['processes']}")  # fmt: skip
