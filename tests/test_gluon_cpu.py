@@ -1215,8 +1215,8 @@ def test_worst_of_three_reads_another_variant_as_the_kernel(tmp_path):
     )
     w3 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(w3)
-    files = [str(root / "experiments" / "data" / "gluon" /
-                 f"h100_fwd_defer_session34_4k_float16_run{i}.json") for i in (1, 2, 3)]  # fmt: skip
+    data = root / "experiments" / "data" / "gluon"
+    files = [str(data / f"h100_fwd_defer_session34_4k_float16_run{i}.json") for i in (1, 2, 3)]
     recs = [json.loads(Path(f).read_text()) for f in files]
     want = [r["rows"][0]["speedup"]["DEFER=4"] / r["rows"][0]["speedup"]["cudnn"] for r in recs]
     out = w3.main([*files, "--variant", "DEFER=4", "--out", str(tmp_path / "t.json")])

@@ -7,7 +7,8 @@ the table and writes it as JSON with the records' GPU, versions, dates and comma
     python experiments/gluon/worst_of_three.py --goal 1.0 --out table.json RUN1.json RUN2.json ...
 
 ``--variant KEY=V`` reads another timed variant of the same records as the kernel (session 37:
-``PACK_P=1`` beside the default and cuDNN in the same rounds). A row missing from a process (skipped or failed there) is reported as incomplete, not dropped
+``PACK_P=1`` beside the default and cuDNN in the same rounds). A row missing from a process
+(skipped or failed there) is reported as incomplete, not dropped
 from the count; records from different GPUs are refused."""
 
 from __future__ import annotations
