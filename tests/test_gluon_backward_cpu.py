@@ -1475,3 +1475,22 @@ def test_profile_backward_profiles_each_row_once_a_variant(monkeypatch, tmp_path
     for bad in ("window:128", "win:128:4096"):
         with pytest.raises(SystemExit, match="MASK:D:N"):
             pb._row(bad)
+
+
+def test_a_timing_record_names_the_warm_up_it_ran_under(monkeypatch):
+    """bench_section.new_record (session 37): the command that regenerates a record carries
+    $BENCH_WARMUP / $BENCH_REP in front when they were set (250/250 ms rounds and 10/60 ms ones
+    differ by several per cent on the same kernels), and nothing when they were not."""
+    bs = _experiment("bench_section")
+    monkeypatch.delenv("BENCH_WARMUP", raising=False)
+    monkeypatch.delenv("BENCH_REP", raising=False)
+    cmd = bs.new_record("experiments/gluon/sweep_forward.py", ["--ns", "4096"])["command"]
+    assert cmd == "python experiments/gluon/sweep_forward.py --ns 4096"
+    monkeypatch.setenv("BENCH_WARMUP", "250")
+    monkeypatch.setenv("BENCH_REP", "200")
+    rec = bs.new_record("sweep_forward.py", ["--ns", "4096"])
+    assert (
+        rec["command"]
+        == "BENCH_WARMUP=250 BENCH_REP=200 python experiments/gluon/sweep_forward.py --ns 4096"
+    )
+    assert rec["rows"] == [] and "torch" in rec

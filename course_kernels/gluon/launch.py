@@ -87,11 +87,13 @@ DEFAULT_CONFIG = {
 # masked by one compare a score (ROW_MASK), ahead in 6 of 8 pairs; slower at d = 64, where LPT
 # also lost in session 24 (-15.8 to +2.8%, h100_fwd_lpt_session24_*). Session 29 (an H100, three
 # processes a dtype, h100_fwd_defer_session29_*): at d = 64 each head's 6 lightest tiles last
-# (DEFER), +1.8 to +4.2% at N = 4K in 6 of 6 pairs, mixed at 8K (-1.4 to +2.5%): so only where a
-# head has at most DEFER_MAX_TILES tiles (N <= 4224 at d = 64), and not for windows or documents.
+# (DEFER), +1.8 to +4.2% at N = 4K in 6 of 6 pairs, mixed at 8K: so only where a head has at most
+# DEFER_MAX_TILES tiles (N <= 4224 at d = 64). Session 37 (H100, 250/250 ms rounds, pack_steady_*):
+# P packed by one cvt a pair (PACK_P), +3.1 to +8.3% at d = 64 causal in 18 of 18 pairs; mixed
+# elsewhere (-2.5 to +4%). Neither is on for windows or documents (timed on plain causal rows).
 DEFER_MAX_TILES = 22
 CAUSAL_CONFIG = {
-    64: dict(SKIP_DEAD=True, ALIGN_END=True, DEFER=6),
+    64: dict(SKIP_DEAD=True, ALIGN_END=True, DEFER=6, PACK_P=True),
     128: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),
     256: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),  # d = 128's (2 consumers)
 }
@@ -107,8 +109,7 @@ NONCAUSAL_CONFIG = {64: dict(PINGPONG=True), 128: dict(), 256: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
     "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE", "PINGPONG",
-    "DEFER", "PACK_P",
-}  # fmt: skip
+    "DEFER", "PACK_P"}  # fmt: skip
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
@@ -174,11 +175,10 @@ def schedule_config(
     (no overrides: the switches were measured and checked on top of it), else the caller's
     overrides. A causal sliding window (``window``) or packed documents (``docs``)
     leave ROW_MASK out: its one compare covers block 0 only, a window's first block is another;
-    documents also leave ALIGN_END out (their tiles start at row 0).
-    Not at n = 1: there Triton 3.6 folds
-    N = 1 and one query tile into constants and its LLVM lowering of the switches' arithmetic
-    fails an assertion (reproduced offline, notes/gluon.md); a one-row call gains nothing from
-    them anyway."""
+    documents also leave ALIGN_END out (their tiles start at row 0). Not at n = 1: there Triton
+    3.6 folds N = 1 and one query tile into constants and its LLVM lowering of the switches'
+    arithmetic fails an assertion (reproduced offline, notes/gluon.md); a one-row call gains
+    nothing from them anyway."""
     unknown = sorted(set(overrides) - SCHEDULE_KEYS)
     if unknown:
         raise ValueError(
@@ -189,8 +189,9 @@ def schedule_config(
         cfg.update(overrides)
     else:
         cfg.update(CAUSAL_CONFIG[d] if causal else NONCAUSAL_CONFIG[d])
-        if window or docs or -(-n // (64 * cfg["NUM_CONSUMERS"])) > DEFER_MAX_TILES:
-            cfg.pop("DEFER", None)
+        long = -(-n // (64 * cfg["NUM_CONSUMERS"])) > DEFER_MAX_TILES
+        for key in ("DEFER", "PACK_P")[: 2 if window or docs else long]:  # (both, DEFER, none)
+            cfg.pop(key, None)
     for switch, on in (("ROW_MASK", window or docs), ("ALIGN_END", docs)):
         if on and overrides.get(switch):
             what = "a sliding window (window_left) or " if switch == "ROW_MASK" else ""
@@ -238,14 +239,13 @@ def gluon_attention_forward(
     q, k, v, causal: bool = False, scale: float | None = None, window_left=None, cu_seqlens=None,
     **config,
 ):  # fmt: skip
-    """Attention forward with the FA3 schedule.  q: (B, H, N, d); k, v: (B, H_kv, N, d)
-    with H a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128, 256}; causal is
-    top-left aligned (as SDPA's is_causal); ``window_left`` (causal only): row i sees keys
-    [i - window_left, i] (flash-attn's ``window_size=(window_left, 0)``; the producer loads only
-    the blocks of a tile's window); ``cu_seqlens`` (causal only, B = 1): the offsets of causal
-    documents packed into the one sequence, a row seeing the keys of its own document (DOCS).
-    Returns (o, lse): o like q, lse the natural-log logsumexp of the scaled scores, float32
-    (B, H, N).
+    """Attention forward with the FA3 schedule.  q: (B, H, N, d); k, v: (B, H_kv, N, d) with H
+    a multiple of H_kv (GQA); fp16 or bf16; d in {64, 128, 256}; causal is top-left aligned (as
+    SDPA's is_causal); ``window_left`` (causal only): row i sees keys [i - window_left, i]
+    (flash-attn's ``window_size=(window_left, 0)``; the producer loads only the blocks of a
+    tile's window); ``cu_seqlens`` (causal only, B = 1): the offsets of causal documents packed
+    into the one sequence, a row seeing the keys of its own document (DOCS). Returns (o, lse): o
+    like q, lse the natural-log logsumexp of the scaled scores, float32 (B, H, N).
     Keyword overrides of the schedule (the lever experiments; each switch is explained in
     :mod:`.forward` and where its default is set above): BN, NUM_CONSUMERS (1-3), STAGES,
     QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC, SKIP_DEAD, ALIGN_END, LPT_SECTION_MB

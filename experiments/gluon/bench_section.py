@@ -156,11 +156,13 @@ def base_parser(doc, tag):
 
 
 def new_record(script, argv):
-    """The JSON record of a run: GPU, versions, date, the command that regenerates it, no rows."""
+    """The JSON record of a run: GPU, versions, date, the command that regenerates it (with the
+    $BENCH_WARMUP / $BENCH_REP it ran under in front, if set), no rows."""
     from course_kernels.bench.speed import environment
 
     args = argv if argv is not None else sys.argv[1:]
-    cmd = " ".join(["python experiments/gluon/" + os.path.basename(script), *args])
+    env = [f"{k}={os.environ[k]}" for k in ("BENCH_WARMUP", "BENCH_REP") if k in os.environ]
+    cmd = " ".join([*env, "python experiments/gluon/" + os.path.basename(script), *args])
     return dict(environment(), command=cmd, rows=[])
 
 
