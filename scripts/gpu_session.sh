@@ -27,7 +27,8 @@
 #   OUT=/some/dir DTYPES=float16 scripts/gpu_session.sh pack_steady  (37: PACK_P's GPU tests
 #     unless PACK_TESTS=0, then PACK_P, the default and cuDNN on the 24 rows in 250/250 ms rounds
 #     (BENCH_WARMUP / BENCH_REP), three processes a dtype of DTYPES; STEADY_LIMIT (s, 130);
-#     pack_steady_table_{0,PACK_P}.json: the worst of three of each against cuDNN)
+#     STEADY_VARIANTS ("0 PACK_P=1 cudnn"; since PACK_P is on at d = 64 causal, "0 PACK_P=0 cudnn"
+#     times today's default beside it off); pack_steady_table_{variant}.json: each against cuDNN)
 #   OUT=/some/dir scripts/gpu_session.sh pack_p  (36: PACK_P's GPU tests, then PACK_P beside the
 #     forward's default and cuDNN, causal and full, d = 64 and 128, PACK_NS (4096 8192 16384),
 #     three processes a dtype; PACK_MASKS, PACK_DIMS, PACK_LIMIT (s a process, 90) narrow it;
@@ -292,11 +293,11 @@ if has pack_steady; then  # session 37: PACK_P, the default and cuDNN in 250/250
     2>&1 | tail -5
   ( export BENCH_WARMUP="${BENCH_WARMUP:-250}" BENCH_REP="${BENCH_REP:-250}"
     three_processes "${STEADY_LIMIT:-130}" sweep_forward.py pack_steady --masks causal full \
-      --dims 64 128 --ns 4096 8192 16384 --variants 0 PACK_P=1 cudnn --rounds 3 \
-      --budget-s $(( ${STEADY_LIMIT:-130} - 15 )) )
-  for v in 0 PACK_P=1; do
-    "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_steady_*_run*.json --goal 1.0 \
-      --variant "$v" --out "$OUT/pack_steady_table_${v%%=*}.json"
+      --dims 64 128 --ns 4096 8192 16384 --variants ${STEADY_VARIANTS:-0 PACK_P=1 cudnn} \
+      --rounds 3 --budget-s $(( ${STEADY_LIMIT:-130} - 15 )) )
+  for v in ${STEADY_VARIANTS:-0 PACK_P=1 cudnn}; do
+    [ "$v" = cudnn ] || "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_steady_*_run*.json \
+      --goal 1.0 --variant "$v" --out "$OUT/pack_steady_table_${v//[=+]/_}.json"
   done
 fi
 if has fwd_lpt; then
