@@ -24,11 +24,14 @@
 #   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
 #     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
 #     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
+#   OUT=/some/dir scripts/gpu_session.sh suite_candidate  (37: CANDIDATE_TESTS (the Gluon
+#     forward's GPU file) with CANDIDATE ("64:PACK_P=1") as the causal default, every test's
+#     outcome in suite_candidate_log.txt (-v: names survive a cut by TEST_LIMIT, 540 s))
 #   OUT=/some/dir DTYPES=float16 scripts/gpu_session.sh pack_steady  (37: PACK_P's GPU tests
 #     unless PACK_TESTS=0, then PACK_P, the default and cuDNN on the 24 rows in 250/250 ms rounds
 #     (BENCH_WARMUP / BENCH_REP), three processes a dtype of DTYPES; STEADY_LIMIT (s, 130);
-#     STEADY_VARIANTS ("0 PACK_P=1 cudnn"; since PACK_P is on at d = 64 causal, "0 PACK_P=0 cudnn"
-#     times today's default beside it off); pack_steady_table_{variant}.json: each against cuDNN)
+#     STEADY_VARIANTS ("0 PACK_P=1 cudnn"; once PACK_P is the d = 64 causal default, "0 PACK_P=0
+#     cudnn" times the default beside it off); pack_steady_table_{variant}.json: each vs cuDNN)
 #   OUT=/some/dir scripts/gpu_session.sh pack_p  (36: PACK_P's GPU tests, then PACK_P beside the
 #     forward's default and cuDNN, causal and full, d = 64 and 128, PACK_NS (4096 8192 16384),
 #     three processes a dtype; PACK_MASKS, PACK_DIMS, PACK_LIMIT (s a process, 90) narrow it;
@@ -299,6 +302,15 @@ if has pack_steady; then  # session 37: PACK_P, the default and cuDNN in 250/250
     [ "$v" = cudnn ] || "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_steady_*_run*.json \
       --goal 1.0 --variant "$v" --out "$OUT/pack_steady_table_${v//[=+]/_}.json"
   done
+fi
+if has suite_candidate; then  # session 37: a timed lever as the causal default under the GPU tests
+  echo "== GPU tests with the Gluon causal default candidate(s) ${CANDIDATE:-64:PACK_P=1}"
+  cand=(); for c in ${CANDIDATE:-64:PACK_P=1}; do cand+=(--gluon-causal-default "$c"); done
+  COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-540}" "$PY" -m pytest \
+    ${CANDIDATE_TESTS:-tests/gpu/test_gpu_gluon.py} -v -rfE -p no:cacheprovider \
+    -n "${TEST_WORKERS:-15}" "${cand[@]}" > "$OUT/suite_candidate_log.txt" 2>&1
+  echo "exit $? (124: cut by TEST_LIMIT; every finished test is named in suite_candidate_log.txt)"
+  grep -E "^(FAILED|ERROR)|candidates|[0-9]+ (passed|failed)" "$OUT/suite_candidate_log.txt" | tail -40
 fi
 if has fwd_lpt; then
   echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"

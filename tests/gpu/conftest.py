@@ -19,6 +19,63 @@ def _cuda() -> bool:
 HAS_CUDA = _cuda()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--gluon-causal-default",
+        action="append",
+        default=[],
+        metavar="D:KEY=V",
+        help="run the suite as if the Gluon forward's causal default at head dim D had KEY=V "
+        "(an integer; 0/1 for a switch), e.g. 64:PACK_P=1: a timed lever's candidate default "
+        "checked under every test before the package takes it (session 37)",
+    )
+
+
+def candidate_defaults(specs, causal_config):
+    """Apply ``D:KEY=V`` specs to ``causal_config`` (launch.CAUSAL_CONFIG) in place; returns the
+    applied (d, key, value) triples. A malformed spec, an unknown head dim or a key the forward
+    does not take is an error naming what is accepted."""
+    from course_kernels.gluon import launch
+
+    applied = []
+    for spec in specs:
+        try:
+            d, kv = spec.split(":")
+            key, value = kv.split("=")
+            d, value = int(d), int(value)
+        except ValueError:
+            raise pytest.UsageError(f"--gluon-causal-default {spec!r}: expected D:KEY=V, "
+                                    "e.g. 64:PACK_P=1") from None  # fmt: skip
+        if d not in causal_config or key not in launch.SCHEDULE_KEYS:
+            raise pytest.UsageError(
+                f"--gluon-causal-default {spec!r}: head dims {sorted(causal_config)}, "
+                f"keys {sorted(launch.SCHEDULE_KEYS)}"
+            )
+        causal_config[d][key] = value  # an int, as sweep_forward.py passes its variants
+        applied.append((d, key, value))
+    return applied
+
+
+def pytest_configure(config):
+    specs = config.getoption("--gluon-causal-default", default=[])
+    if specs:  # every xdist worker runs this too: the whole suite sees the candidate
+        from course_kernels.gluon import launch
+
+        candidate_defaults(specs, launch.CAUSAL_CONFIG)
+
+
+def pytest_report_header(config):
+    specs = config.getoption("--gluon-causal-default", default=[])
+    if not specs:
+        return None
+    from course_kernels.gluon import launch
+
+    ds = sorted({int(s.split(":")[0]) for s in specs})
+    return f"Gluon causal default candidates: {specs}; " + "; ".join(
+        f"CAUSAL_CONFIG[{d}] = {launch.CAUSAL_CONFIG[d]}" for d in ds
+    )
+
+
 def pytest_collection_modifyitems(config, items):
     here = str(config.rootpath / "tests" / "gpu")
     for item in items:
