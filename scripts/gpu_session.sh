@@ -310,7 +310,8 @@ if has suite_candidate; then  # session 37: a timed lever as the causal default 
     ${CANDIDATE_TESTS:-tests/gpu/test_gpu_gluon.py} -v -rfE -p no:cacheprovider \
     -n "${TEST_WORKERS:-15}" "${cand[@]}" > "$OUT/suite_candidate_log.txt" 2>&1
   echo "exit $? (124: cut by TEST_LIMIT; every finished test is named in suite_candidate_log.txt)"
-  grep -E "^(FAILED|ERROR)|candidates|[0-9]+ (passed|failed)" "$OUT/suite_candidate_log.txt" | tail -40
+  grep -E "^(FAILED|ERROR)|candidates|[0-9]+ (passed|failed)" "$OUT/suite_candidate_log.txt" \
+    | tail -40
 fi
 if has fwd_lpt; then
   echo "== Gluon forward, causal d = 64: LPT tile orders against the head-major default, 3 processes"
