@@ -25,13 +25,14 @@
 #     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
 #     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
 #   OUT=/some/dir scripts/gpu_session.sh suite_candidate  (37: CANDIDATE_TESTS (the Gluon
-#     forward's GPU file) with CANDIDATE ("64:PACK_P=1") as the causal default, every test's
-#     outcome in suite_candidate_log.txt (-v: names survive a cut by TEST_LIMIT, 540 s))
+#     forward's GPU file; tests/gpu for the whole suite) with CANDIDATE (D:KEY=V ..., default
+#     "64:PACK_P=1", the default since session 38) as the causal default, versions and every
+#     test's outcome in suite_candidate_log.txt (-v: names survive a cut by TEST_LIMIT, 540 s))
 #   OUT=/some/dir DTYPES=float16 scripts/gpu_session.sh pack_steady  (37: PACK_P's GPU tests
 #     unless PACK_TESTS=0, then PACK_P, the default and cuDNN on the 24 rows in 250/250 ms rounds
 #     (BENCH_WARMUP / BENCH_REP), three processes a dtype of DTYPES; STEADY_LIMIT (s, 130);
-#     STEADY_VARIANTS ("0 PACK_P=1 cudnn"; once PACK_P is the d = 64 causal default, "0 PACK_P=0
-#     cudnn" times the default beside it off); pack_steady_table_{variant}.json: each vs cuDNN)
+#     STEADY_VARIANTS ("0 PACK_P=0 cudnn": the default (PACK_P at d = 64 causal since session 38)
+#     beside it off; session 37 ran "0 PACK_P=1 cudnn"); pack_steady_table_{variant}.json)
 #   OUT=/some/dir scripts/gpu_session.sh pack_p  (36: PACK_P's GPU tests, then PACK_P beside the
 #     forward's default and cuDNN, causal and full, d = 64 and 128, PACK_NS (4096 8192 16384),
 #     three processes a dtype; PACK_MASKS, PACK_DIMS, PACK_LIMIT (s a process, 90) narrow it;
@@ -296,9 +297,9 @@ if has pack_steady; then  # session 37: PACK_P, the default and cuDNN in 250/250
     2>&1 | tail -5
   ( export BENCH_WARMUP="${BENCH_WARMUP:-250}" BENCH_REP="${BENCH_REP:-250}"
     three_processes "${STEADY_LIMIT:-130}" sweep_forward.py pack_steady --masks causal full \
-      --dims 64 128 --ns 4096 8192 16384 --variants ${STEADY_VARIANTS:-0 PACK_P=1 cudnn} \
+      --dims 64 128 --ns 4096 8192 16384 --variants ${STEADY_VARIANTS:-0 PACK_P=0 cudnn} \
       --rounds 3 --budget-s $(( ${STEADY_LIMIT:-130} - 15 )) )
-  for v in ${STEADY_VARIANTS:-0 PACK_P=1 cudnn}; do
+  for v in ${STEADY_VARIANTS:-0 PACK_P=0 cudnn}; do
     [ "$v" = cudnn ] || "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_steady_*_run*.json \
       --goal 1.0 --variant "$v" --out "$OUT/pack_steady_table_${v//[=+]/_}.json"
   done
@@ -306,11 +307,14 @@ fi
 if has suite_candidate; then  # session 37: a timed lever as the causal default under the GPU tests
   echo "== GPU tests with the Gluon causal default candidate(s) ${CANDIDATE:-64:PACK_P=1}"
   cand=(); for c in ${CANDIDATE:-64:PACK_P=1}; do cand+=(--gluon-causal-default "$c"); done
+  "$PY" -c "import torch, triton; print(torch.cuda.get_device_name(), 'torch', torch.__version__,
+    'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" \
+    > "$OUT/suite_candidate_log.txt" 2>&1
   COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-540}" "$PY" -m pytest \
     ${CANDIDATE_TESTS:-tests/gpu/test_gpu_gluon.py} -v -rfE -p no:cacheprovider \
-    -n "${TEST_WORKERS:-15}" "${cand[@]}" > "$OUT/suite_candidate_log.txt" 2>&1
+    -n "${TEST_WORKERS:-15}" "${cand[@]}" >> "$OUT/suite_candidate_log.txt" 2>&1
   echo "exit $? (124: cut by TEST_LIMIT; every finished test is named in suite_candidate_log.txt)"
-  grep -E "^(FAILED|ERROR)|candidates|[0-9]+ (passed|failed)" "$OUT/suite_candidate_log.txt" \
+  grep -E "^(FAILED|ERROR)|candidates|[0-9]+ (passed|failed)|^NVIDIA" "$OUT/suite_candidate_log.txt" \
     | tail -40
 fi
 if has fwd_lpt; then

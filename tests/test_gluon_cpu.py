@@ -588,12 +588,14 @@ def test_schedule_options_are_checked_by_name():
         assert key in launch.SCHEDULE_KEYS
     assert launch.schedule_config(128, False, 4096, O_STAGE=True)["O_STAGE"] is True
     assert launch.schedule_config(64, True, 4096, PACK_P=True)["PACK_P"] is True
-    # O_STAGE (never adopted) and PACK_P (timed in session 37, waiting for a whole GPU suite
-    # with it) are off in every default, windows and documents included
-    for lever in ("O_STAGE", "PACK_P"):
-        assert all(not launch.schedule_config(d, c, n, w and c, x and c).get(lever)
-                   for d in (64, 128, 256) for c in (False, True) for n in (4096, 16384)
-                   for w in (False, True) for x in (False, True)), lever  # fmt: skip
+    # O_STAGE (never adopted) is off in every default, windows and documents included; PACK_P
+    # (session 37's rule, adopted after session 38's GPU suite) only in plain d = 64 causal calls
+    for d, c, n, w, x in itertools.product((64, 128, 256), (False, True), (4096, 16384),
+                                           (False, True), (False, True)):  # fmt: skip
+        cfg = launch.schedule_config(d, c, n, w and c, x and c)
+        assert not cfg.get("O_STAGE") and cfg.get("PACK_P", False) is (
+            d == 64 and c and not (w or x)
+        ), (d, c, n, w, x)
     assert launch.schedule_config(64, True, 4096, DEFER=0) == {**launch.DEFAULT_CONFIG[64],
                                                                 "DEFER": 0}  # fmt: skip
     import inspect
@@ -605,13 +607,13 @@ def test_schedule_options_are_checked_by_name():
         assert params["O_STAGE"].default is False and params["PACK_P"].default is False
 
 
-def test_pack_p_in_the_causal_default_stays_off_windows_and_documents(monkeypatch):
-    """Once CAUSAL_CONFIG[64] takes PACK_P (session 37's rule), a plain causal call runs it at
-    any N, while a window or packed documents (never timed with it) leave it out, as they leave
-    DEFER out; DEFER alone leaves past DEFER_MAX_TILES tiles a head."""
+def test_pack_p_in_the_causal_default_stays_off_windows_and_documents():
+    """CAUSAL_CONFIG[64] takes PACK_P (session 37's rule, adopted in session 38): a plain causal
+    call runs it at any N, while a window or packed documents (never timed with it) leave it out,
+    as they leave DEFER out; DEFER alone leaves past DEFER_MAX_TILES tiles a head."""
     from course_kernels.gluon import launch
 
-    monkeypatch.setitem(launch.CAUSAL_CONFIG, 64, {**launch.CAUSAL_CONFIG[64], "PACK_P": True})
+    assert launch.CAUSAL_CONFIG[64]["PACK_P"] is True
     for c, n, w, x in itertools.product((False, True), (4096, 16384), *[(False, True)] * 2):
         cfg = launch.schedule_config(64, c, n, w and c, x and c)
         assert cfg.get("PACK_P", False) is (c and not (w or x)), (c, n, w, x)
@@ -1262,12 +1264,12 @@ def test_the_gpu_suite_can_run_under_a_candidate_causal_default(tmp_path):
     conf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conf)
     table = {d: dict(c) for d, c in G.CAUSAL_CONFIG.items()}
-    assert conf.candidate_defaults(["64:PACK_P=1", "128:DEFER=4"], table) == [
-        (64, "PACK_P", 1),
+    assert conf.candidate_defaults(["64:PACK_P=0", "128:DEFER=4"], table) == [
+        (64, "PACK_P", 0),
         (128, "DEFER", 4),
     ]
-    assert table[64]["PACK_P"] == 1 and table[128]["DEFER"] == 4
-    assert "PACK_P" not in G.CAUSAL_CONFIG[64]  # the package's own table untouched
+    assert table[64]["PACK_P"] == 0 and table[128]["DEFER"] == 4
+    assert G.CAUSAL_CONFIG[64]["PACK_P"] is True  # the package's own table untouched
     for bad, what in (("PACK_P=1", "expected D:KEY=V"), ("64:PACK_P=yes", "expected D:KEY=V"),
                       ("32:PACK_P=1", "head dims"), ("64:PACKP=1", "keys")):  # fmt: skip
         with pytest.raises(pytest.UsageError, match=what):
@@ -1280,9 +1282,9 @@ def test_the_gpu_suite_can_run_under_a_candidate_causal_default(tmp_path):
             cwd=root, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
-    run = collect("64:PACK_P=1")
+    run = collect("64:PACK_P=0")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    assert "Gluon causal default candidates: ['64:PACK_P=1']" in run.stdout
-    assert "'DEFER': 6, 'PACK_P': 1}" in run.stdout  # the table the tests will read
+    assert "Gluon causal default candidates: ['64:PACK_P=0']" in run.stdout
+    assert "'DEFER': 6, 'PACK_P': 0}" in run.stdout  # the table the tests will read
     bad = collect("64:PACKP=1")
     assert bad.returncode != 0 and "keys [" in bad.stdout + bad.stderr

@@ -46,7 +46,7 @@ layout read and written in place). Session 29: ``DEFER`` (causal, head-major ord
 DEFER lightest tiles handed out after all the others, so the launch ends on short tiles; on for
 d = 64 causal calls of at most ``launch.DEFER_MAX_TILES`` tiles a head). Session 36: ``PACK_P``
 (P packed into PV's 16-bit operand by one ``cvt`` a pair: no register half-swap before each PV
-wgmma; the same bits; timed in session 37, not yet a default). The switches reach
+wgmma; the same bits; timed in session 37; d = 64 causal calls since session 38). The switches reach
 the roles as one :class:`Schedule`.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled

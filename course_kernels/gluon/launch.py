@@ -89,11 +89,11 @@ DEFAULT_CONFIG = {
 # processes a dtype, h100_fwd_defer_session29_*): at d = 64 each head's 6 lightest tiles last
 # (DEFER), +1.8 to +4.2% at N = 4K in 6 of 6 pairs, mixed at 8K: so only where a head has at most
 # DEFER_MAX_TILES tiles (N <= 4224 at d = 64). Session 37 (H100, pack_steady_*): PACK_P +3.1 to
-# +8.3% at d = 64 causal in 18 of 18 pairs: the rule puts it here, after a whole GPU suite with it
-# (a cut run showed failures not yet identified). Neither is for windows or documents.
+# +8.3% at d = 64 causal in 18 of 18 pairs: the rule put it here (session 38: GPU suite 1565 passed
+# with it, h100_suite_pack_p_session38.json). Neither is for windows or documents.
 DEFER_MAX_TILES = 22
 CAUSAL_CONFIG = {
-    64: dict(SKIP_DEAD=True, ALIGN_END=True, DEFER=6),
+    64: dict(SKIP_DEAD=True, ALIGN_END=True, DEFER=6, PACK_P=True),
     128: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),
     256: dict(SKIP_DEAD=True, LPT=True, LPT_SECTION_MB=8, ROW_MASK=True),  # d = 128's (2 consumers)
 }

@@ -485,7 +485,7 @@ def test_packed_p_gives_the_same_bits(d, causal, dtype, window_left):
     cfg = {**G.schedule_config(d, causal, 2053, window_left is not None), "PACK_P": False}
     want = G.gluon_attention_forward(q, k, v, causal, None, window_left, **cfg)
     _poison(8 * q.numel() * q.element_size())
-    got = G.gluon_attention_forward(q, k, v, causal, None, window_left, **cfg, PACK_P=True)
+    got = G.gluon_attention_forward(q, k, v, causal, None, window_left, **{**cfg, "PACK_P": True})
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     _run_and_compare(2, 3, 3, 1000, d, dt, causal, seed=d + 7, window_left=window_left,
                      **{**cfg, "PACK_P": True})  # fmt: skip
