@@ -33,6 +33,8 @@ METRICS = {
     "Grid Size": "grid_size",
     "Achieved Active Warps Per SM": "active_warps_per_sm",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor_pipe_pct",
+    "Executed Instructions": "executed_instructions",  # --section InstructionStats (session 38)
+    "No Eligible": "no_eligible_pct",
 }
 
 
