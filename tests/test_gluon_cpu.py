@@ -584,7 +584,7 @@ def test_schedule_options_are_checked_by_name():
     with pytest.raises(ValueError, match=r"unknown schedule option\(s\) \['ROWMASK'\]; accepted"):
         launch.schedule_config(64, True, 4096, ROWMASK=True)
     for key in ("O_STAGE", "ROW_MASK", "LPT_SECTION_MB", "CONSUMER_REGS", "BN", "DYNAMIC",
-                "PACK_P"):  # fmt: skip
+                "PACK_P", "LAZY"):  # fmt: skip
         assert key in launch.SCHEDULE_KEYS
     assert launch.schedule_config(128, False, 4096, O_STAGE=True)["O_STAGE"] is True
     assert launch.schedule_config(64, True, 4096, PACK_P=True)["PACK_P"] is True
@@ -593,9 +593,8 @@ def test_schedule_options_are_checked_by_name():
     for d, c, n, w, x in itertools.product((64, 128, 256), (False, True), (4096, 16384),
                                            (False, True), (False, True)):  # fmt: skip
         cfg = launch.schedule_config(d, c, n, w and c, x and c)
-        assert not cfg.get("O_STAGE") and cfg.get("PACK_P", False) is (
-            d == 64 and c and not (w or x)
-        ), (d, c, n, w, x)
+        assert not cfg.get("O_STAGE") and not cfg.get("LAZY")  # LAZY: session 38, untimed
+        assert cfg.get("PACK_P", False) is (d == 64 and c and not (w or x)), (d, c, n, w, x)
     assert launch.schedule_config(64, True, 4096, DEFER=0) == {**launch.DEFAULT_CONFIG[64],
                                                                 "DEFER": 0}  # fmt: skip
     import inspect
@@ -605,6 +604,7 @@ def test_schedule_options_are_checked_by_name():
     if forward.HAVE_GLUON:
         params = inspect.signature(forward._attn_fwd_kernel.fn).parameters
         assert params["O_STAGE"].default is False and params["PACK_P"].default is False
+        assert params["LAZY"].default is False and "LAZY" in forward.SWITCHES
 
 
 def test_pack_p_in_the_causal_default_stays_off_windows_and_documents():

@@ -46,8 +46,10 @@ layout read and written in place). Session 29: ``DEFER`` (causal, head-major ord
 DEFER lightest tiles handed out after all the others, so the launch ends on short tiles; on for
 d = 64 causal calls of at most ``launch.DEFER_MAX_TILES`` tiles a head). Session 36: ``PACK_P``
 (P packed into PV's 16-bit operand by one ``cvt`` a pair: no register half-swap before each PV
-wgmma; the same bits; timed in session 37; d = 64 causal calls since session 38). The switches reach
-the roles as one :class:`Schedule`.
+wgmma; the same bits; timed in session 37; d = 64 causal calls since session 38). Session 38:
+``LAZY`` (FlashAttention-4's conditional rescaling: in unmasked steps a row's maximum moves only
+when it grows by more than 2**8, and O is corrected only in steps where one moved; not yet
+timed, off). The switches reach the roles as one :class:`Schedule`.
 
 Only the forward; the lse returned is the NATURAL logsumexp of the scaled
 scores (float32, shape (B, H, N)). The host side (availability, configs, the launch) is
@@ -67,7 +69,7 @@ if HAVE_GLUON:
     SWITCHES = (
         "BM", "BN", "HEAD_DIM", "NUM_CONSUMERS", "STAGES", "QSTAGES", "CAUSAL", "OVERLAP", "LPT",
         "DYNAMIC", "SKIP_DEAD", "ALIGN_END", "SECTION", "ROW_MASK", "O_STAGE", "WINDOW",
-        "PINGPONG", "DOCS", "PACKED", "DEFER", "PACK_P",
+        "PINGPONG", "DOCS", "PACKED", "DEFER", "PACK_P", "LAZY",
     )  # fmt: skip
 
     @aggregate
@@ -122,6 +124,7 @@ if HAVE_GLUON:
         PACKED: gl.constexpr = False,
         DEFER: gl.constexpr = 0,
         PACK_P: gl.constexpr = False,
+        LAZY: gl.constexpr = False,
     ):
         dtype: gl.constexpr = desc_q.dtype
         q_bufs = gl.allocate_shared_memory(
@@ -168,7 +171,7 @@ if HAVE_GLUON:
         cfg = Schedule(
             BM, BN, HEAD_DIM, NUM_CONSUMERS, STAGES, QSTAGES, CAUSAL, OVERLAP, LPT, DYNAMIC,
             SKIP_DEAD, ALIGN_END, SECTION, ROW_MASK, O_STAGE, WINDOW, PINGPONG, DOCS, PACKED, DEFER,
-            PACK_P,
+            PACK_P, LAZY,
         )  # fmt: skip
         # a row's left edge: a sliding window's reach, each token's document start (DOCS)
         left = (win_left, doc_start)

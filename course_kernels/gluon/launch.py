@@ -109,7 +109,8 @@ NONCAUSAL_CONFIG = {64: dict(PINGPONG=True), 128: dict(), 256: dict()}
 # Every schedule option gluon_attention_forward takes as a keyword (a typo is an error, not a no-op)
 SCHEDULE_KEYS = frozenset(DEFAULT_CONFIG[64]) | {
     "CONSUMER_REGS", "SKIP_DEAD", "ALIGN_END", "LPT_SECTION_MB", "ROW_MASK", "O_STAGE", "PINGPONG",
-    "DEFER", "PACK_P"}  # fmt: skip
+    "DEFER", "PACK_P", "LAZY"}  # fmt: skip
+_SWITCH_KEYS = ("SKIP_DEAD", "ALIGN_END", "ROW_MASK", "O_STAGE", "PINGPONG", "PACK_P", "LAZY")
 # Registers per thread of each consumer warpgroup (``worker_num_regs`` of gl.warp_specialize,
 # lowered to setmaxnreg), by the number of consumer warpgroups; the producer keeps the rest.
 CONSUMER_REGS = {1: 240, 2: 240, 3: 160}
@@ -249,7 +250,7 @@ def gluon_attention_forward(
     Keyword overrides of the schedule (the lever experiments; each switch is explained in
     :mod:`.forward` and where its default is set above): BN, NUM_CONSUMERS (1-3), STAGES,
     QSTAGES, OVERLAP, persistent, LPT, CONSUMER_REGS, DYNAMIC, SKIP_DEAD, ALIGN_END, LPT_SECTION_MB
-    (:func:`lpt_section`), ROW_MASK, O_STAGE, PINGPONG (needs OVERLAP), DEFER, PACK_P."""
+    (:func:`lpt_section`), ROW_MASK, O_STAGE, PINGPONG (needs OVERLAP), DEFER, PACK_P, LAZY."""
     _check_inputs(q, k, v)
     start = None
     if cu_seqlens is not None:  # checked on any machine, before the GPU is asked for
@@ -384,17 +385,12 @@ def _forward(q, k, v, causal, scale, window_left, start, config, packed):
         CONSUMER_REGS=cfg.get("CONSUMER_REGS", CONSUMER_REGS[NC]),
         LPT=lpt,
         DYNAMIC=dynamic,
-        SKIP_DEAD=bool(cfg.get("SKIP_DEAD", False)),
-        ALIGN_END=bool(cfg.get("ALIGN_END", False)),
         SECTION=section,
-        ROW_MASK=bool(cfg.get("ROW_MASK", False)),
-        O_STAGE=bool(cfg.get("O_STAGE", False)),
         WINDOW=win_left >= 0,
-        PINGPONG=bool(cfg.get("PINGPONG", False)),
         DOCS=docs,
         PACKED=packed,
         DEFER=defer,
-        PACK_P=bool(cfg.get("PACK_P", False)),
+        **{key: bool(cfg.get(key, False)) for key in _SWITCH_KEYS},
         num_warps=4,
     )
     return o, lse

@@ -11,6 +11,11 @@ if HAVE_GLUON:
     from ._lang import gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from .producer import _a_operand_layout
 
+    # LAZY (session 38, FlashAttention-4's conditional rescaling): in an unmasked step a row's
+    # running maximum moves only when the block's maximum exceeds it by more than LAZY_TAU (log2
+    # units), so P <= 2**LAZY_TAU and most steps skip the correction of O
+    LAZY_TAU = gl.constexpr(8.0)
+
     # ----------------------------------------------------------------- softmax
     @gluon.jit
     def _mask_first(
@@ -60,6 +65,8 @@ if HAVE_GLUON:
                     keep = keep & (cols[None, :] >= first[:, None])
             qk = gl.where(keep, qk, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, axis=1) * qk_scale)
+        if cfg.LAZY and not MASK:  # a row keeps its maximum unless it grew by more than LAZY_TAU
+            m_new = gl.where(m_new - m_i > LAZY_TAU, m_new, m_i)
         if (cfg.WINDOW or cfg.DOCS) and MASK:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             p = gl.exp2(qk * qk_scale - m_use[:, None])
@@ -202,7 +209,11 @@ if HAVE_GLUON:
         )
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
         mbarrier.arrive(v_empty.index(sp), count=1)
-        acc = _correction(acc, alpha, o_layout)
+        if cfg.LAZY and not MASK:  # the correction only when some row's maximum moved
+            if gl.min(alpha, axis=0) < 1.0:
+                acc = _correction(acc, alpha, o_layout)
+        else:
+            acc = _correction(acc, alpha, o_layout)
         p = _p_operand(p_new, dtype, o_layout, cfg.PACK_P)
         return acc, p, m_i, l_i
 

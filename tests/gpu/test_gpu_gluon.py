@@ -491,6 +491,41 @@ def test_packed_p_gives_the_same_bits(d, causal, dtype, window_left):
                      **{**cfg, "PACK_P": True})  # fmt: skip
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("growth", [0.0, 6.0])
+def test_lazy_rescale_matches_float64(d, causal, dtype, growth):
+    """LAZY (session 38, FlashAttention-4's conditional rescaling): in unmasked steps a row keeps
+    its running maximum until a block's maximum exceeds it by more than 2**8, and O is corrected
+    only in steps where some row's maximum moved. Not the default's bits (P is scaled by another
+    maximum), so checked against float64 by flash-attn's rule: on plain random inputs (the maxima
+    settle after the first block: the correction is skipped from then on) and on keys whose
+    scale grows along the sequence (``growth``: scores up to 1 + growth times larger at the end,
+    so rows' maxima move by more than 2**8 several times: the correction taken in some steps and
+    skipped in others)."""
+    dt = getattr(torch, dtype)
+    n = 2053
+    q, k, v = _inputs(2, 4, 2, n, d, dt, 50 + d)
+    ramp = 1.0 + growth * torch.linspace(0, 1, n, device="cuda", dtype=torch.float32)
+    k = (k.float() * ramp[None, None, :, None]).to(dt)
+    scale = 1.0 / math.sqrt(d)
+    ref_o, ref_lse = _reference(q, k, v, causal, scale)
+    cfg = {**G.schedule_config(d, causal, n), "LAZY": True}
+    _poison(8 * q.numel() * q.element_size())
+    o, lse = G.gluon_attention_forward(q, k, v, causal=causal, scale=scale, **cfg)
+    sd = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    err = (o.double() - ref_o).abs().max().item()
+    lim = fa_rule.budget(sd, ref_o, dt)
+    assert err <= lim, f"o error {err:.3e} > flash-attn's budget {lim:.3e}"
+    assert (lse.double() - ref_lse).abs().max().item() <= 1e-3
+    if growth:  # the maxima did move by more than 2**8 (log2 units) after the first block
+        s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * scale
+        first = s[..., :128].amax(-1) / math.log(2)
+        assert ((s.amax(-1) / math.log(2)) - first).max().item() > 8
+
+
 def test_pingpong_needs_the_overlapped_steps():
     q, k, v = _inputs(1, 2, 2, 64, 64, torch.float16, 1)
     with pytest.raises(ValueError, match="PINGPONG .* needs OVERLAP=True"):
