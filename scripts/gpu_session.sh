@@ -35,7 +35,7 @@
 #     beside it off; session 37 ran "0 PACK_P=1 cudnn"); pack_steady_table_{variant}.json)
 #   OUT=/some/dir DTYPES=float16 scripts/gpu_session.sh lazy  (38: LAZY's GPU tests unless
 #     LAZY_TESTS=0, then LAZY=1 beside the default and cuDNN at LAZY_DIMS (128), causal and full,
-#     N = 4K-16K, 250/250 ms rounds, three processes a dtype; LAZY_LIMIT s a process (100))
+#     N = 4K-16K, 250/250 ms rounds, three processes a dtype; LAZY_LIMIT s a process (105))
 #   OUT=/some/dir scripts/gpu_session.sh pack_p  (36: PACK_P's GPU tests, then PACK_P beside the
 #     forward's default and cuDNN, causal and full, d = 64 and 128, PACK_NS (4096 8192 16384),
 #     three processes a dtype; PACK_MASKS, PACK_DIMS, PACK_LIMIT (s a process, 90) narrow it;
@@ -293,33 +293,32 @@ if has pack_p; then  # session 36: P packed by one cvt a pair (notes/gluon.md)
   "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_p_*_run*.json --goal 1.0 \
     --out "$OUT/pack_p_table.json"
 fi
-if has pack_steady; then  # session 37: PACK_P, the default and cuDNN in 250/250 ms rounds
-  echo "== PACK_P beside the default and cuDNN, steady clocks, the 24 rows, 3 processes a dtype"
-  [ "${PACK_TESTS:-1}" = 1 ] && COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-240}" "$PY" -m \
-    pytest tests/gpu/test_gpu_gluon.py -q -p no:cacheprovider -n "${TEST_WORKERS:-15}" -k packed_p \
+# steady_step TAG TESTS_K LIMIT DIMS VARIANTS: the GPU tests matching TESTS_K (none if empty),
+# then the forward's VARIANTS (0 first; cudnn) on causal and full rows at DIMS, N = 4K-16K, in
+# 250/250 ms rounds (each kernel at its steady clock), three processes a dtype of DTYPES, and a
+# worst-of-three table against cuDNN for each variant but cudnn (TAG_table_{variant}.json)
+steady_step() {
+  local tag=$1 tests=$2 limit=$3 dims=$4 variants=$5
+  [ -n "$tests" ] && COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-240}" "$PY" -m pytest \
+    tests/gpu/test_gpu_gluon.py -q -p no:cacheprovider -n "${TEST_WORKERS:-15}" -k "$tests" \
     2>&1 | tail -5
   ( export BENCH_WARMUP="${BENCH_WARMUP:-250}" BENCH_REP="${BENCH_REP:-250}"
-    three_processes "${STEADY_LIMIT:-130}" sweep_forward.py pack_steady --masks causal full \
-      --dims 64 128 --ns 4096 8192 16384 --variants ${STEADY_VARIANTS:-0 PACK_P=0 cudnn} \
-      --rounds 3 --budget-s $(( ${STEADY_LIMIT:-130} - 15 )) )
-  for v in ${STEADY_VARIANTS:-0 PACK_P=0 cudnn}; do
-    [ "$v" = cudnn ] || "$PY" experiments/gluon/worst_of_three.py "$OUT"/pack_steady_*_run*.json \
-      --goal 1.0 --variant "$v" --out "$OUT/pack_steady_table_${v//[=+]/_}.json"
+    three_processes "$limit" sweep_forward.py "$tag" --masks causal full --dims $dims \
+      --ns 4096 8192 16384 --variants $variants --rounds 3 --budget-s $(( limit - 15 )) )
+  for v in $variants; do
+    [ "$v" = cudnn ] || "$PY" experiments/gluon/worst_of_three.py "$OUT/${tag}"_*_run*.json \
+      --goal 1.0 --variant "$v" --out "$OUT/${tag}_table_${v//[=+]/_}.json"
   done
+}
+if has pack_steady; then  # session 37: PACK_P, the default and cuDNN in 250/250 ms rounds
+  echo "== PACK_P beside the default and cuDNN, steady clocks, the 24 rows, 3 processes a dtype"
+  steady_step pack_steady "$([ "${PACK_TESTS:-1}" = 1 ] && echo packed_p)" \
+    "${STEADY_LIMIT:-130}" "64 128" "${STEADY_VARIANTS:-0 PACK_P=0 cudnn}"
 fi
 if has lazy; then  # session 38: FA4's conditional rescaling (LAZY) beside the default and cuDNN
   echo "== LAZY: GPU tests, then beside the default and cuDNN, steady clocks, 3 processes a dtype"
-  [ "${LAZY_TESTS:-1}" = 1 ] && COURSE_KERNELS_AUTOTUNE=0 timeout "${TEST_LIMIT:-240}" "$PY" -m \
-    pytest tests/gpu/test_gpu_gluon.py -q -p no:cacheprovider -n "${TEST_WORKERS:-15}" -k lazy \
-    2>&1 | tail -5
-  ( export BENCH_WARMUP="${BENCH_WARMUP:-250}" BENCH_REP="${BENCH_REP:-250}"
-    three_processes "${LAZY_LIMIT:-100}" sweep_forward.py lazy --masks causal full \
-      --dims ${LAZY_DIMS:-128} --ns 4096 8192 16384 --variants 0 LAZY=1 cudnn \
-      --rounds 3 --budget-s $(( ${LAZY_LIMIT:-100} - 10 )) )
-  for v in 0 LAZY=1; do
-    "$PY" experiments/gluon/worst_of_three.py "$OUT"/lazy_*_run*.json --goal 1.0 --variant "$v" \
-      --out "$OUT/lazy_table_${v//[=+]/_}.json"
-  done
+  steady_step lazy "$([ "${LAZY_TESTS:-1}" = 1 ] && echo lazy)" "${LAZY_LIMIT:-105}" \
+    "${LAZY_DIMS:-128}" "0 LAZY=1 cudnn"
 fi
 if has suite_candidate; then  # session 37: a timed lever as the causal default under the GPU tests
   echo "== GPU tests with the Gluon causal default candidate(s) ${CANDIDATE:-64:PACK_P=1}"
