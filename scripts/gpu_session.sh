@@ -20,7 +20,8 @@
 #     10 and 40); WP_MASKS="window document" (the documents d = 128 row as well; default window);
 #     WP_VARIANTS=keep (today's default only; default "keep old"); WP_LIMIT (s a process, 150)
 #   OUT=/some/dir scripts/gpu_session.sh features  (34: the whole set, gpu_features.py --part bench
-#     --autotune --rounds 3; FEAT_WARMUP, FEAT_REP do_bench ms (250), FEAT_LIMIT s, default 560)
+#     --autotune --rounds 3; FEAT_WARMUP, FEAT_REP do_bench ms (250), FEAT_LIMIT s, default 560;
+#     FEAT_LIMITS="330 250": one fresh process a limit, features_bench_run{1,2}.json (39))
 #   OUT=/some/dir scripts/gpu_session.sh clock_trace  (34: experiments/gluon/clock_trace.py, window
 #     d = 128 at CT_NS, then documents unless CT_DOCS=""; CT_LIMIT seconds each, default 200;
 #     CT_ARGS: more arguments, e.g. "--follow-ms 1000 --repeats 2")
@@ -431,15 +432,22 @@ if has window_passes; then  # session 33: the window d = 128 rows with the forwa
     --out "$OUT/window_passes_clocks.json"  # each row's rounds beside the clock log
 fi
 if has features; then  # issue 22's whole set (README's table), every round's predecessor recorded
-  echo "== the whole set: course, Flex, varlen_attn; warm-up ${FEAT_WARMUP:-250} ms, rep ${FEAT_REP:-250} ms"
-  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 250 \
-    > "$OUT/features_bench.clocks.csv" 2>/dev/null & smi=$!
-  timeout "${FEAT_LIMIT:-560}" "$PY" scripts/gpu_features.py --part bench --autotune --rounds 3 \
-    --warmup "${FEAT_WARMUP:-250}" --rep "${FEAT_REP:-250}" --budget-s $(( ${FEAT_LIMIT:-560} - 40 )) \
-    --out "$OUT/features_bench.json" 2>&1 | tail -3
-  kill "$smi" 2>/dev/null
-  "$PY" experiments/gluon/clock_rounds.py "$OUT/features_bench.json" \
-    --out "$OUT/features_bench_clocks.json" > /dev/null  # each row's rounds beside the clock log
+  # one fresh process a limit of FEAT_LIMITS (s; one process of FEAT_LIMIT, 560, by default): the
+  # first compiles (about 300 s on an H100), the next reuse its caches (150-200 s)
+  limits=(${FEAT_LIMITS:-${FEAT_LIMIT:-560}}); run=0
+  for limit in "${limits[@]}"; do
+    run=$(( run + 1 )); f="$OUT/features_bench"; [ ${#limits[@]} -gt 1 ] && f+="_run$run"
+    echo "== the whole set: course, Flex, varlen_attn; warm-up ${FEAT_WARMUP:-250} ms, rep" \
+      "${FEAT_REP:-250} ms; process $run of ${#limits[@]}, ${limit} s"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 250 \
+      > "$f.clocks.csv" 2>/dev/null & smi=$!
+    timeout "$limit" "$PY" scripts/gpu_features.py --part bench --autotune --rounds 3 \
+      --warmup "${FEAT_WARMUP:-250}" --rep "${FEAT_REP:-250}" --budget-s $(( limit - 40 )) \
+      --out "$f.json" 2>&1 | tail -3
+    kill "$smi" 2>/dev/null
+    "$PY" experiments/gluon/clock_rounds.py "$f.json" \
+      --out "${f}_clocks.json" > /dev/null  # each row's rounds beside the clock log
+  done
 fi
 if has clock_trace; then  # session 34: how long a backward stays slow after the course's forward
   echo "== clock trace: idle / course fwd / Flex fwd, then each backward, SM clock through NVML"
