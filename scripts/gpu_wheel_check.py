@@ -11,7 +11,7 @@ held to flash-attn's rule against a float32 reference (its error at most twice S
 rounding), the CUDA kernels that ran are read from ``torch.profiler``, ``COURSE_KERNELS_FORWARD
 =triton`` is checked to give the ``tl`` kernel, and ``torch.compile(fullgraph=True)`` of a call
 must equal the eager call. Writes ``DIR/wheel_check.json`` (GPU, versions, date, command, each
-case) and exits 1 if any check failed. Run it on a GPU machine (``scripts/gpu_session.sh wheel``).
+case); exits 1 if a check failed, 2 where there is no CUDA GPU (after the install and import).
 """
 
 from __future__ import annotations
@@ -88,13 +88,19 @@ def inner(out_path: str) -> int:
     from course_kernels.gluon import gluon_available
 
     site = os.environ["PYTHONPATH"]
-    hopper = torch.cuda.get_device_capability() == (9, 0)
     record = {"environment": environment(), "course_kernels_file": ck.__file__,
-              "installed_from_wheel": ck.__file__.startswith(site),
-              "gluon_available": gluon_available(), "hopper": hopper}  # fmt: skip
+              "installed_from_wheel": ck.__file__.startswith(os.path.join(site, ""))}  # fmt: skip
     record["environment"]["command"] = " ".join(sys.argv)
+    if not torch.cuda.is_available():  # installed and imported; the calls need a GPU
+        record.update(ok=False, error="no CUDA GPU here: the calls this script checks need one")
+        with open(out_path, "w") as f:
+            json.dump(record, f, indent=1)
+        print(record["error"], file=sys.stderr)
+        return 2
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    record.update(gluon_available=gluon_available(), hopper=hopper)
     rows = [_case(ck, torch, *c) for c in CASES]
-    # the tl kernel when asked for, with the same numbers' rule
+    # the tl kernel when asked for
     os.environ["COURSE_KERNELS_FORWARD"] = "triton"
     q = torch.randn(2, 16, 4096, 128, device="cuda", dtype=torch.float16)
     forced = _kernels(lambda: ck.flash_attention(q, q, q, causal=True))
