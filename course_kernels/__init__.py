@@ -67,19 +67,22 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False, **varia
 
     See :func:`course_kernels.triton.flash.flash_attention` (imported on first call so that the NumPy
     layers work without torch or Triton installed); ``variants`` are its keyword-only arguments
-    (``attn_mask``, ``causal_alignment``, ``window_size``, ``softcap``, ``alibi_slopes``).
+    (``attn_mask``, ``causal_alignment``, ``window_size``, ``softcap``, ``alibi_slopes``, and
+    SDPA's ``is_causal``, ``dropout_p`` (0) and ``enable_gqa``, so an SDPA call runs as written).
     """
     from .triton.flash import flash_attention as _impl
 
     return _impl(q, k, v, causal=causal, scale=scale, return_lse=return_lse, **variants)
 
 
-def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw):
+def flash_attention_varlen(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kw
+):
     """Variable-length (packed) Flash Attention in Triton, flash-attn's ``flash_attn_varlen_func``
     layout. See :func:`course_kernels.triton.varlen.flash_attention_varlen`."""
     from .triton.varlen import flash_attention_varlen as _impl
 
-    return _impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kw)
+    return _impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kw)
 
 
 __all__ = [

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 import course_kernels  # noqa: E402
 from course_kernels.triton import _env as _triton_env  # noqa: E402
-from course_kernels.triton import flash  # noqa: E402
+from course_kernels.triton import _torch_validate, flash  # noqa: E402
 from course_kernels.triton.flash import flash_attention  # noqa: E402
 
 DEVICE = _triton_env.device_kind()
@@ -127,8 +127,8 @@ def test_flash_api_rejects_non_finite_scale(scale):
 
 def test_flash_api_bf16_needs_sm80(monkeypatch):
     """On a pre-Ampere GPU (a T4 is sm_75) bf16 is a clear error, not a crash."""
-    monkeypatch.setattr(flash, "INTERPRET", False)
-    monkeypatch.setattr(flash, "capability", lambda: (7, 5))
+    monkeypatch.setattr(_torch_validate, "INTERPRET", False)
+    monkeypatch.setattr(_torch_validate, "capability", lambda: (7, 5))
     # a GPU's capability is fixed in a process; this test changes it: forget the valid signatures
     monkeypatch.setattr(flash, "VALID", {})
     q, k, v = (x.to(torch.bfloat16) for x in good())
@@ -212,3 +212,56 @@ def test_flash_api_lse_is_not_differentiable():
     q, k, v = (x.requires_grad_() for x in good())
     out, lse = flash_attention(q, k, v, return_lse=True)
     assert out.requires_grad and not lse.requires_grad
+
+
+# ---- SDPA's own keywords: a call site written for SDPA runs unchanged ----------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_api_takes_an_sdpa_call_as_written(causal):
+    """SDPA's keywords as a model passes them (attn_mask, dropout_p, is_causal, scale,
+    enable_gqa): the same numbers as SDPA, the same bits as the course's own keywords."""
+    q, k, v = good()
+    sdpa_kw = dict(attn_mask=None, dropout_p=0.0, is_causal=causal, scale=0.3, enable_gqa=True)
+    expect = torch.nn.functional.scaled_dot_product_attention(
+        q.cpu().double(), k.cpu().double(), v.cpu().double(), **sdpa_kw
+    )
+    out = flash_attention(q, k, v, **sdpa_kw)
+    assert torch.allclose(out.cpu().double(), expect, atol=1e-5, rtol=0)
+    assert torch.equal(out, course_kernels.flash_attention(q, k, v, causal=causal, scale=0.3))
+    other = flash_attention(q, k, v, **{**sdpa_kw, "is_causal": not causal})
+    assert not torch.allclose(out, other, atol=1e-3)  # is_causal is read, not dropped
+
+
+def test_flash_api_enable_gqa_false_is_sdpas_rule():
+    """enable_gqa=False (SDPA's default) with equal head counts runs; with grouped heads it is
+    SDPA's error, said plainly; left out or True, grouped heads run."""
+    q, k, v = good(q=rand(2, 2, 9, 16))
+    assert torch.equal(flash_attention(q, k, v, enable_gqa=False), flash_attention(q, k, v))
+    with pytest.raises(ValueError, match=r"enable_gqa=False.*Hq=4, kv_heads=2.*enable_gqa=True"):
+        flash_attention(*good(), enable_gqa=False)
+    assert torch.equal(flash_attention(*good(), enable_gqa=True), flash_attention(*good()))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        ({"dropout_p": 0.1}, ValueError, r"dropout_p must be 0.0: .*no attention dropout.*got 0.1"),
+        ({"dropout_p": "0"}, TypeError, r"dropout_p must be a number \(0.0\); got str"),
+        ({"dropout_p": True}, TypeError, r"dropout_p must be a number"),
+        ({"is_causal": 1}, TypeError, r"is_causal must be a bool; got int"),
+        ({"causal": True, "is_causal": True}, TypeError, r"causal or SDPA's name.*not both"),
+        ({"causal": True, "is_causal": False}, TypeError, r"not both"),
+        ({"enable_gqa": "yes"}, TypeError, r"enable_gqa must be a bool; got str"),
+    ],
+)
+def test_flash_api_refuses_sdpa_keywords_it_cannot_honour(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        flash_attention(*good(), **kwargs)
+
+
+def test_flash_api_sdpa_positional_order_is_named_in_the_error():
+    """SDPA's fourth positional argument is attn_mask; here it is causal: a positional SDPA call
+    (q, k, v, None, 0.0, True) is refused with the reason, never run with other semantics."""
+    with pytest.raises(TypeError, match=r"got NoneType.*fourth positional.*attn_mask.*keyword"):
+        flash_attention(*good(), None, 0.0, True)

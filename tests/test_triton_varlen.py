@@ -161,6 +161,48 @@ def test_varlen_bad_input_raises_clearly(change, error, match):
         flash_attention_varlen(*args.values(), **kw)
 
 
+def test_varlen_takes_a_flash_attn_call_as_written():
+    """flash_attn_varlen_func's keywords as a serving stack passes them: the same bits as the
+    course's own names, softmax_scale read (not dropped)."""
+    q, k, v, _, cq, ck = packed([3, 4], [5, 6])
+    fa_kw = dict(dropout_p=0.0, softmax_scale=0.3, causal=True, window_size=(-1, -1), softcap=0.0,
+                 alibi_slopes=None, deterministic=False, return_attn_probs=False)  # fmt: skip
+    out = flash_attention_varlen(q, k, v, cq, ck, 4, 6, **fa_kw)
+    assert torch.equal(out, flash_attention_varlen(q, k, v, cq, ck, 4, 6, causal=True, scale=0.3))
+    assert not torch.allclose(out, flash_attention_varlen(q, k, v, cq, ck, 4, 6, causal=True))
+    torch.use_deterministic_algorithms(True)
+    try:  # deterministic=True where the kernels follow the flag
+        det = flash_attention_varlen(q, k, v, cq, ck, 4, 6, deterministic=True, **{
+            kw: val for kw, val in fa_kw.items() if kw != "deterministic"})  # fmt: skip
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(det, out)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"dropout_p": 0.5}, ValueError, r"dropout_p must be 0.0"),
+        ({"scale": 0.3, "softmax_scale": 0.3}, TypeError, r"scale or flash-attn's name.*not both"),
+        ({"deterministic": True}, ValueError, r"use_deterministic_algorithms\(True\)"),
+        ({"deterministic": 1}, TypeError, r"deterministic must be a bool"),
+        ({"return_attn_probs": True}, ValueError, r"no attention probabilities.*return_lse"),
+        ({"enable_gqa": False}, ValueError, r"enable_gqa=False.*Hq=4, kv_heads=2"),
+    ],
+)
+def test_varlen_refuses_flash_attn_keywords_it_cannot_honour(kwargs, error, match):
+    q, k, v, _, cq, ck = packed([3, 4], [5, 6])
+    with pytest.raises(error, match=match):
+        flash_attention_varlen(q, k, v, cq, ck, 4, 6, **kwargs)
+
+
+def test_varlen_flash_attn_positional_order_is_named_in_the_error():
+    """flash-attn's eighth positional argument is dropout_p; here it is causal."""
+    q, k, v, _, cq, ck = packed([3, 4], [5, 6])
+    with pytest.raises(TypeError, match=r"got float.*eighth positional.*dropout_p.*keyword"):
+        flash_attention_varlen(q, k, v, cq, ck, 4, 6, 0.0, 0.3, True)
+
+
 def test_offsets_are_read_once_per_unchanged_tensor():
     """The offsets are a device-to-host copy (a sync on a GPU): read on the first call, not again
     for the same unchanged tensor with the same sizes; read again after an in-place change (and

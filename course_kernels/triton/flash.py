@@ -31,14 +31,15 @@ The launches live in :mod:`.launch`; this module validates, differentiates and r
 
 from __future__ import annotations
 
-from ._env import INTERPRET, capability, require_triton  # first: GPU or interpreter
+from ._env import require_triton  # first: GPU or interpreter
 
 require_triton()
 
 import torch  # noqa: E402
 import torch.autograd.forward_ad as _forward_ad  # noqa: E402
 
-from ._torch_validate import VALID, check_causal, check_scale, check_tensors  # noqa: E402
+from ._torch_validate import VALID, check_causal, check_scale, check_shapes  # noqa: E402
+from ._torch_validate import check_tensors, sdpa_keywords  # noqa: E402
 from ._torch_validate import remember_valid, tensor_signature  # noqa: E402
 from .masks import check_alibi, check_variant  # noqa: E402
 from ..numpy.reference import LN2  # noqa: E402
@@ -56,47 +57,16 @@ from .launch import (  # noqa: E402  (re-exported: ring attention, benchmarks, t
     lse_to_base2,
 )
 
-MAX_HEAD_DIM = 256
-
 
 def _check_inputs(q, k, v, causal, scale) -> float:
     """Validate the arguments; return the scale. Raises TypeError / ValueError, never crashes."""
     sig = tensor_signature(q, k, v)
     if sig is None or sig not in VALID:  # memoised: metadata-only checks (_torch_validate)
         check_tensors(q, k, v)
-        _check_shapes(q, k, v)
+        check_shapes(q, k, v)
         remember_valid(sig)
     check_causal(causal)
     return check_scale(scale, q.shape[3])
-
-
-def _check_shapes(q, k, v) -> None:
-    """k, v of one shape; batch and head dim shared with q; GQA head counts; supported d."""
-    B, Hq, Nq, d = q.shape
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape (B, kv_heads, Nk, d); got "
-            f"{tuple(k.shape)} and {tuple(v.shape)}"
-        )
-    if k.shape[0] != B:
-        raise ValueError(f"q, k, v must share the batch size; got q {B} and k/v {k.shape[0]}")
-    if k.shape[3] != d:
-        raise ValueError(f"q, k, v must share the head dim; got q {d} and k/v {k.shape[3]}")
-    kv_heads = k.shape[1]
-    if Hq % kv_heads != 0:
-        raise ValueError(
-            f"the number of query heads must be a multiple of the number of key/value "
-            f"heads (GQA/MQA); got Hq={Hq}, kv_heads={kv_heads}"
-        )
-    if d % 8 != 0 or d > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be a multiple of 8 and at most {MAX_HEAD_DIM}; got {d}")
-    if q.dtype == torch.bfloat16 and not INTERPRET:
-        cap = capability()
-        if cap is not None and cap < (8, 0):
-            raise ValueError(
-                f"bfloat16 needs a GPU of compute capability 8.0 or newer; this one "
-                f"is sm_{cap[0]}{cap[1]}. Use float16."
-            )
 
 
 DOUBLE_BACKWARD_MESSAGE = (
@@ -321,6 +291,9 @@ def flash_attention(
     window_size=None,
     softcap=None,
     alibi_slopes=None,
+    is_causal=None,
+    dropout_p=0.0,
+    enable_gqa=None,
 ):
     """Exact attention, O = softmax(scale * Q K^T [+ mask, soft cap, ALiBi]) V, in Triton.
 
@@ -363,6 +336,9 @@ def flash_attention(
             (Gemma 2's logit soft-capping), forward and backward.
         alibi_slopes: ``None`` or a (Hq,) or (B, Hq) tensor: adds -slope * |i + Nk - Nq - j| to
             the scores (flash-attn's ALiBi). No gradient flows to the slopes.
+        is_causal, dropout_p, enable_gqa: SDPA's keywords, so its call sites run unchanged:
+            ``is_causal`` is ``causal`` (one of the two); ``dropout_p`` must be 0 (no dropout);
+            ``enable_gqa=False`` requires Hq = kv_heads as SDPA does (None, True: GQA).
 
     The variants are score and mask hooks inside the kernels (``course_kernels.triton.masks``),
     FlexAttention's idea in Triton functions. Dtypes: float16, bfloat16 (sm_80+), float32 (IEEE
@@ -381,6 +357,7 @@ def flash_attention(
     """
     if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
         q, k, v = _autocast(q, k, v)
+    causal = sdpa_keywords(q, k, causal, is_causal, dropout_p, enable_gqa)
     scale = _check_inputs(q, k, v, causal, scale)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")

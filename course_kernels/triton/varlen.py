@@ -29,9 +29,9 @@ import numbers  # noqa: E402
 
 import torch  # noqa: E402
 
-from ._torch_validate import check_scale  # noqa: E402
+from ._torch_validate import check_head_dim, check_scale, flash_attn_keywords  # noqa: E402
+from ._torch_validate import sdpa_keywords  # noqa: E402
 from .flash import (  # noqa: E402
-    MAX_HEAD_DIM,
     _bwd_backward,  # the backward op's own backward raises (no double backward): shared
     _bwd_setup_context,
     _autocast,
@@ -78,8 +78,7 @@ def _check_packed(q, k, v) -> None:
             f"the number of query heads must be a multiple of the number of key/value heads "
             f"(GQA/MQA); got Hq={hq}, kv_heads={kv_heads}"
         )
-    if d % 8 != 0 or d > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be a multiple of 8 and at most {MAX_HEAD_DIM}; got {d}")
+    check_head_dim(d)
 
 
 def _check_cu(cu, name: str, max_seqlen, max_name: str, device) -> torch.Tensor:
@@ -260,6 +259,11 @@ def flash_attention_varlen(
     window_size=None,
     softcap=None,
     alibi_slopes=None,
+    softmax_scale=None,
+    dropout_p=0.0,
+    deterministic=False,
+    return_attn_probs=False,
+    enable_gqa=None,
 ):
     """Exact attention over packed sequences of different lengths (flash-attn's varlen layout).
 
@@ -274,6 +278,12 @@ def flash_attention_varlen(
             the usual causal mask). ``causal_alignment="top_left"`` gives PyTorch's.
         scale, window_size, softcap, alibi_slopes ((Hq,) or (B, Hq)), return_lse: as in
             :func:`course_kernels.flash_attention` (window and ALiBi per sequence).
+        softmax_scale, dropout_p, deterministic, return_attn_probs: flash-attn's keywords, so
+            its call sites run unchanged: ``softmax_scale`` is ``scale`` (one of the two);
+            ``dropout_p`` must be 0; ``deterministic=True`` needs
+            ``torch.use_deterministic_algorithms(True)``, which the kernels follow;
+            ``return_attn_probs`` must be False. ``enable_gqa``: PyTorch's ``varlen_attn``'s
+            (False: Hq must equal kv_heads; None, True: GQA).
 
     Inside ``torch.autocast`` q, k, v are first cast to its dtype (as SDPA's are).
     ``torch.compile(fullgraph=True)`` traces it without a graph break, through the op
@@ -295,7 +305,13 @@ def flash_attention_varlen(
     else:
         varlen = _varlen_args(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k)
     if not isinstance(causal, bool) or not isinstance(return_lse, bool):
-        raise TypeError("causal and return_lse must be bools")
+        raise TypeError(
+            f"causal and return_lse must be bools; got {type(causal).__name__} and "
+            f"{type(return_lse).__name__} (the eighth positional argument here is causal, "
+            f"flash-attn's is dropout_p: pass flash-attn's arguments by keyword)"
+        )
+    sdpa_keywords(q, k, causal, None, 0.0, enable_gqa)
+    scale = flash_attn_keywords(scale, softmax_scale, dropout_p, deterministic, return_attn_probs)
     check_alignment(causal_alignment)
     scale = check_scale(scale, q.shape[2])
     variant: Variant = check_variant(causal, causal_alignment, window_size, softcap, None, 0, 0)
