@@ -301,43 +301,39 @@ def _variant_kwargs():
     }
 
 
-def test_op_compiles_with_variants_without_graph_breaks():
+def _compiles_to(fn, expect):
+    """fn traced without a graph break; compiled (fullgraph) its output and gradients equal
+    expect's, bit for bit (Nq = 9, Nk = 14, GQA)."""
     q, k, v = qkv(Nq=9, Nk=14)
-    kw = _variant_kwargs()
-
-    def fn(a, b, c):
-        return flash_attention(a, b, c, scale=0.3, **kw)
-
     torch._dynamo.reset()
     explain = torch._dynamo.explain(fn)(q, k, v)
     assert explain.graph_break_count == 0, explain.break_reasons
     torch._dynamo.reset()
     do = rand(1, 4, 9, 16, seed=3)
     compiled = grads(torch.compile(fn, backend="aot_eager", fullgraph=True), q, k, v, do)
-    eager = grads(fn, q, k, v, do)
-    for a, b in zip(compiled, eager, strict=True):
+    for a, b in zip(compiled, grads(expect, q, k, v, do), strict=True):
         assert torch.equal(a, b)
+
+
+def test_op_compiles_with_variants_without_graph_breaks():
+    kw = _variant_kwargs()
+
+    def fn(a, b, c):
+        return flash_attention(a, b, c, scale=0.3, **kw)
+
+    _compiles_to(fn, fn)
 
 
 def test_op_compiles_an_sdpa_call_as_written():
     """SDPA's keywords (is_causal, dropout_p, enable_gqa) are resolved in Python before the op:
-    no graph break, and the compiled call equals the eager one and SDPA's own keywords' result."""
-    q, k, v = qkv(Nq=9, Nk=14)
+    no graph break, and the compiled call equals the course's own keywords' result."""
 
     def fn(a, b, c):
         return flash_attention(
             a, b, c, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None, enable_gqa=True
         )
 
-    torch._dynamo.reset()
-    explain = torch._dynamo.explain(fn)(q, k, v)
-    assert explain.graph_break_count == 0, explain.break_reasons
-    torch._dynamo.reset()
-    do = rand(1, 4, 9, 16, seed=3)
-    compiled = grads(torch.compile(fn, backend="aot_eager", fullgraph=True), q, k, v, do)
-    own = grads(lambda a, b, c: flash_attention(a, b, c, causal=True), q, k, v, do)
-    for a, b in zip(compiled, own, strict=True):
-        assert torch.equal(a, b)
+    _compiles_to(fn, lambda a, b, c: flash_attention(a, b, c, causal=True))
 
 
 def test_op_fake_shapes_with_variants():
