@@ -120,6 +120,8 @@ def test_decode_bad_input(rng):
         decode.flash_decode(q, k, v, cache_seqlens=torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="num_splits"):
         decode.flash_decode(q, k, v, num_splits=0)
+    with pytest.raises(ValueError, match=r"num_splits must be an integer in 1\.\.256.*got 10+$"):
+        decode.flash_decode(q, k, v, num_splits=10**9)  # refused before any partial is allocated
     with pytest.raises(TypeError, match="causal"):
         decode.flash_decode(q, k, v, causal=1)
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):

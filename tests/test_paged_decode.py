@@ -118,6 +118,8 @@ def test_paged_bad_input(rng):
         run(tq[:, :3], tkp, tvp, table, lens)
     with pytest.raises(TypeError, match="check_table"):
         run(tq, tkp, tvp, table, lens, check_table=1)
+    with pytest.raises(ValueError, match=r"num_splits must be an integer in 1\.\.256.*got 257"):
+        run(tq, tkp, tvp, table, lens, num_splits=257)
 
 
 def test_benchmark_pages_hold_the_cache(rng):

@@ -89,6 +89,8 @@ def test_bad_block_tables(rng):
         run(q, kp, vp, table[:1], lens)
     with pytest.raises(ValueError, match="k_pages and v_pages"):
         run(q, kp, vp[:, :2], table, lens)
+    with pytest.raises(ValueError, match=r"num_splits must be an integer in 1\.\.256.*got 257"):
+        run(q, kp, vp, table, lens, num_splits=257)
     # entries past a sequence's last page are never read: anything goes there
     fine = table.copy()
     fine[0, 3:] = 10**6

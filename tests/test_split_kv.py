@@ -68,6 +68,14 @@ def test_decode_numpy_one_split_is_plain_attention(rng):
     np.testing.assert_allclose(out1, out5, atol=1e-13)
 
 
+def test_split_kv_takes_up_to_max_splits(rng):
+    """The bound is inclusive: 256 splits of 20 keys (236 of them empty) still give the answer."""
+    q, k, v = make_cache(rng, Nk=20)
+    out1, _ = split_kv.split_kv_decode_numpy(q, k, v, num_splits=1)
+    out_max, _ = split_kv.split_kv_decode_numpy(q, k, v, num_splits=split_kv.MAX_SPLITS)
+    np.testing.assert_allclose(out1, out_max, atol=1e-13)
+
+
 def test_split_kv_chunks():
     assert split_kv.split_chunk(100, 3, 16) == 48
     assert split_kv.split_chunk(100, 3) == 34
@@ -82,6 +90,8 @@ def test_split_kv_bad_input():
     q, k, v = make_cache(np.random.default_rng(0), Hq=4, kv_heads=2, Nk=10)
     with pytest.raises(TypeError, match="num_splits"):
         split_kv.split_kv_decode_numpy(q, k, v, num_splits=2.0)
+    with pytest.raises(ValueError, match=r"num_splits must be an integer in 1\.\.256.*got 257"):
+        split_kv.split_kv_decode_numpy(q, k, v, num_splits=split_kv.MAX_SPLITS + 1)
     with pytest.raises(ValueError, match="cache_seqlens"):
         split_kv.split_kv_decode_numpy(q, k, v, cache_seqlens=[11, 3])
 

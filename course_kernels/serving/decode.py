@@ -50,9 +50,8 @@ import functools
 from ..triton import _env as _triton_env  # noqa: F401  (first: decides GPU vs interpreter before any kernel)
 from .._compat import renamed_kwargs
 from ..triton._env import INTERPRET, next_power_of_2, require_triton
-from .._validate import check_positive_int
 from ..numpy.online_softmax import PartialAttention
-from .split_kv import check_seqlens, check_shapes, split_chunk
+from .split_kv import MAX_SPLITS, check_num_splits, check_seqlens, check_shapes, split_chunk
 
 require_triton()
 
@@ -248,7 +247,7 @@ def default_num_splits(batch_kv_heads: int, n_keys: int, block_k: int | None = N
     if INTERPRET:
         return max(1, min(4, blocks))
     want = -(-2 * _sm_count(torch.cuda.current_device()) // batch_kv_heads)
-    return max(1, min(want, blocks // 2, 256))
+    return max(1, min(want, blocks // 2, MAX_SPLITS))
 
 
 def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
@@ -280,7 +279,7 @@ def _check_torch(q, k, v, cache_seqlens, num_splits, causal, scale):
         )
     if num_splits is None:
         num_splits = default_num_splits(B * k.shape[1], Nk)
-    num_splits = check_positive_int(num_splits, "num_splits")
+    num_splits = check_num_splits(num_splits)
     return lens, num_splits, check_scale(scale, d)
 
 
@@ -304,7 +303,8 @@ def flash_decode(
         q: (B, Hq, Nq, d) new queries; (Hq / kv_heads) * Nq <= 128.
         k, v: (B, kv_heads, Nk, d) the cache (GQA: Hq a multiple of kv_heads). Any Nk >= 1.
         cache_seqlens: (B,) int tensor or list, valid length of each sequence; None = Nk.
-        num_splits: chunks of keys (>= 1); None = :func:`default_num_splits`.
+        num_splits: chunks of keys (1..256, ``split_kv.MAX_SPLITS``); None =
+            :func:`default_num_splits`.
         causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
         scale: None = 1/sqrt(d).
         return_lse: also return lse (B, Hq, Nq) float32, natural log.

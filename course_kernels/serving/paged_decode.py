@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from ..triton import _env as _triton_env  # noqa: F401  (first: decides GPU vs interpreter)
 from ..triton._env import INTERPRET, next_power_of_2, require_triton
-from .._validate import check_positive_int
 from .pages import check_block_table
-from .split_kv import check_seqlens, check_shapes, split_chunk
+from .split_kv import check_num_splits, check_seqlens, check_shapes, split_chunk
 
 require_triton()
 
@@ -259,7 +258,7 @@ def flash_decode_paged(
         block_table: (B, max_blocks) int tensor or array of page ids; entries past a
             sequence's last page are not read.
         cache_seqlens: (B,) int tensor or list, tokens of each sequence (<= max_blocks * block_size).
-        num_splits: chunks of the table's capacity (>= 1); None = ``default_num_splits``.
+        num_splits: chunks of the table's capacity (1..256); None = ``default_num_splits``.
         causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
         scale: None = 1/sqrt(d).
         return_lse, return_partials: as ``flash_decode``.
@@ -288,7 +287,7 @@ def flash_decode_paged(
     block_k = _block_k(q.dtype)
     if num_splits is None:
         num_splits = default_num_splits(B * kv_heads, capacity, block_k)
-    num_splits = check_positive_int(num_splits, "num_splits")
+    num_splits = check_num_splits(num_splits)
     chunk = split_chunk(capacity, num_splits, block_k)
     dpad = max(16, next_power_of_2(d))
     f32 = dict(device=q.device, dtype=torch.float32)

@@ -29,7 +29,7 @@ import numpy as np
 from .._validate import as_float_array, check_bool, check_positive_int, resolve_scale
 from ..numpy.online_softmax import PartialAttention, empty_partial, finalize, merge
 from ..numpy.online_softmax import partial_attention
-from .split_kv import check_shapes, split_chunk, visible_keys
+from .split_kv import check_num_splits, check_shapes, split_chunk, visible_keys
 
 
 def check_block_table(block_table, cache_seqlens, num_blocks: int, block_size: int, batch: int):
@@ -133,7 +133,7 @@ def split_kv_decode_paged_numpy(
     )  # fmt: skip
     table, lens = check_block_table(block_table, cache_seqlens, num_blocks, P, B)
     G, dv = Hq // kv_heads, vp.shape[3]
-    num_splits = check_positive_int(num_splits, "num_splits")
+    num_splits = check_num_splits(num_splits)
     causal, scale = check_bool(causal, "causal"), resolve_scale(scale, d)
     capacity = table.shape[1] * P
     chunk = (

@@ -35,6 +35,21 @@ from ..numpy.online_softmax import (
 )
 
 MAX_ROWS = 128  # G * Nq query rows share one tile; more than that is prefill, not decoding
+# The merge of a row holds every split's partial at once (the Triton combine step loads them as one
+# tile), so the split count is bounded; flash-attn's split-KV path stops at 128.
+MAX_SPLITS = 256
+
+
+def check_num_splits(num_splits) -> int:
+    """``num_splits`` as an int in 1..MAX_SPLITS, or a clear TypeError / ValueError."""
+    accepted = f"in 1..{MAX_SPLITS}"
+    n = check_positive_int(num_splits, "num_splits", accepted)
+    if n > MAX_SPLITS:
+        raise ValueError(
+            f"num_splits must be an integer {accepted} (the merge holds every split's partial "
+            f"of a row at once; a split past the cache's end only adds an empty one); got {n}"
+        )
+    return n
 
 
 def split_chunk(n_keys: int, num_splits: int, multiple: int = 1) -> int:
@@ -71,7 +86,7 @@ def split_kv_decode_numpy(
         q: (B, Hq, Nq, d) queries.
         k: (B, kv_heads, Nk, d) key cache; Hq must be a multiple of kv_heads (GQA).
         v: (B, kv_heads, Nk, dv) value cache.
-        num_splits: number of key chunks (>= 1).
+        num_splits: number of key chunks (1..MAX_SPLITS).
         cache_seqlens: (B,) valid cache length of each sequence (1..Nk); None = Nk.
         causal: bottom-right causal for Nq > 1 (query i sees keys j <= L - Nq + i).
         scale: multiplies Q K^T; None = 1/sqrt(d).
@@ -86,7 +101,7 @@ def split_kv_decode_numpy(
     B, Hq, Nq, d = check_shapes(q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype)
     kv_heads, Nk, dv = k.shape[1], k.shape[2], v.shape[3]
     G = Hq // kv_heads
-    num_splits = check_positive_int(num_splits, "num_splits")
+    num_splits = check_num_splits(num_splits)
     causal = check_bool(causal, "causal")
     scale = resolve_scale(scale, d)
     lens = check_seqlens(cache_seqlens, B, Nk)
