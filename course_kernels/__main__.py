@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -37,8 +38,9 @@ def _cuda() -> bool:
 
 
 def main(argv=None) -> int:
+    script = os.path.basename(sys.argv[0] or "")  # the console script says its own name
     ap = argparse.ArgumentParser(
-        prog="python -m course_kernels",
+        prog=script if script == "course-kernels" else "python -m course_kernels",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -313,6 +313,7 @@ def test_without_a_delegated_cgroup_a_class_is_refused_unless_shared_limits(user
     assert not (home / out).exists()
     help_text = " ".join(run([f"{home}/venv/bin/course-grade", "grade", "--help"]).stdout.split())
     assert "--shared-limits" in help_text and "fail closed" in help_text
+    assert help_text.startswith("usage: course-grade grade "), help_text[:200]
     out, cmd = _grade(home, "--workers", "1", "--shared-limits")
     r = run(cmd)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,5 +1,6 @@
 """``python -m course_kernels``: clear errors without a GPU or with bad options; dram parse."""
 
+import importlib
 import json
 
 import pytest
@@ -167,3 +168,25 @@ def test_dram_parse_uses_the_last_case_list_and_environment(tmp_path):
     lines = out.read_text().splitlines()
     assert "New GPU" in lines[0] and "Old GPU" not in lines[0]
     assert lines[2].startswith("flash,1024,1,4,64,float16,300,4,1,")
+
+
+@pytest.mark.parametrize(
+    "module,argv0,usage",
+    [
+        ("course_kernels.__main__", "/u/venv/bin/course-kernels", "course-kernels"),
+        ("course_kernels.__main__", "/site/course_kernels/__main__.py", "python -m course_kernels"),
+        ("course_kernels.grading.instructor.cli", "/u/venv/bin/course-grade", "course-grade"),
+        (
+            "course_kernels.grading.instructor.cli",
+            "/site/course_kernels/grading/__main__.py",
+            "python -m course_kernels.grading",
+        ),
+    ],
+)
+def test_usage_names_the_command_the_user_typed(module, argv0, usage, capsys, monkeypatch):
+    """Both console scripts (``course-kernels``, ``course-grade``) and both ``-m`` forms."""
+    monkeypatch.setattr("sys.argv", [argv0, "--help"])
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(module).main(["--help"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {usage} ")

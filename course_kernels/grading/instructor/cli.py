@@ -230,8 +230,9 @@ def cgroup_setting(value: str) -> str:
 
 
 def main(argv=None) -> int:
+    script = os.path.basename(sys.argv[0] or "")  # the console script says its own name
     ap = argparse.ArgumentParser(
-        prog="python -m course_kernels.grading",
+        prog=script if script == "course-grade" else "python -m course_kernels.grading",
         description="Grade exercise notebooks in a sandbox.",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
